@@ -1,0 +1,76 @@
+"""The exception hierarchy of tfmem: every error the toolkit raises on purpose is a ``TfmemError``.
+
+Messages say what went wrong, where, the numbers involved and how to fix it, so that the CLI can print
+``str(error)`` as its one line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class TfmemError(Exception):
+    """Base class of every error tfmem raises on purpose."""
+
+
+class BadInputError(TfmemError, ValueError):
+    """A user-supplied value (a budget string, a feed shape, a path) is malformed."""
+
+
+class MalformedGraphError(TfmemError, ValueError):
+    """The graph cannot be read or is not well formed (unknown input, cycle, duplicate name, ...)."""
+
+
+class UnknownShapeError(MalformedGraphError):
+    """Some tensor sizes cannot be determined; ``tensors`` lists every one of them."""
+
+    def __init__(self, message: str, tensors: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.tensors = tuple(tensors)
+
+
+class UnsupportedOpError(TfmemError, NotImplementedError):
+    """An op or construct that tfmem cannot handle (and says so rather than guessing)."""
+
+
+class ScheduleError(TfmemError):
+    """A schedule reads a tensor that is not resident, or cannot order the graph."""
+
+
+class InfeasibleBudgetError(TfmemError):
+    """No plan tfmem can build fits the budget.
+
+    Carries ``budget_bytes``, ``best_peak_bytes``, ``lower_bound_bytes`` and ``live_at_peak`` (the largest
+    tensors live at the best plan's peak) so callers can decide what to change.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        budget_bytes: int,
+        best_peak_bytes: int,
+        lower_bound_bytes: int,
+        live_at_peak: Sequence[object] = (),
+    ) -> None:
+        super().__init__(message)
+        self.budget_bytes = budget_bytes
+        self.best_peak_bytes = best_peak_bytes
+        self.lower_bound_bytes = lower_bound_bytes
+        self.live_at_peak = tuple(live_at_peak)
+
+
+class PassError(TfmemError):
+    """A pass failed unexpectedly; names the pass and the passes that ran before it."""
+
+    def __init__(self, pass_name: str, after: Sequence[str] = (), detail: str = "") -> None:
+        before = ", ".join(after) if after else "none"
+        super().__init__(f"pass {pass_name!r} failed (passes run before it: {before}): {detail}")
+        self.pass_name = pass_name
+        self.after = tuple(after)
+
+
+class TestbedError(TfmemError):
+    """The testbed's servers could not be started or stopped cleanly."""
+
+    __test__ = False  # not a pytest test class
