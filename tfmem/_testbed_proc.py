@@ -1,0 +1,134 @@
+"""Child processes of the testbed: start a TensorFlow server, talk to it, and make sure it dies.
+
+``ServerProcess`` wraps one ``_testbed_server.py`` child. Every child is killed by ``kill()``, by the parent's
+atexit hook, by its own watchdog when the parent dies, or by ``PR_SET_PDEATHSIG`` when the parent is SIGKILLed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tfmem.errors import TestbedError
+
+SERVER_SCRIPT = Path(__file__).with_name("_testbed_server.py")
+
+# Set in both children. oneDNN's allocator would bypass the BFC cap; deterministic ops make outputs
+# bit-reproducible; level 2 hides TF's INFO/WARNING chatter (including the BFC allocator's OOM dump).
+COMMON_ENV = {
+    "TF_ENABLE_ONEDNN_OPTS": "0",
+    "TF_DETERMINISTIC_OPS": "1",
+    "TF_CPP_MIN_LOG_LEVEL": "2",
+    "CUDA_VISIBLE_DEVICES": "",  # a GPU build must not give the emulated device a real GPU
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+def free_ports(n: int) -> list[int]:
+    """Return ``n`` distinct TCP ports that are free on loopback right now (held open together to differ)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+class ServerProcess:
+    """One child running a TF server for ``job`` (task 0), driven through a line protocol on its stdio."""
+
+    def __init__(self, job: str, cluster: dict[str, list[str]], env: dict[str, str], workdir: Path,
+                 inter_op_threads: int = 0, intra_op_threads: int = 0) -> None:
+        self.job = job
+        self.stderr_path = workdir / f"{job}.stderr"
+        self._buf = b""
+        cmd = [
+            sys.executable, "-u", str(SERVER_SCRIPT), "--job", job, "--cluster", json.dumps(cluster),
+            "--parent-pid", str(os.getpid()),
+            "--inter-op-threads", str(inter_op_threads), "--intra-op-threads", str(intra_op_threads),
+        ]
+        with open(self.stderr_path, "wb") as err:
+            self.proc = subprocess.Popen(
+                cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env={**os.environ, **env},
+                close_fds=True, bufsize=0,
+            )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stderr_tail(self, nbytes: int = 1500) -> str:
+        try:
+            data = self.stderr_path.read_bytes()[-nbytes:]
+        except OSError:
+            return "<no stderr>"
+        return data.decode(errors="replace").strip() or "<empty stderr>"
+
+    def _fail(self, what: str) -> TestbedError:
+        code = self.proc.poll()
+        state = "still running" if code is None else f"exited with code {code}"
+        return TestbedError(
+            f"testbed {self.job} server (pid {self.pid}, {state}): {what}. Its stderr ends with:\n"
+            f"{self.stderr_tail()}\nCheck that TensorFlow imports in {sys.executable} and that loopback "
+            f"TCP ports can be bound; raise start_timeout_s on a slow machine."
+        )
+
+    def readline(self, timeout_s: float) -> str:
+        """Read one protocol line, raising ``TestbedError`` when the child dies or ``timeout_s`` passes."""
+        deadline = time.monotonic() + timeout_s
+        fd = self.proc.stdout.fileno()  # type: ignore[union-attr]
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise self._fail(f"no answer within {timeout_s:.0f} s")
+            ready, _, _ = select.select([fd], [], [], min(left, 0.5))
+            if ready:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    raise self._fail("closed its protocol stream (it died)")
+                self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line.decode()
+
+    def wait_ready(self, timeout_s: float) -> None:
+        line = self.readline(timeout_s)
+        if not line.startswith("READY"):
+            raise self._fail(f"unexpected first line {line!r}")
+
+    def call(self, cmd: str, timeout_s: float = 30.0) -> dict[str, Any]:
+        """Send one command and return its JSON answer."""
+        try:
+            self.proc.stdin.write(cmd.encode() + b"\n")  # type: ignore[union-attr]
+        except (BrokenPipeError, OSError) as e:
+            raise self._fail(f"cannot send {cmd!r} ({e})") from e
+        reply: dict[str, Any] = json.loads(self.readline(timeout_s))
+        if not reply.get("ok"):
+            raise self._fail(f"command {cmd!r} failed: {reply.get('error')}")
+        return reply
+
+    def kill(self) -> None:
+        """Kill the child and reap it; safe to call twice. SIGKILL: the server holds nothing worth flushing."""
+        if self.proc.poll() is None:
+            try:
+                self.proc.send_signal(signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            if stream is not None:
+                stream.close()

@@ -1,0 +1,123 @@
+"""Child-process entry point of the testbed: one TensorFlow gRPC server plus a line protocol on stdio.
+
+Run by ``tfmem.testbed`` as ``python _testbed_server.py --job worker --cluster '{...}' --parent-pid N``
+(by file path, so that importing it does not import the ``tfmem`` package). The parent sets the allocator
+environment variables (``TF_CPU_ALLOCATOR_USE_BFC`` ...) before this process starts, which is the only way to
+cap TensorFlow's CPU allocator: it reads them once, when the allocator is first created.
+
+Protocol: after the server listens, this process writes ``READY <pid>`` on its protocol stream; then it
+answers one JSON line per command line read on stdin:
+
+- ``ping``  -> ``{"ok": true}``
+- ``reset`` -> resets the allocator's peak to its current use; ``{"ok": true}``
+- ``stats`` -> ``{"ok": true, "current": <bytes in use>, "peak": <peak bytes since reset>}``
+- ``threads`` -> ``{"ok": true, "names": {<thread name>: <count>}}`` (to check the executor's pool size)
+
+The stats come from ``tf.config.experimental.get_memory_info('CPU:0')``. It reads the allocator of this
+process's eager CPU device, which is the same process-wide allocator the server's kernels use
+(``ProcessState::GetCPUAllocator``); the testbed's tests check that the figures move with the served graph.
+
+It exits on stdin EOF, when its parent dies (``PR_SET_PDEATHSIG`` plus a watchdog thread polling the
+parent pid), and ignores SIGINT so that a Ctrl-C in the terminal leaves cleanup to the parent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import ctypes
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    # PDEATHSIG fires when the parent *thread* that spawned us exits; the watchdog covers the rest.
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: the watchdog and stdin EOF still end us
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent_pid:
+                os._exit(1)
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, name="tfmem-parent-watchdog", daemon=True).start()
+
+
+def _thread_names() -> dict[str, int]:
+    names: collections.Counter[str] = collections.Counter()
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names[f.read().strip()] += 1
+        except OSError:
+            continue
+    return dict(names)
+
+
+def _serve(proto: int, tf: object) -> None:
+    cfg = tf.config.experimental  # type: ignore[attr-defined]
+    for line in sys.stdin:
+        cmd = line.strip()
+        try:
+            if cmd == "stats":
+                info = cfg.get_memory_info("CPU:0")
+                reply = {"ok": True, "current": int(info["current"]), "peak": int(info["peak"])}
+            elif cmd == "reset":
+                cfg.reset_memory_stats("CPU:0")
+                reply = {"ok": True}
+            elif cmd == "threads":
+                reply = {"ok": True, "names": _thread_names()}
+            elif cmd == "ping":
+                reply = {"ok": True}
+            else:
+                reply = {"ok": False, "error": f"unknown command {cmd!r}"}
+        except Exception as e:  # report, never die: the parent decides what to do
+            reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+        os.write(proto, (json.dumps(reply) + "\n").encode())
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--job", required=True)
+    parser.add_argument("--cluster", required=True, help="JSON {job: [host:port]}")
+    parser.add_argument("--parent-pid", type=int, required=True)
+    parser.add_argument("--inter-op-threads", type=int, default=0)
+    parser.add_argument("--intra-op-threads", type=int, default=0)
+    args = parser.parse_args(argv)
+    _die_with_parent(args.parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Keep the protocol stream clean: whatever TensorFlow prints on stdout goes to stderr instead.
+    proto = os.dup(1)
+    os.dup2(2, 1)
+
+    import tensorflow as tf
+
+    config = tf.compat.v1.ConfigProto(
+        inter_op_parallelism_threads=args.inter_op_threads,
+        intra_op_parallelism_threads=args.intra_op_threads,
+    )
+    server = tf.distribute.Server(
+        tf.train.ClusterSpec(json.loads(args.cluster)), job_name=args.job, task_index=0,
+        config=config, start=True,
+    )
+    tf.config.experimental.get_memory_info("CPU:0")  # initialise the eager context now, not on first stats
+    os.write(proto, f"READY {os.getpid()}\n".encode())
+    _serve(proto, tf)
+    del server
+    os._exit(0)  # the gRPC server's destructor can block; nothing here needs flushing
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""Estimated op compute time and transfer time, for a named device and link.
+
+A roofline estimate per op: ``max(flops / peak_flops, bytes_touched / memory_bandwidth) + launch overhead``.
+It ranks choices (which tensor to swap, how far ahead to prefetch, what recomputation costs); it is not a
+profiler. Figures computed with it are labelled "cost model" in reports.
+
+Examples
+--------
+>>> v100 = DEVICES["V100+PCIe3"]
+>>> round(v100.transfer_s(12 * 10**9), 3)
+1.0
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+from tfmem.ir import GraphIR, OpNode
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """A compute device and the link that connects it to host memory."""
+
+    name: str
+    peak_flops: float              # sustained FLOP/s for dense math
+    memory_bandwidth: float        # bytes/s of device memory
+    link_bandwidth: float          # bytes/s host <-> device, one direction
+    launch_overhead_s: float = 5e-6
+    link_latency_s: float = 10e-6
+
+    def transfer_s(self, nbytes: int) -> float:
+        """Seconds to move ``nbytes`` over the link."""
+        return self.link_latency_s * (nbytes > 0) + nbytes / self.link_bandwidth
+
+
+DEVICES: dict[str, DeviceSpec] = {
+    # The testbed: one CPU core doing float math, gRPC over loopback as the "link" (order of magnitude).
+    "testbed": DeviceSpec("testbed (CPU + loopback gRPC)", 3e10, 1e10, 1.5e9, 20e-6, 100e-6),
+    "TitanX+PCIe3": DeviceSpec("TitanX (12 GB) + PCIe3 x16", 6e12, 3.36e11, 12e9),
+    "V100+PCIe3": DeviceSpec("V100 (16 GB) + PCIe3 x16", 14e12, 9e11, 12e9),
+    "H200+PCIe5": DeviceSpec("H200 (141 GB) + PCIe5 x16", 60e12, 4.8e12, 55e9),
+}
+DEFAULT_DEVICE = DEVICES["testbed"]
+
+# Ops that only pass a buffer along or touch metadata: they cost a launch, nothing more.
+FREE_OPS = frozenset({
+    "Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims", "NoOp", "Const", "Placeholder",
+    "PlaceholderWithDefault", "Shape", "ShapeN", "Size", "Rank", "VarHandleOp", "ReadVariableOp",
+    "VariableV2", "StopGradient", "PreventGradient", "Snapshot", "_Recv", "_Send", "ControlTrigger",
+})
+
+
+def op_flops(node: OpNode, graph: GraphIR) -> float:
+    """Floating-point operations of one execution of ``node`` (an estimate from shapes)."""
+    out = node.outputs[0] if node.outputs else None
+    out_elems = _elems(out.shape) if out else 0
+    if node.op in ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "_FusedMatMul"):
+        a = graph.spec(node.inputs[0]).shape or ()
+        inner = a[-2] if node.attr_bool("transpose_a") or node.attr_bool("adj_x") else (a[-1] if a else 1)
+        return 2.0 * out_elems * float(inner or 1)
+    if node.op in ("Conv2D", "_FusedConv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter", "DepthwiseConv2dNative"):
+        return _conv_flops(node, graph)
+    if node.op in ("Einsum",):
+        ins = [_elems(graph.spec(t).shape) for t in node.inputs]
+        return 2.0 * max(ins + [out_elems])
+    return float(out_elems)
+
+
+def _conv_flops(node: OpNode, graph: GraphIR) -> float:
+    shapes = [graph.spec(t).shape or () for t in node.inputs]
+    if node.op == "Conv2DBackpropFilter":
+        filt = node.outputs[0].shape or ()
+        out_grad = shapes[2] if len(shapes) > 2 else ()
+        return 2.0 * _elems(out_grad) * _elems(filt[:3] if filt else ())
+    if node.op == "Conv2DBackpropInput":
+        filt = shapes[1] if len(shapes) > 1 else ()
+        out_grad = shapes[2] if len(shapes) > 2 else ()
+        return 2.0 * _elems(out_grad) * _elems(filt[:3] if filt else ())
+    filt = shapes[1] if len(shapes) > 1 else ()
+    out = node.outputs[0].shape if node.outputs else ()
+    return 2.0 * _elems(out) * _elems(filt[:3] if filt else ())
+
+
+def _elems(shape: tuple[int | None, ...] | None) -> int:
+    if not shape:
+        return 1 if shape == () else 0
+    return prod(int(d or 1) for d in shape)
+
+
+def op_time_s(node: OpNode, graph: GraphIR, device: DeviceSpec = DEFAULT_DEVICE) -> float:
+    """Estimated seconds for one execution of ``node`` on ``device``."""
+    if node.op in FREE_OPS:
+        return device.launch_overhead_s * 0.2
+    touched = sum(s.nbytes or 0 for s in node.outputs)
+    for t in node.inputs:
+        try:
+            touched += graph.spec(t).nbytes or 0
+        except KeyError:
+            pass
+    compute = max(op_flops(node, graph) / device.peak_flops, touched / device.memory_bandwidth)
+    return device.launch_overhead_s + compute
+
+
+def graph_time_s(graph: GraphIR, names: list[str] | None = None, device: DeviceSpec = DEFAULT_DEVICE) -> float:
+    """Serial compute time of the named nodes (all nodes when ``names`` is None)."""
+    nodes = graph.nodes if names is None else [graph[n] for n in names]
+    return sum(op_time_s(n, graph, device) for n in nodes)

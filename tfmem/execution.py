@@ -1,0 +1,164 @@
+"""What one ``Session.run`` executes: the pruned subgraph, its schedulable units, and each tensor's role.
+
+Shared by the memory simulator and the passes. ``ExecutionGraph.build`` prunes the graph to the ancestors of
+the fetches (fed tensors cut the walk, as in TensorFlow), folds each v1 control-flow frame into one unit, and
+classifies outputs: persistent (constants, variable storage), fed, aliases of another buffer (``Identity``,
+``Reshape``, ``ReadVariableOp``...) or ordinary transients.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+from tfmem.errors import BadInputError
+from tfmem.frames import back_edges, find_regions
+from tfmem.ir import GraphIR, OpNode, TensorRef
+
+# Output 0 of these ops shares the buffer of input 0 (no new memory).
+ALIAS_OPS = frozenset({
+    "Identity", "Reshape", "Squeeze", "ExpandDims", "StopGradient", "PreventGradient", "Snapshot",
+    "EnsureShape", "CheckNumerics", "DebugIdentity", "RefIdentity", "Enter", "Exit", "Switch", "Merge",
+    "NextIteration", "LoopCond",
+})
+# Output 0 of these ops is the storage of the variable whose handle is input 0.
+VARIABLE_READ_OPS = frozenset({"ReadVariableOp"})
+# Ops whose outputs live as long as the graph (the kernel or the resource manager holds them).
+PERSISTENT_OUTPUT_OPS = frozenset({"Const", "HostConst", "VariableV2", "Variable", "TemporaryVariable"})
+RESOURCE_VARIABLE_OPS = frozenset({"VarHandleOp"})
+PLACEHOLDER_OPS = frozenset({"Placeholder", "PlaceholderV2"})
+
+
+def parse_fetches(graph: GraphIR, fetches: Iterable[str | TensorRef]) -> tuple[list[TensorRef], list[str]]:
+    """Split fetches into tensors (``"y:0"``) and targets (op names such as ``"train_op"``), as TF does."""
+    tensors, targets = [], []
+    items = [fetches] if isinstance(fetches, str | TensorRef) else list(fetches)
+    if not items:
+        raise BadInputError("no fetches given; name at least one tensor ('loss:0') or op ('train_op')")
+    for f in items:
+        name = getattr(f, "name", f)  # tf.Tensor / tf.Operation
+        if isinstance(name, TensorRef):
+            ref = name
+        elif ":" in str(name):
+            ref = TensorRef.parse(str(name))
+        else:
+            if str(name) not in graph:
+                raise BadInputError(f"fetch {name!r} is not an op of the graph")
+            targets.append(str(name))
+            continue
+        if ref.node not in graph or ref.index >= max(len(graph[ref.node].outputs), 1):
+            raise BadInputError(f"fetch {ref} is not a tensor of the graph")
+        tensors.append(ref)
+    return tensors, targets
+
+
+@dataclass(frozen=True)
+class ExecutionGraph:
+    """The units (ops, or whole v1 frames) one step runs, with their dependences in graph order."""
+
+    graph: GraphIR
+    fetched: frozenset[TensorRef]
+    fed: frozenset[TensorRef]
+    needed: tuple[str, ...]                 # node names, GraphDef order
+    unit_of: Mapping[str, str]              # node -> unit (itself, or "frame:<name>")
+    units: tuple[str, ...]                  # GraphDef order of each unit's first node
+    members: Mapping[str, tuple[str, ...]]  # unit -> its nodes
+
+    @classmethod
+    def build(
+        cls, graph: GraphIR, fetches: Iterable[str | TensorRef], feeds: Iterable[str | TensorRef] = ()
+    ) -> ExecutionGraph:
+        tensors, targets = parse_fetches(graph, fetches)
+        fed = {TensorRef.parse(f) if isinstance(f, str) else f for f in feeds}
+        regions = find_regions(graph)
+        needed = _ancestors(graph, [t.node for t in tensors] + targets, fed, regions)
+        for node in needed:  # TF requires every reachable placeholder to be fed
+            if graph[node].op in PLACEHOLDER_OPS:
+                fed.add(TensorRef(node, 0))
+        unit_of = {n: ("frame:" + regions[n]) if n in regions else n for n in needed}
+        members: dict[str, list[str]] = {}
+        for n in needed:
+            members.setdefault(unit_of[n], []).append(n)
+        return cls(graph, frozenset(tensors), frozenset(fed), tuple(needed), unit_of, tuple(members),
+                   {u: tuple(m) for u, m in members.items()})
+
+    @cached_property
+    def unit_preds(self) -> Mapping[str, tuple[str, ...]]:
+        loops = back_edges(self.graph)
+        preds: dict[str, dict[str, None]] = {u: {} for u in self.units}
+        for n in self.needed:
+            u = self.unit_of[n]
+            node = self.graph[n]
+            sources = [t.node for t in node.inputs if t not in self.fed] + list(node.control_inputs)
+            for p in sources:
+                if (p, n) not in loops and p in self.unit_of and self.unit_of[p] != u:
+                    preds[u][self.unit_of[p]] = None
+        return {u: tuple(p) for u, p in preds.items()}
+
+    @cached_property
+    def unit_succs(self) -> Mapping[str, tuple[str, ...]]:
+        succs: dict[str, list[str]] = {u: [] for u in self.units}
+        for u in self.units:
+            for p in self.unit_preds[u]:
+                succs[p].append(u)
+        return {u: tuple(s) for u, s in succs.items()}
+
+    def consumers(self, tensor: TensorRef) -> tuple[str, ...]:
+        """Units (other than the producer's own) that read ``tensor`` in this step."""
+        own = self.unit_of.get(tensor.node)
+        out = dict.fromkeys(
+            self.unit_of[c] for c in self.graph.consumers.get(tensor, ()) if c in self.unit_of
+        )
+        out.pop(own, None)  # type: ignore[arg-type]
+        return tuple(out)
+
+    def is_region(self, unit: str) -> bool:
+        return unit.startswith("frame:")
+
+    def outputs_of(self, unit: str) -> list[TensorRef]:
+        """Tensors a unit makes visible outside itself (all outputs of a plain op)."""
+        if not self.is_region(unit):
+            node = self.graph[unit]
+            return [TensorRef(unit, i) for i in range(len(node.outputs))]
+        inside = set(self.members[unit])
+        return [
+            TensorRef(n, i)
+            for n in self.members[unit]
+            for i in range(len(self.graph[n].outputs))
+            if TensorRef(n, i) in self.fetched
+            or any(c not in inside for c in self.graph.consumers.get(TensorRef(n, i), ()))
+        ]
+
+    def internal_tensors(self, unit: str) -> list[TensorRef]:
+        """Tensors that live and die inside a region (its per-iteration working set)."""
+        if not self.is_region(unit):
+            return []
+        visible = set(self.outputs_of(unit))
+        return [
+            TensorRef(n, i) for n in self.members[unit] if self.graph[n].op not in ALIAS_OPS
+            for i in range(len(self.graph[n].outputs)) if TensorRef(n, i) not in visible
+        ]
+
+
+def _ancestors(graph: GraphIR, roots: Sequence[str], fed: set[TensorRef], regions: Mapping[str, str]) -> list[str]:
+    region_members: dict[str, list[str]] = {}
+    for n, r in regions.items():
+        region_members.setdefault(r, []).append(n)
+    seen: set[str] = set()
+    stack = list(roots)
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        node = graph[name]
+        if name in regions:  # a frame runs whole: pull in every member
+            stack.extend(m for m in region_members[regions[name]] if m not in seen)
+        stack.extend(_needed_preds(node, fed))
+    return [n.name for n in graph.nodes if n.name in seen]
+
+
+def _needed_preds(node: OpNode, fed: set[TensorRef]) -> list[str]:
+    preds = [t.node for t in node.inputs if t not in fed]
+    return preds + list(node.control_inputs)

@@ -1,0 +1,76 @@
+"""Find TF1 control-flow frames (``Enter``/``Exit``/``Merge``/``Switch``/``NextIteration``) and opaque regions.
+
+A v1 while loop is a cycle in the GraphDef (``NextIteration`` feeds ``Merge``). tfmem never looks inside
+one: every node of a top-level frame belongs to one opaque *region*, which the simulator treats as a single
+op and the passes never cut. Functional ops (``While``, ``If``, ``PartitionedCall``) are single nodes already
+and stay opaque on their own.
+
+Examples
+--------
+>>> import tensorflow as tf
+>>> g = tf.Graph()
+>>> with g.as_default():
+...     tf.compat.v1.disable_control_flow_v2()
+...     r = tf.compat.v1.while_loop(lambda i: i < 3, lambda i: i + 1, [tf.constant(0)], name="loop")
+...     tf.compat.v1.enable_control_flow_v2()
+>>> from tfmem.ir import GraphIR
+>>> regions = find_regions(GraphIR.from_graph_def(g.as_graph_def()))
+>>> sorted(set(regions.values()))
+['loop/while_context']
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+
+from tfmem.ir import GraphIR
+
+ENTER_OPS = frozenset({"Enter", "RefEnter"})
+EXIT_OPS = frozenset({"Exit", "RefExit"})
+NEXT_ITERATION_OPS = frozenset({"NextIteration", "RefNextIteration"})
+CONTROL_FLOW_OPS = ENTER_OPS | EXIT_OPS | NEXT_ITERATION_OPS | {"Merge", "RefMerge", "Switch", "RefSwitch",
+                                                                "LoopCond"}
+FUNCTIONAL_OPS = frozenset({"While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase",
+                            "PartitionedCall", "StatefulPartitionedCall", "For", "RemoteCall"})
+
+
+def find_regions(graph: GraphIR) -> Mapping[str, str]:
+    """Map each node inside a v1 control-flow frame to its top-level frame's name.
+
+    Nodes outside every frame are absent from the result. The frame of a node follows TensorFlow's own rule
+    (``BuildControlFlowInfo``): an ``Enter`` opens the frame named by its ``frame_name`` attr, an ``Exit``
+    returns to the parent frame, and every other node lives in the frame of its first input.
+    """
+    if not any(n.op in ENTER_OPS for n in graph.nodes):
+        return {}
+    frame_of: dict[str, tuple[str, ...]] = {}
+    queue = deque(n.name for n in graph.nodes if not n.predecessors)
+    for name in queue:
+        frame_of[name] = ()
+    while queue:
+        name = queue.popleft()
+        for succ_name in graph.successors[name]:
+            if succ_name in frame_of:
+                continue
+            succ = graph[succ_name]
+            parent = frame_of[succ.predecessors[0]] if succ.predecessors[0] in frame_of else frame_of[name]
+            frame_of[succ_name] = _frame_after(succ.op, succ.attrs, parent)
+            queue.append(succ_name)
+    return {name: frame[0] for name, frame in frame_of.items() if frame}
+
+
+def _frame_after(op: str, attrs: Mapping[str, object], parent: tuple[str, ...]) -> tuple[str, ...]:
+    if op in ENTER_OPS:
+        frame_name = attrs["frame_name"].s.decode() if "frame_name" in attrs else "frame"  # type: ignore[attr-defined]
+        return (*parent, frame_name)
+    if op in EXIT_OPS:
+        return parent[:-1]
+    return parent
+
+
+def back_edges(graph: GraphIR) -> frozenset[tuple[str, str]]:
+    """The ``NextIteration -> Merge`` edges that close v1 loops (removing them leaves a DAG)."""
+    return frozenset(
+        (p, n.name) for n in graph.nodes for p in n.predecessors if graph[p].op in NEXT_ITERATION_OPS
+    )

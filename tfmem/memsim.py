@@ -1,0 +1,357 @@
+"""The static memory simulator: replay one step of a graph and account for every buffer.
+
+It follows TensorFlow's executor and allocator:
+
+* the order is ``tfmem.schedule.emulate`` (TF's ready-queue policy) unless an explicit order is given;
+* an op's outputs are allocated when it starts and each buffer is freed when its last reader finishes;
+* ``Identity``/``Reshape``-like ops and ``ReadVariableOp`` share their input's buffer;
+* element-wise kernels reuse an input buffer of the same size when they are its last reader (TF's
+  ``forward_input_or_allocate_output``);
+* constants and variable storage are persistent; fed tensors arrive before the step and fetched tensors are
+  held to its end; a tensor crossing devices occupies both until the receiver is done with its copy;
+* each allocation is rounded up to the BFC allocator's 256-byte granule.
+
+Examples
+--------
+>>> import tensorflow as tf
+>>> g = tf.Graph()
+>>> with g.as_default():
+...     x = tf.compat.v1.placeholder(tf.float32, (1024,), name="x")
+...     y = tf.math.sqrt(x, name="y")          # 4 KiB, x is fed so it is not forwarded
+...     z = tf.math.square(y, name="z")        # reuses y's buffer: y's last reader, same size
+>>> simulate(g, ["z:0"]).peak_bytes           # x and one 4 KiB buffer
+8192
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import tensorflow as tf
+
+from tfmem import costmodel
+from tfmem.devices import Placement
+from tfmem.execution import (
+    ALIAS_OPS,
+    PERSISTENT_OUTPUT_OPS,
+    RESOURCE_VARIABLE_OPS,
+    VARIABLE_READ_OPS,
+    ExecutionGraph,
+)
+from tfmem.frames import FUNCTIONAL_OPS
+from tfmem.ir import GraphIR, OpNode, TensorRef
+from tfmem.loading import GraphSource, load
+from tfmem.schedule import Schedule, emulate, fixed
+from tfmem.shapes import FeedShapes, dtype_size, require_known
+
+ALLOCATION_GRANULE = 256  # BFC allocator's kMinAllocationSize
+# Ops that may write their output into an input buffer they are the last reader of: op -> input indices.
+FORWARDING_OPS: dict[str, tuple[int, ...]] = {
+    **{op: (0,) for op in (
+        "Relu", "Relu6", "Elu", "Selu", "LeakyRelu", "Tanh", "Sigmoid", "Neg", "Abs", "Square", "Sqrt",
+        "Rsqrt", "Exp", "Log", "Log1p", "Reciprocal", "Inv", "Sign", "Floor", "Ceil", "Round", "Softplus",
+        "Softsign", "BiasAdd", "Cos", "Sin", "Erf", "OnesLike", "ZerosLike", "ClipByValue", "Gelu",
+    )},
+    **{op: (0, 1) for op in (
+        "Add", "AddV2", "Sub", "Mul", "RealDiv", "Div", "DivNoNan", "Maximum", "Minimum", "Pow",
+        "SquaredDifference", "ReluGrad", "Relu6Grad", "EluGrad", "SeluGrad", "LeakyReluGrad", "TanhGrad",
+        "SigmoidGrad", "RsqrtGrad", "SqrtGrad", "SoftplusGrad", "ReciprocalGrad", "FloorDiv", "FloorMod",
+        "MulNoNan", "BiasAddV1",
+    )},
+    "AddN": tuple(range(64)),
+}
+
+
+@dataclass(frozen=True)
+class LiveTensor:
+    """A buffer live at the peak, named by the first tensor that owns it."""
+
+    tensor: str
+    nbytes: int
+    producer: str          # op type of the producing node
+    consumers: tuple[str, ...]
+    kind: str              # "transient", "persistent", "fed", "fetched" or "copy"
+
+
+@dataclass(frozen=True)
+class MemoryProfile:
+    """One simulated step: peaks, what is live at the device peak, and the memory timeline.
+
+    ``timeline`` holds ``(time_s, device_bytes, host_bytes, unit)`` after each allocation or free, with times
+    from the cost model (``tfmem.costmodel``), so the plot and trace show a plausible pace.
+    """
+
+    peak_bytes: int
+    peak_unit: str
+    peak_time_s: float
+    live_at_peak: tuple[LiveTensor, ...]
+    persistent_bytes: int
+    host_peak_bytes: int
+    host_persistent_bytes: int
+    timeline: tuple[tuple[float, int, int, str], ...]
+    schedule: Schedule
+    instrument: str = "simulator"
+    notes: tuple[str, ...] = ()
+
+    @property
+    def transient_peak_bytes(self) -> int:
+        return self.peak_bytes - self.persistent_bytes
+
+    @property
+    def estimated_step_s(self) -> float:
+        return self.schedule.makespan_s
+
+
+@dataclass
+class _Buffer:
+    tensor: TensorRef
+    nbytes: int
+    domain: str
+    kind: str
+    uses: int = 0
+    held: bool = False
+    freed: bool = False
+    readers: list[str] = field(default_factory=list)
+
+
+def simulate(
+    graph: GraphSource,
+    fetches: Iterable[str] | str,
+    *,
+    feed_shapes: FeedShapes | None = None,
+    feeds: Iterable[str] = (),
+    device: str | None = None,
+    host: str | None = None,
+    order: Sequence[str] | None = None,
+    inter_op_threads: int = 1,
+    cost_device: costmodel.DeviceSpec = costmodel.DEFAULT_DEVICE,
+) -> MemoryProfile:
+    """Simulate one step of ``graph`` computing ``fetches`` and return its ``MemoryProfile``.
+
+    Parameters
+    ----------
+    graph : tf.Graph, GraphDef, MetaGraphDef, path, or an annotated ``GraphIR``
+    fetches : tensor names (``"loss:0"``) and op names (``"train_op"``), as for ``Session.run``
+    feed_shapes : full shapes of fed tensors whose static shape is partial
+    feeds : other tensors the caller feeds (placeholders are always fed)
+    device, host : device strings; ops on ``host`` count toward ``host_peak_bytes``, the rest toward the device.
+        With ``device`` given, ops on a third device count toward neither.
+    order : run units in exactly this order (one thread) instead of emulating TF's executor
+    inter_op_threads : threads of TF's inter-op pool to emulate
+
+    Raises
+    ------
+    UnknownShapeError
+        Listing every executed tensor whose size is unknown.
+    """
+    ir = graph if isinstance(graph, GraphIR) and graph.annotated and not feed_shapes else load(graph, feed_shapes)
+    feed_names = list(feeds) + list(feed_shapes or {})
+    eg = ExecutionGraph.build(ir, [fetches] if isinstance(fetches, str) else fetches, feed_names)
+    require_known(ir, _sized_tensors(eg))
+    placement = Placement(device, host)
+    durations = {u: _unit_time(eg, u, cost_device) for u in eg.units}
+    if order is not None:
+        sched = fixed([u for u in _units_in(eg, order)], durations.__getitem__)
+    else:
+        sched = emulate(eg.units, eg.unit_preds, eg.unit_succs, durations.__getitem__,
+                        lambda u: durations[u] > 3e-6, inter_op_threads)
+    return _Replay(eg, placement).run(sched)
+
+
+def _sized_tensors(eg: ExecutionGraph) -> list[TensorRef]:
+    out = []
+    for u in eg.units:
+        if not eg.is_region(u):
+            out.extend(t for t in eg.outputs_of(u) if eg.graph[t.node].op not in ALIAS_OPS)
+    return out
+
+
+def _units_in(eg: ExecutionGraph, order: Sequence[str]) -> list[str]:
+    units = list(dict.fromkeys(eg.unit_of[n] for n in order if n in eg.unit_of))
+    missing = [u for u in eg.units if u not in set(units)]
+    if missing:
+        from tfmem.errors import ScheduleError
+        raise ScheduleError(f"order omits {len(missing)} executed op(s), e.g. {', '.join(missing[:5])}")
+    return units
+
+
+def _unit_time(eg: ExecutionGraph, unit: str, device: costmodel.DeviceSpec) -> float:
+    return sum(costmodel.op_time_s(eg.graph[n], eg.graph, device) for n in eg.members[unit])
+
+
+class _Replay:
+    """Replays a schedule, tracking buffers per memory domain ("device", "host", "other")."""
+
+    def __init__(self, eg: ExecutionGraph, placement: Placement) -> None:
+        self.eg, self.graph = eg, eg.graph
+        self.domain = {u: placement.domain(self.graph[eg.members[u][0]].device) for u in eg.units}
+        self.live = {"device": 0, "host": 0, "other": 0}
+        self.persistent = {"device": 0, "host": 0, "other": 0}
+        self.buffers: dict[tuple[TensorRef, str], _Buffer] = {}   # (tensor, domain) -> buffer
+        self.var_storage: dict[str, _Buffer] = {}
+        self.temps: dict[str, int] = {}
+        self.peak = {"device": -1, "host": 0}
+        self.peak_info: tuple[str, float, list[_Buffer]] = ("", 0.0, [])
+        self.timeline: list[tuple[float, int, int, str]] = []
+        self.inputs = {u: self._unit_inputs(u) for u in eg.units}
+
+    def _unit_inputs(self, unit: str) -> list[TensorRef]:
+        inside = set(self.eg.members[unit])
+        return list(dict.fromkeys(
+            t for n in self.eg.members[unit] for t in self.graph[n].inputs if t.node not in inside
+        ))
+
+    def _uses(self, tensor: TensorRef, domain: str) -> int:
+        return sum(1 for c in self.eg.consumers(tensor) if self.domain[c] == domain)
+
+    def _alloc(self, tensor: TensorRef, nbytes: int, domain: str, kind: str) -> _Buffer:
+        rounded = -(-nbytes // ALLOCATION_GRANULE) * ALLOCATION_GRANULE
+        buf = _Buffer(tensor, rounded, domain, kind, held=tensor in self.eg.fetched)
+        self.live[domain] += rounded
+        if kind == "persistent":
+            self.persistent[domain] += rounded
+        return buf
+
+    def _free(self, buf: _Buffer) -> None:
+        if not buf.freed and buf.kind != "persistent" and not buf.held:
+            buf.freed = True
+            self.live[buf.domain] -= buf.nbytes
+
+    def run(self, sched: Schedule) -> MemoryProfile:
+        self._allocate_persistent_and_fed()
+        self._record(0.0, "<start>")
+        events = sorted(
+            [(s, 1, i) for i, s in enumerate(sched.start_s)] + [(e, 0, i) for i, e in enumerate(sched.end_s)]
+        )
+        for time_s, is_start, i in events:
+            unit = sched.order[i]
+            if is_start:
+                self._start(unit)
+            else:
+                self._end(unit)
+            self._record(time_s, unit)
+        return self._profile(sched)
+
+    def _allocate_persistent_and_fed(self) -> None:
+        for u in self.eg.units:
+            for n in self.eg.members[u]:
+                node = self.graph[n]
+                if node.op in PERSISTENT_OUTPUT_OPS:
+                    ref = TensorRef(n, 0)
+                    self.buffers[(ref, self.domain[u])] = self._alloc(
+                        ref, node.outputs[0].nbytes or 0, self.domain[u], "persistent")
+                elif node.op in RESOURCE_VARIABLE_OPS:
+                    self.var_storage[n] = self._alloc(TensorRef(n, 0), _variable_bytes(node), self.domain[u],
+                                                      "persistent")
+        for ref in self.eg.fed:
+            consumers = self.eg.consumers(ref)
+            domain = self.domain[consumers[0]] if consumers else "device"
+            buf = self._alloc(ref, self.graph.spec(ref).nbytes or 0, domain, "fed")
+            buf.uses = self._uses(ref, domain)
+            self.buffers[(ref, domain)] = buf
+
+    def _start(self, unit: str) -> None:
+        domain = self.domain[unit]
+        for t in self.eg.outputs_of(unit):
+            if (t, domain) not in self.buffers:
+                self.buffers[(t, domain)] = self._output_buffer(unit, t, domain)
+        internal = sum(self.graph.spec(t).nbytes or 0 for t in self.eg.internal_tensors(unit))
+        if internal:
+            self.temps[unit] = internal
+            self.live[domain] += internal
+
+    def _output_buffer(self, unit: str, t: TensorRef, domain: str) -> _Buffer:
+        node = self.graph[t.node]
+        uses = self._uses(t, domain)
+        shared = None
+        if t.index == 0 and node.op in ALIAS_OPS and node.inputs:
+            shared = self.buffers.get((node.inputs[0], domain))
+        elif t.index == 0 and node.op in VARIABLE_READ_OPS and node.inputs:
+            shared = self.var_storage.get(node.inputs[0].node)
+        elif t.index == 0 and node.op in FORWARDING_OPS and not self.eg.is_region(unit):
+            shared = self._forwardable(unit, node.op, t, domain)
+        if shared is not None and not shared.freed:
+            shared.uses += uses
+            shared.held = shared.held or t in self.eg.fetched
+            shared.readers.extend(self.eg.consumers(t))
+            return shared
+        buf = self._alloc(t, self.graph.spec(t).nbytes or 0, domain, "transient")
+        buf.uses = uses
+        buf.readers.extend(self.eg.consumers(t))
+        return buf
+
+    def _forwardable(self, unit: str, op: str, out: TensorRef, domain: str) -> _Buffer | None:
+        node = self.graph[unit]
+        want = self.graph.spec(out)
+        for idx in FORWARDING_OPS[op]:
+            if idx >= len(node.inputs):
+                break
+            ref = node.inputs[idx]
+            buf = self.buffers.get((ref, domain))
+            spec = self.graph.spec(ref)
+            if (buf is None or buf.kind != "transient" or buf.held or buf.freed or buf.uses != 1
+                    or spec.nbytes != want.nbytes or spec.dtype != want.dtype
+                    or sum(1 for t in node.inputs if t == ref) != 1):
+                continue
+            return buf
+        return None
+
+    def _end(self, unit: str) -> None:
+        domain = self.domain[unit]
+        for t in self.inputs[unit]:
+            buf = self.buffers.get((t, domain))
+            if buf is None:
+                continue
+            buf.uses -= 1
+            if buf.uses <= 0:
+                self._free(buf)
+        for t in self.eg.outputs_of(unit):
+            buf = self.buffers[(t, domain)]
+            for other in {self.domain[c] for c in self.eg.consumers(t)} - {domain}:
+                copy = self._alloc(t, self.graph.spec(t).nbytes or 0, other, "copy")
+                copy.uses = self._uses(t, other)
+                self.buffers[(t, other)] = copy
+            if buf.uses <= 0:
+                self._free(buf)
+        self.live[domain] -= self.temps.pop(unit, 0)
+
+    def _record(self, time_s: float, unit: str) -> None:
+        self.timeline.append((time_s, self.live["device"], self.live["host"], unit))
+        if self.live["device"] > self.peak["device"]:
+            self.peak["device"] = self.live["device"]
+            live = [b for b in dict((id(b), b) for b in self.buffers.values()).values()
+                    if b.domain == "device" and not b.freed]
+            live += list(b for b in self.var_storage.values() if b.domain == "device")
+            self.peak_info = (unit, time_s, live)
+        self.peak["host"] = max(self.peak["host"], self.live["host"])
+
+    def _profile(self, sched: Schedule) -> MemoryProfile:
+        unit, time_s, live = self.peak_info
+        seen: dict[int, _Buffer] = {id(b): b for b in live}
+        tensors = sorted(
+            (LiveTensor(str(b.tensor), b.nbytes, self.graph[b.tensor.node].op, tuple(dict.fromkeys(b.readers)),
+                        "fetched" if b.held and b.kind == "transient" else b.kind)
+             for b in seen.values()),
+            key=lambda lt: (-lt.nbytes, lt.tensor),
+        )
+        notes = tuple(
+            f"opaque op {n.name} ({n.op}): memory inside its function is not modelled"
+            for n in (self.graph[x] for x in self.eg.needed) if n.op in FUNCTIONAL_OPS
+        )
+        return MemoryProfile(
+            peak_bytes=max(self.peak["device"], 0), peak_unit=unit, peak_time_s=time_s,
+            live_at_peak=tuple(tensors), persistent_bytes=self.persistent["device"],
+            host_peak_bytes=self.peak["host"], host_persistent_bytes=self.persistent["host"],
+            timeline=tuple(self.timeline), schedule=sched, notes=notes,
+        )
+
+
+def _variable_bytes(node: OpNode) -> int:
+    shape = tf.TensorShape(node.attrs["shape"].shape) if "shape" in node.attrs else tf.TensorShape(None)
+    if not shape.is_fully_defined():
+        return 0
+    count = 1
+    for d in shape.as_list():
+        count *= d
+    return count * dtype_size(tf.as_dtype(node.attrs["dtype"].type))

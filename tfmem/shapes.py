@@ -1,0 +1,190 @@
+"""Tensor specs for every output: dtype, shape and bytes, from TensorFlow's own shape inference.
+
+The GraphDef is imported into a scratch ``tf.Graph``; fed tensors named in ``feed_shapes`` are replaced
+through ``input_map`` by placeholders of the given shape, so their sizes propagate downstream exactly as
+TensorFlow would propagate them. Tensors whose size is still unknown keep ``nbytes=None``; the simulator
+raises ``UnknownShapeError`` listing all of those it needs (``require_known``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import tensorflow as tf
+from tensorflow.core.framework import graph_pb2
+
+from tfmem.errors import BadInputError, MalformedGraphError, UnknownShapeError
+from tfmem.ir import GraphIR, OpNode, TensorRef, TensorSpec
+
+FeedShapes = Mapping[str, Sequence[int]]
+
+# Bytes per element of dtypes whose size TensorFlow does not report as a fixed width.
+STRING_ELEMENT_BYTES = 32  # sizeof(tstring) on 64-bit Linux; the characters themselves are not counted
+HANDLE_DTYPES = frozenset({"resource", "variant"})  # handles: their payload is accounted elsewhere
+
+
+def dtype_size(dtype: tf.DType) -> int:
+    """Bytes per element of ``dtype`` (0 for resource/variant handles, 32 for strings)."""
+    if dtype.name in HANDLE_DTYPES:
+        return 0
+    if dtype == tf.string:
+        return STRING_ELEMENT_BYTES
+    return int(dtype.size)
+
+
+def spec_of(dtype: tf.DType, shape: tf.TensorShape) -> TensorSpec:
+    """The ``TensorSpec`` of a tensor of ``dtype`` and ``shape`` (``nbytes`` None when the shape is partial)."""
+    base = dtype.base_dtype
+    if shape.rank is None:
+        dims: tuple[int | None, ...] | None = None
+    else:
+        dims = tuple(shape.as_list())
+    if base.name in HANDLE_DTYPES:
+        return TensorSpec(base.name, dims, 0)
+    if dims is None or any(d is None for d in dims):
+        return TensorSpec(base.name, dims, None)
+    count = 1
+    for d in dims:
+        count *= int(d)  # type: ignore[arg-type]
+    return TensorSpec(base.name, dims, count * dtype_size(base))
+
+
+def parse_feed_shapes(items: Iterable[str]) -> dict[str, tuple[int, ...]]:
+    """Parse CLI-style ``"x:0=32,784"`` strings into ``{"x:0": (32, 784)}``.
+
+    >>> parse_feed_shapes(["x:0=32,784", "y=8"])
+    {'x:0': (32, 784), 'y:0': (8,)}
+    """
+    out: dict[str, tuple[int, ...]] = {}
+    for item in items:
+        name, sep, dims = item.partition("=")
+        try:
+            shape = tuple(int(d) for d in dims.split(",") if d.strip()) if dims.strip() else ()
+            if not sep or not name or any(d < 0 for d in shape):
+                raise ValueError
+        except ValueError:
+            raise BadInputError(
+                f"feed shape {item!r} is malformed; write NAME=D1,D2,... e.g. x:0=32,784 (a scalar: x:0=)"
+            ) from None
+        out[str(TensorRef.parse(name))] = shape
+    return out
+
+
+def annotate(gd: graph_pb2.GraphDef, feed_shapes: FeedShapes | None = None) -> GraphIR:
+    """Return the ``GraphIR`` of ``gd`` with a ``TensorSpec`` on every output.
+
+    Parameters
+    ----------
+    gd : GraphDef
+    feed_shapes : mapping of tensor name (``"x:0"`` or ``"x"``) to a full shape
+        Fills unknown dimensions, e.g. the batch dimension of a placeholder.
+
+    Raises
+    ------
+    MalformedGraphError
+        When TensorFlow cannot import the graph (unknown ops, bad inputs).
+    BadInputError
+        When a feed names a missing tensor or a shape incompatible with the graph's static shape.
+
+    Examples
+    --------
+    >>> import tensorflow as tf
+    >>> g = tf.Graph()
+    >>> with g.as_default():
+    ...     x = tf.compat.v1.placeholder(tf.float32, (None, 10), name="x")
+    ...     y = tf.nn.relu(x, name="y")
+    >>> annotate(g.as_graph_def(), {"x:0": (32, 10)}).spec("y:0").nbytes
+    1280
+    """
+    base = GraphIR.from_graph_def(gd)
+    feeds = {TensorRef.parse(k): tuple(int(d) for d in v) for k, v in (feed_shapes or {}).items()}
+    graph = _import_with_feeds(base, gd, feeds)
+    nodes = []
+    for node in base.nodes:
+        op = graph.get_operation_by_name(node.name)
+        specs = []
+        for i, t in enumerate(op.outputs):
+            shape = tf.TensorShape(feeds[TensorRef(node.name, i)]) if TensorRef(node.name, i) in feeds else t.shape
+            specs.append(spec_of(t.dtype, shape))
+        nodes.append(_with_outputs(node, tuple(specs)))
+    return base.replace_nodes(tuple(nodes), annotated=True)
+
+
+def _with_outputs(node: OpNode, outputs: tuple[TensorSpec, ...]) -> OpNode:
+    return OpNode(node.name, node.op, node.inputs, node.control_inputs, node.device, outputs, node.attrs, node.proto)
+
+
+def _import_with_feeds(base: GraphIR, gd: graph_pb2.GraphDef, feeds: dict[TensorRef, tuple[int, ...]]) -> tf.Graph:
+    graph = tf.Graph()
+    with graph.as_default():
+        input_map = {}
+        for ref, shape in feeds.items():
+            node = base.by_name.get(ref.node)
+            if node is None:
+                raise BadInputError(f"feed_shapes names {ref}, but the graph has no node {ref.node!r}")
+            dtype = _output_dtype(node, ref.index)
+            input_map[str(ref)] = tf.compat.v1.placeholder(dtype, shape, name=f"tfmem_feed_{len(input_map)}")
+        try:
+            tf.graph_util.import_graph_def(gd, input_map=input_map or None, name="")
+        except ValueError as e:
+            raise _import_error(e, feeds) from None
+        except Exception as e:  # e.g. NotFoundError for ops not registered in this build of TensorFlow
+            raise MalformedGraphError(f"TensorFlow cannot import the graph: {_first_line(e)}") from None
+    return graph
+
+
+def _output_dtype(node: OpNode, index: int) -> tf.DType:
+    # Import once without feeds would be slow for big graphs; the dtype attrs cover the ops people feed.
+    for key in ("dtype", "T", "out_type", "DstT"):
+        if key in node.attrs and node.attrs[key].type:
+            return tf.as_dtype(node.attrs[key].type)
+    probe = tf.Graph()
+    with probe.as_default():
+        gd = graph_pb2.GraphDef()
+        gd.node.append(node.to_node_def())
+        del gd.node[0].input[:]
+        try:
+            tf.graph_util.import_graph_def(gd, name="")
+            return probe.get_operation_by_name(node.name).outputs[index].dtype
+        except Exception:
+            raise BadInputError(f"cannot feed {node.name}:{index}: its dtype is not known") from None
+
+
+def _import_error(e: ValueError, feeds: Mapping[TensorRef, tuple[int, ...]]) -> Exception:
+    text = _first_line(e)
+    if feeds and ("shape" in text.lower() or "dimension" in text.lower()):
+        shown = ", ".join(f"{k}={v}" for k, v in feeds.items())
+        return BadInputError(f"feed_shapes ({shown}) do not fit the graph: {text}")
+    return MalformedGraphError(f"TensorFlow cannot import the graph: {text}")
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    return lines[0] if lines else type(e).__name__
+
+
+def require_known(graph: GraphIR, tensors: Iterable[TensorRef]) -> None:
+    """Raise one ``UnknownShapeError`` listing every tensor in ``tensors`` whose size is unknown."""
+    unknown = [t for t in tensors if graph.spec(t).nbytes is None]
+    if not unknown:
+        return
+    placeholders = sorted(
+        {str(t) for t in unknown if graph[t.node].op in ("Placeholder", "PlaceholderV2", "PlaceholderWithDefault")}
+    )
+    shown = ", ".join(f"{t} {_shape_text(graph.spec(t).shape)}" for t in unknown[:12])
+    more = f" and {len(unknown) - 12} more" if len(unknown) > 12 else ""
+    hint = (
+        f"give their full shapes, e.g. feed_shapes={{{placeholders[0]!r}: (...)}} (CLI: --feed-shape "
+        f"{placeholders[0]}=D1,D2)" if placeholders else
+        "give full shapes to the placeholders they depend on with feed_shapes / --feed-shape, or give the "
+        "graph static shapes (e.g. tf.ensure_shape)"
+    )
+    raise UnknownShapeError(
+        f"sizes unknown for {len(unknown)} tensor(s): {shown}{more}; {hint}", [str(t) for t in unknown]
+    )
+
+
+def _shape_text(shape: tuple[int | None, ...] | None) -> str:
+    if shape is None:
+        return "(unknown rank)"
+    return "(" + ", ".join("?" if d is None else str(d) for d in shape) + ")"

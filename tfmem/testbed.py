@@ -1,0 +1,385 @@
+"""The testbed: run a graph for real on an emulated accelerator whose memory is capped, and measure its peak.
+
+Two child processes make the emulated machine (DESIGN.md, "The testbed"):
+
+- the *device* process, a ``tf.distribute.Server`` for job ``worker`` whose CPU allocator is TensorFlow's BFC
+  allocator capped at ``device_memory`` (``TF_CPU_ALLOCATOR_USE_BFC=true TF_CPU_BFC_MEM_LIMIT_IN_MB=...``,
+  oneDNN off because its allocator ignores the cap). Going over the cap is a real ``ResourceExhaustedError``.
+- the *host* process, job ``host``, uncapped. Tensors moving between the two are real copies over loopback gRPC.
+
+The calling process is the client: it runs a ``tf.compat.v1.Session`` against the device server, which is also
+the master (so Grappler runs there, on the session's config).
+
+Measurement. Each child reports ``tf.config.experimental.get_memory_info('CPU:0')``: that reads the allocator
+of the child's eager CPU device, which is the same process-wide ``ProcessState`` CPU allocator the server's
+kernels allocate from (checked by the tests: the figure follows the served graph's tensors and variables).
+``run`` resets the peak after variables are initialised, so the peak covers warm-up plus timed steps and
+includes the resident variables. Figures are BFC chunk sizes: each allocation is rounded up to 256 bytes, and a
+free chunk is only split when it is at least twice the request, so the peak can exceed the sum of tensor sizes.
+
+Gaps. TensorFlow's gRPC server listens on ``0.0.0.0`` (hard-coded in ``grpc_server_lib.cc``); the cluster's
+addresses are ``127.0.0.1`` so all traffic stays on loopback, but the ports are reachable from outside while a
+testbed is open. ``PR_SET_PDEATHSIG`` fires when the *thread* that started a child exits, so create and use a
+Testbed from one long-lived thread.
+"""
+
+from __future__ import annotations
+
+import atexit
+import copy
+import os
+import statistics
+import tempfile
+import time
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from tfmem._testbed_proc import COMMON_ENV, ServerProcess, free_ports
+from tfmem.errors import BadInputError, TestbedError
+from tfmem.units import format_bytes, parse_bytes
+
+DEVICE = "/job:worker/replica:0/task:0/device:CPU:0"
+HOST = "/job:host/replica:0/task:0/device:CPU:0"
+
+GraphLike = tf.Graph | tf.compat.v1.GraphDef
+_VARIABLE_OPS = frozenset({"VarHandleOp", "VariableV2", "Variable"})
+_ASSIGN_OPS = frozenset({"AssignVariableOp", "Assign"})
+_LIVE: weakref.WeakSet[Testbed] = weakref.WeakSet()
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What one ``Testbed.run`` measured.
+
+    ``oom`` is True when the device went over its cap; ``error`` then holds a one-line summary. Peaks are
+    allocator bytes (BFC chunk sizes) over warm-up and timed steps, variables included; ``step_time_s`` is the
+    median client wall time of the timed steps; ``outputs`` maps each tensor fetch to its last value.
+    """
+
+    oom: bool
+    error: str | None
+    device_peak_bytes: int | None
+    host_peak_bytes: int | None
+    step_time_s: float | None
+    outputs: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def _as_graph_def(graph: GraphLike) -> tf.compat.v1.GraphDef:
+    if isinstance(graph, tf.Graph):
+        return graph.as_graph_def()
+    if isinstance(graph, tf.compat.v1.GraphDef):
+        gd = tf.compat.v1.GraphDef()
+        gd.CopyFrom(graph)
+        return gd
+    raise BadInputError(f"testbed: expected a tf.Graph or GraphDef, got {type(graph).__name__}")
+
+
+def place_on_device(graph: GraphLike, device: str = DEVICE) -> tf.compat.v1.GraphDef:
+    """Return a copy of ``graph`` with every node on ``device``, except nodes already placed on a job.
+
+    Nodes whose device names a job (``/job:host/...``, e.g. put there by a pass) keep it; ``/job:localhost``
+    (what a local session writes) does not count, since the testbed's cluster has no such job.
+
+    Parameters
+    ----------
+    graph : tf.Graph or GraphDef
+        Not modified.
+    device : str
+        Where unplaced nodes go; defaults to the testbed's capped device.
+
+    Returns
+    -------
+    GraphDef
+
+    Examples
+    --------
+    >>> g = tf.Graph()
+    >>> with g.as_default():
+    ...     x = tf.constant(1.0, name="x")
+    ...     with tf.device(HOST):
+    ...         y = tf.identity(x, name="y")
+    >>> {n.name: n.device for n in place_on_device(g).node} == {"x": DEVICE, "y": HOST}
+    True
+    """
+    gd = _as_graph_def(graph)
+    for node in gd.node:
+        if "/job:" not in node.device or "/job:localhost" in node.device:
+            node.device = device
+    return gd
+
+
+def _node_name(inp: str) -> str:
+    return inp.lstrip("^").split(":")[0]
+
+
+def initializer_names(graph_def: tf.compat.v1.GraphDef) -> list[str]:
+    """Names of the ops that initialise the variables of ``graph_def`` (collections are lost in a GraphDef).
+
+    For each variable node ``v`` (``VarHandleOp``, ``VariableV2``), its initializer is the ``Assign`` /
+    ``AssignVariableOp`` named ``v/Assign`` whose first input is ``v``: the name every TF variable constructor
+    gives it (``tf.Variable``, ``get_variable``, optimizer slots). Variables without one are skipped; pass
+    ``init_ops`` to ``Testbed.run`` for graphs that name their initializers otherwise.
+
+    Examples
+    --------
+    >>> g = tf.Graph()
+    >>> with g.as_default():
+    ...     v = tf.compat.v1.get_variable("v", shape=[2], initializer=tf.compat.v1.zeros_initializer())
+    ...     _ = tf.compat.v1.assign_add(v, [1.0, 1.0], name="update")
+    >>> initializer_names(g.as_graph_def())
+    ['v/Assign']
+    """
+    variables = {n.name for n in graph_def.node if n.op in _VARIABLE_OPS}
+    return [
+        n.name for n in graph_def.node
+        if n.op in _ASSIGN_OPS and n.input and _node_name(n.input[0]) in variables
+        and n.name == f"{_node_name(n.input[0])}/Assign"
+    ]
+
+
+def _physical_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(getattr(error, "message", error)).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:500]
+
+
+class Testbed:
+    """An emulated accelerator with ``device_memory`` bytes, plus an uncapped host; a context manager.
+
+    Parameters
+    ----------
+    device_memory : int or str
+        The device's cap, e.g. ``"1GiB"`` (whole MiB; ``TF_CPU_BFC_MEM_LIMIT_IN_MB`` takes MiB).
+    inter_op_threads, intra_op_threads : int, optional
+        The device server's executor and kernel thread pools (TF's defaults when None). ``run`` can ask for
+        another inter-op count; the servers are then restarted.
+    start_timeout_s : float
+        How long to wait for both servers to accept connections.
+
+    Raises
+    ------
+    BadInputError
+        If ``device_memory`` is under 1 MiB or the thread counts are negative.
+    TestbedError
+        If a server does not start; the message carries the end of its stderr.
+
+    Examples
+    --------
+    >>> g = tf.Graph()
+    >>> with g.as_default():
+    ...     x = tf.compat.v1.placeholder(tf.float32, [1024], name="x")
+    ...     y = tf.multiply(x, 2.0, name="y")
+    >>> with Testbed(device_memory="64MiB") as tb:                       # doctest: +SKIP
+    ...     r = tb.run(g, ["y:0"], {"x:0": np.ones(1024, np.float32)})
+    >>> r.oom, r.outputs["y:0"][0]                                       # doctest: +SKIP
+    (False, 2.0)
+    """
+
+    def __init__(self, device_memory: int | str, *, inter_op_threads: int | None = None,
+                 intra_op_threads: int | None = None, start_timeout_s: float = 120.0) -> None:
+        budget = parse_bytes(device_memory, what="device_memory")
+        if budget < 2**20:
+            raise BadInputError(f"testbed: device_memory must be at least 1 MiB, got {format_bytes(budget)}")
+        for name, n in (("inter_op_threads", inter_op_threads), ("intra_op_threads", intra_op_threads)):
+            if n is not None and n < 0:
+                raise BadInputError(f"testbed: {name} must be >= 0 (0 = TF's default), got {n}")
+        self.device_memory_bytes = budget // 2**20 * 2**20
+        self.inter_op_threads = inter_op_threads or 0
+        self.intra_op_threads = intra_op_threads or 0
+        self.start_timeout_s = start_timeout_s
+        self._workdir = Path(tempfile.mkdtemp(prefix="tfmem-testbed-"))
+        self._procs: dict[str, ServerProcess] = {}
+        self._running_inter_op = -1
+        self._closed = False
+        _LIVE.add(self)
+        try:
+            self._start(self.inter_op_threads)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- life cycle -------------------------------------------------------------------------------------
+
+    @property
+    def target(self) -> str:
+        """The device server's gRPC target, for ``tf.compat.v1.Session(target=...)``."""
+        return f"grpc://{self.cluster['worker'][0]}"
+
+    @property
+    def pids(self) -> dict[str, int]:
+        """Process ids of the running servers, by job."""
+        return {job: p.pid for job, p in self._procs.items()}
+
+    def _env(self, job: str) -> dict[str, str]:
+        # The host gets a BFC allocator too, capped at physical memory (i.e. uncapped): TF's default CPU
+        # allocator keeps no statistics, so get_memory_info would fail there.
+        limit = self.device_memory_bytes if job == "worker" else _physical_memory_bytes()
+        return {**COMMON_ENV, "TF_CPU_ALLOCATOR_USE_BFC": "true", "TF_CPU_BFC_MEM_LIMIT_IN_MB": str(limit // 2**20)}
+
+    def _start(self, inter_op: int) -> None:
+        for attempt in range(3):
+            worker_port, host_port = free_ports(2)
+            self.cluster = {"worker": [f"127.0.0.1:{worker_port}"], "host": [f"127.0.0.1:{host_port}"]}
+            for job in ("worker", "host"):  # both start now and import TF in parallel
+                threads = (inter_op, self.intra_op_threads) if job == "worker" else (0, 0)
+                self._procs[job] = ServerProcess(job, self.cluster, self._env(job), self._workdir, *threads)
+            try:
+                deadline = time.monotonic() + self.start_timeout_s
+                for proc in self._procs.values():
+                    proc.wait_ready(max(deadline - time.monotonic(), 1.0))
+                self._running_inter_op = inter_op
+                self.idle_device_bytes = int(self._procs["worker"].call("stats")["current"])
+                return
+            except TestbedError as e:
+                self._kill_servers()
+                lost_port = "Could not start gRPC server" in str(e)  # a port taken between probe and bind
+                if not lost_port or attempt == 2:
+                    raise
+
+    def _kill_servers(self) -> None:
+        for proc in self._procs.values():
+            proc.kill()
+        self._procs = {}
+        self._running_inter_op = -1
+
+    def _restart(self, inter_op: int) -> None:
+        self._kill_servers()
+        self._start(inter_op)
+
+    def close(self) -> None:
+        """Kill both servers and remove the temp dir. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._kill_servers()
+        for path in sorted(self._workdir.glob("*")):
+            path.unlink(missing_ok=True)
+        self._workdir.rmdir()
+        _LIVE.discard(self)
+
+    def __enter__(self) -> Testbed:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            self.close()
+
+    def _healthy(self) -> bool:
+        try:
+            return all(p.alive() and p.call("ping", timeout_s=10)["ok"] for p in self._procs.values())
+        except TestbedError:
+            return False
+
+    # -- running ----------------------------------------------------------------------------------------
+
+    def run(self, graph: GraphLike, fetches: list[str], feeds: dict[str, Any] | None = None, steps: int = 3,
+            config: tf.compat.v1.ConfigProto | None = None, inter_op_threads: int | None = None,
+            init_ops: list[str] | None = None) -> RunResult:
+        """Run ``graph`` on the testbed: initialise variables, one warm-up step, ``steps`` timed steps.
+
+        Parameters
+        ----------
+        graph : tf.Graph or GraphDef
+            Placed with ``place_on_device`` first, so unplaced nodes run on the capped device.
+        fetches : list of str
+            Tensor names (``"y:0"``, whose values come back in ``outputs``) and op names (run as targets).
+        feeds : dict, optional
+            Tensor name to value.
+        steps : int
+            Timed steps after the warm-up; at least 1.
+        config : ConfigProto, optional
+            The client session's config (Grappler options etc.).
+        inter_op_threads : int, optional
+            The device's executor pool for this run; None means the Testbed's default. A change restarts the
+            servers (the pool is fixed when a server starts).
+        init_ops : list of str, optional
+            Ops to run once before measuring; default ``initializer_names(graph_def)``.
+
+        Returns
+        -------
+        RunResult
+            ``oom=True`` (and no exception) when the device went over its cap.
+
+        Raises
+        ------
+        TestbedError
+            On any other TensorFlow error (bad feed, unknown name, dead server); the servers are restarted
+            so the Testbed stays usable.
+        """
+        if self._closed:
+            raise TestbedError("testbed: run() on a closed Testbed; open a new one")
+        if steps < 1:
+            raise BadInputError(f"testbed: steps must be >= 1, got {steps}")
+        inter_op = self.inter_op_threads if inter_op_threads is None else inter_op_threads
+        if inter_op != self._running_inter_op or not self._healthy():
+            self._restart(inter_op)
+        graph_def = place_on_device(graph)
+        init = initializer_names(graph_def) if init_ops is None else list(init_ops)
+        g = tf.Graph()
+        with g.as_default():
+            tf.graph_util.import_graph_def(graph_def, name="")
+        try:
+            return self._measure(g, list(fetches), dict(feeds or {}), steps, config, init)
+        except tf.errors.ResourceExhaustedError as e:
+            self._settle()
+            return RunResult(oom=True, error=_one_line(e), device_peak_bytes=None, host_peak_bytes=None,
+                             step_time_s=None)
+        except tf.errors.OpError as e:
+            self._settle()
+            raise TestbedError(
+                f"testbed: running fetches {fetches[:5]} failed with {_one_line(e)}. Check the feeds and fetch "
+                f"names, and that every variable is initialised (pass init_ops=...)."
+            ) from e
+
+    def _measure(self, g: tf.Graph, fetches: list[str], feeds: dict[str, Any], steps: int,
+                 config: tf.compat.v1.ConfigProto | None, init: list[str]) -> RunResult:
+        # Reset drops every resource container (variables) on both jobs, so runs are independent.
+        tf.compat.v1.Session.reset(self.target)
+        if init:  # own session: closing it frees the init graph's Const kernels; variables stay in the worker
+            with tf.compat.v1.Session(self.target, graph=g, config=copy.deepcopy(config)) as sess:
+                sess.run(init)
+        times, values = [], []
+        with tf.compat.v1.Session(self.target, graph=g, config=copy.deepcopy(config)) as sess:
+            # Warm-up first: the master runs Grappler on it, in the device process, and constant folding's
+            # temporaries would otherwise count. Kernels' Const tensors and variables stay resident, so
+            # resetting the peak afterwards still counts them.
+            sess.run(fetches, feeds)
+            for proc in self._procs.values():
+                proc.call("reset")
+            for _ in range(steps):
+                start = time.perf_counter()
+                values = sess.run(fetches, feeds)
+                times.append(time.perf_counter() - start)
+            device, host = (self._procs[j].call("stats") for j in ("worker", "host"))
+        self._settle()
+        outputs = {name: np.asarray(v) for name, v in zip(fetches, values, strict=True) if ":" in name}
+        return RunResult(oom=False, error=None, device_peak_bytes=int(device["peak"]),
+                         host_peak_bytes=int(host["peak"]), step_time_s=statistics.median(times),
+                         outputs=outputs)
+
+    def _settle(self) -> None:
+        """Free the last run's state; restart the servers if that does not bring the device back to idle."""
+        try:
+            tf.compat.v1.Session.reset(self.target)
+            current = int(self._procs["worker"].call("stats")["current"])
+        except (tf.errors.OpError, TestbedError):
+            current = -1
+        if current != self.idle_device_bytes:
+            self._restart(self._running_inter_op)
+
+
+@atexit.register
+def _close_all() -> None:
+    for tb in list(_LIVE):
+        tb.close()
