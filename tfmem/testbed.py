@@ -147,8 +147,13 @@ def _physical_memory_bytes() -> int:
 
 
 def _one_line(error: BaseException) -> str:
-    text = str(getattr(error, "message", error)).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}"[:500]
+    """The informative line of a TF error: the OOM line if any, else the first line that is not boilerplate."""
+    lines = [ln.strip() for ln in str(getattr(error, "message", error)).splitlines() if ln.strip()]
+    oom = [ln for ln in lines if ln.startswith("OOM when allocating")]
+    node = getattr(error, "node_def", None)
+    where = f" at node {node.name!r}" if getattr(node, "name", "") else ""
+    text = oom[0] if oom else next((ln for ln in lines if ln != "Graph execution error:"), "")
+    return f"{type(error).__name__}{where}: {text}"[:500]
 
 
 class Testbed:
