@@ -11,7 +11,9 @@ answers one JSON line per command line read on stdin:
 - ``ping``  -> ``{"ok": true}``
 - ``reset`` -> resets the allocator's peak to its current use; ``{"ok": true}``
 - ``stats`` -> ``{"ok": true, "current": <bytes in use>, "peak": <peak bytes since reset>}``
-- ``threads`` -> ``{"ok": true, "names": {<thread name>: <count>}}`` (to check the executor's pool size)
+- ``threads`` -> ``{"ok": true, "names": {<thread name>: <count>}, "at_start": {...}}``: threads now, and
+  right after the server started. The server's executor pool is the ``tf_Compute`` threads in ``at_start``;
+  the eager context created for the stats adds a second ``tf_Compute`` pool of TF's default size.
 
 The stats come from ``tf.config.experimental.get_memory_info('CPU:0')``. It reads the allocator of this
 process's eager CPU device, which is the same process-wide allocator the server's kernels use
@@ -66,7 +68,7 @@ def _thread_names() -> dict[str, int]:
     return dict(names)
 
 
-def _serve(proto: int, tf: object) -> None:
+def _serve(proto: int, tf: object, at_start: dict[str, int]) -> None:
     cfg = tf.config.experimental  # type: ignore[attr-defined]
     for line in sys.stdin:
         cmd = line.strip()
@@ -78,7 +80,7 @@ def _serve(proto: int, tf: object) -> None:
                 cfg.reset_memory_stats("CPU:0")
                 reply = {"ok": True}
             elif cmd == "threads":
-                reply = {"ok": True, "names": _thread_names()}
+                reply = {"ok": True, "names": _thread_names(), "at_start": at_start}
             elif cmd == "ping":
                 reply = {"ok": True}
             else:
@@ -112,9 +114,10 @@ def main(argv: list[str] | None = None) -> None:
         tf.train.ClusterSpec(json.loads(args.cluster)), job_name=args.job, task_index=0,
         config=config, start=True,
     )
+    at_start = _thread_names()
     tf.config.experimental.get_memory_info("CPU:0")  # initialise the eager context now, not on first stats
     os.write(proto, f"READY {os.getpid()}\n".encode())
-    _serve(proto, tf)
+    _serve(proto, tf, at_start)
     del server
     os._exit(0)  # the gRPC server's destructor can block; nothing here needs flushing
 

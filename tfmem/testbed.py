@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import copy
+import difflib
 import os
 import statistics
 import tempfile
@@ -142,6 +143,17 @@ def initializer_names(graph_def: tf.compat.v1.GraphDef) -> list[str]:
     ]
 
 
+def _check_names(graph_def: tf.compat.v1.GraphDef, names: list[str]) -> None:
+    nodes = {n.name for n in graph_def.node}
+    for name in names:
+        if name.split(":")[0] not in nodes:
+            close = difflib.get_close_matches(name.split(":")[0], nodes, n=3)
+            raise BadInputError(
+                f"testbed: {name!r} (a fetch or feed) names no node of the graph; close names: {close}. "
+                f"Fetch tensors as 'node:index' and ops as 'node'."
+            )
+
+
 def _physical_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
@@ -187,6 +199,8 @@ class Testbed:
     >>> r.oom, r.outputs["y:0"][0]                                       # doctest: +SKIP
     (False, 2.0)
     """
+
+    __test__ = False  # not a pytest test class
 
     def __init__(self, device_memory: int | str, *, inter_op_threads: int | None = None,
                  intra_op_threads: int | None = None, start_timeout_s: float = 120.0) -> None:
@@ -330,6 +344,7 @@ class Testbed:
         if inter_op != self._running_inter_op or not self._healthy():
             self._restart(inter_op)
         graph_def = place_on_device(graph)
+        _check_names(graph_def, [*fetches, *(feeds or {})])
         init = initializer_names(graph_def) if init_ops is None else list(init_ops)
         g = tf.Graph()
         with g.as_default():

@@ -1,0 +1,300 @@
+"""Tests of the testbed: real TensorFlow servers, a real memory cap, real OOMs and cleanup on every exit path.
+
+Sizes are MiB multiples of float32, so expected peaks are exact up to the BFC allocator's 256-byte chunks for
+the small constants (shape, axis, scalar operands) that sit beside the big tensors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfmem._testbed_proc import COMMON_ENV
+from tfmem.errors import BadInputError, TestbedError
+from tfmem.testbed import DEVICE, HOST, RunResult, Testbed, initializer_names, place_on_device
+
+pytestmark = pytest.mark.testbed
+
+MiB = 2**20
+CAP = 64 * MiB
+SMALL = 4096  # bound on the small constants' chunks (a handful of 256-byte BFC chunks)
+REPO = Path(__file__).resolve().parents[1]
+
+
+def build(fn: Callable[[], object]) -> tf.Graph:
+    g = tf.Graph()
+    with g.as_default():
+        fn()
+    return g
+
+
+def reuse_chain(nbytes: int) -> tf.Graph:
+    """x = uniform[n]; y = 2x; z = y + x; s = sum(z). Random, so Grappler cannot fold it away."""
+    def body() -> None:
+        x = tf.random.uniform([nbytes // 4], seed=1, name="x")
+        y = tf.multiply(x, 2.0, name="y")
+        z = tf.add(y, x, name="z")
+        tf.reduce_sum(z, name="s")
+    return build(body)
+
+
+@pytest.fixture(scope="module")
+def tb() -> Iterator[Testbed]:
+    with Testbed(CAP) as testbed:
+        yield testbed
+
+
+@pytest.fixture(scope="module")
+def oom_result(tb: Testbed) -> RunResult:
+    # 2x the cap: x and y are 64 MiB each. One OOM per module: BFC waits 10 s for memory before giving up.
+    return tb.run(reuse_chain(CAP), ["s:0"])
+
+
+def test_place_on_device_keeps_job_placements() -> None:
+    def body() -> None:
+        a = tf.constant(1.0, name="a")
+        with tf.device(HOST):
+            b = tf.identity(a, name="b")
+        with tf.device("/job:localhost/replica:0/task:0/device:CPU:0"):
+            tf.identity(b, name="c")
+    g = build(body)
+    placed = {n.name: n.device for n in place_on_device(g).node}
+    assert placed == {"a": DEVICE, "b": HOST, "c": DEVICE}
+    assert {n.device for n in g.as_graph_def().node} != {DEVICE}  # input untouched
+
+
+def test_peak_of_a_chain_is_exact(tb: Testbed) -> None:
+    r = tb.run(reuse_chain(16 * MiB), ["s:0"])
+    # x has two readers, so y = 2x needs its own 16 MiB; z = y + x is y's last use and reuses y's buffer
+    # (in-place forwarding); s is a scalar. Live at the peak: x + y = 32 MiB.
+    assert not r.oom and r.error is None
+    assert 32 * MiB <= r.device_peak_bytes <= 32 * MiB + SMALL
+    assert r.host_peak_bytes == 0 and r.step_time_s > 0
+
+
+def test_feeds_count_and_buffers_are_forwarded(tb: Testbed) -> None:
+    def body() -> None:
+        x = tf.compat.v1.placeholder(tf.float32, [4 * MiB], name="x")
+        tf.add(tf.multiply(x, 2.0, name="y"), 1.0, name="z")
+    x = np.arange(4 * MiB, dtype=np.float32)
+    r = tb.run(build(body), ["z:0"], {"x:0": x})
+    # The fed x (16 MiB) lives in the device process and counts; the feed holds a reference, so y = 2x gets a
+    # new 16 MiB; z = y + 1 is forwarded into y's buffer and is what gets fetched: 32 MiB, not 48.
+    assert 32 * MiB <= r.device_peak_bytes <= 32 * MiB + SMALL
+    np.testing.assert_array_equal(r.outputs["z:0"], x * 2 + 1)
+
+
+def test_over_the_cap_is_an_oom_result(oom_result: RunResult) -> None:
+    assert oom_result.oom
+    assert "OOM when allocating" in oom_result.error and DEVICE in oom_result.error
+    assert oom_result.device_peak_bytes is None and oom_result.outputs == {}
+
+
+def test_a_run_after_an_oom_works(tb: Testbed, oom_result: RunResult) -> None:
+    assert oom_result.oom
+    r = tb.run(reuse_chain(16 * MiB), ["s:0"])
+    assert not r.oom and 32 * MiB <= r.device_peak_bytes <= 32 * MiB + SMALL
+
+
+def counter_graph() -> tf.Graph:
+    def body() -> None:
+        v = tf.compat.v1.get_variable("v", [4 * MiB], initializer=tf.compat.v1.zeros_initializer())
+        bump = tf.raw_ops.AssignAddVariableOp(resource=v.handle, value=tf.ones([4 * MiB]), name="bump")
+        with tf.control_dependencies([bump]):
+            tf.identity(tf.raw_ops.ReadVariableOp(resource=v.handle, dtype=tf.float32)[:2], name="bumped")
+        tf.reduce_sum(v[:2], name="head")
+    return build(body)
+
+
+def test_variables_count_and_do_not_survive_a_run(tb: Testbed) -> None:
+    g = counter_graph()
+    assert initializer_names(g.as_graph_def()) == ["v/Assign"]
+    r = tb.run(g, ["head:0"], steps=2)
+    # Only v (16 MiB) is big: it was initialised before the peak was reset and stays resident.
+    assert 16 * MiB <= r.device_peak_bytes <= 16 * MiB + SMALL
+    for _ in range(2):  # each run starts from the initial value: warm-up + 2 steps = 3 bumps
+        r = tb.run(g, ["bump", "head:0"], steps=2)
+        assert set(r.outputs) == {"head:0"}
+    bumped = tb.run(g, ["bumped:0"], steps=2).outputs["bumped:0"]
+    np.testing.assert_array_equal(bumped, [3.0, 3.0])
+
+
+def test_host_placement_keeps_tensors_off_the_device(tb: Testbed) -> None:
+    def body(reduce_on: str) -> Callable[[], None]:
+        def inner() -> None:
+            with tf.device(HOST):
+                x = tf.random.uniform([4 * MiB], seed=1, name="x")
+            with tf.device(reduce_on):
+                s = tf.reduce_sum(x, name="s")
+            tf.multiply(s, 2.0, name="y")
+        return inner
+    on_host = tb.run(build(body(HOST)), ["y:0"])
+    on_device = tb.run(build(body(DEVICE)), ["y:0"])
+    assert on_host.device_peak_bytes <= SMALL and on_host.host_peak_bytes >= 16 * MiB
+    # Reading x on the device copies it over gRPC into the device's memory.
+    assert 16 * MiB <= on_device.device_peak_bytes <= 16 * MiB + SMALL
+    assert on_host.outputs["y:0"] == on_device.outputs["y:0"]
+
+
+_REFERENCE = r"""
+import sys, numpy as np, tensorflow as tf
+graph_path, feeds_path, out_path, fetches, init, runs = sys.argv[1:]
+gd = tf.compat.v1.GraphDef.FromString(open(graph_path, "rb").read())
+g = tf.Graph()
+with g.as_default():
+    tf.graph_util.import_graph_def(gd, name="")
+feeds = dict(np.load(feeds_path))
+with tf.compat.v1.Session(graph=g) as sess:
+    sess.run(init.split(","))
+    for _ in range(int(runs)):
+        values = sess.run(fetches.split(","), feeds)
+np.savez(out_path, *[v for v in values if v is not None])
+"""
+
+
+def regression_graph() -> tf.Graph:
+    def body() -> None:
+        x = tf.compat.v1.placeholder(tf.float32, [512, 256], name="x")
+        w = tf.compat.v1.get_variable("w", [256, 64], initializer=tf.random_normal_initializer(seed=3))
+        noise = tf.random.normal([512, 64], seed=4, name="noise")
+        pred = tf.nn.relu(tf.matmul(x, w) + noise, name="pred")
+        loss = tf.reduce_mean(tf.square(pred - 1.0), name="loss")
+        tf.compat.v1.train.GradientDescentOptimizer(0.01).minimize(loss, name="train")
+    return build(body)
+
+
+def test_outputs_match_a_local_session_bit_for_bit(tb: Testbed, tmp_path: Path) -> None:
+    g, steps = regression_graph(), 3
+    feeds = {"x:0": np.random.default_rng(0).standard_normal((512, 256)).astype(np.float32)}
+    fetches = ["train", "loss:0", "pred:0"]
+    r = tb.run(g, fetches, feeds, steps=steps)
+    # The reference is a plain local Session in a fresh process with the testbed's TF settings (oneDNN off,
+    # deterministic ops): oneDNN's kernels round differently, and this process may have it on.
+    (tmp_path / "g.pb").write_bytes(g.as_graph_def().SerializeToString())
+    np.savez(tmp_path / "feeds.npz", **feeds)
+    args = [str(tmp_path / n) for n in ("g.pb", "feeds.npz", "out.npz")]
+    args += [",".join(fetches), ",".join(initializer_names(g.as_graph_def())), str(steps + 1)]
+    subprocess.run([sys.executable, "-c", _REFERENCE, *args], check=True, env={**os.environ, **COMMON_ENV},
+                   capture_output=True, timeout=120)
+    ref = np.load(tmp_path / "out.npz")
+    assert set(r.outputs) == {"loss:0", "pred:0"}
+    assert r.outputs["loss:0"].tobytes() == ref["arr_0"].tobytes()
+    assert r.outputs["pred:0"].tobytes() == ref["arr_1"].tobytes()
+
+
+def test_tf_errors_raise_testbed_error_and_keep_it_usable(tb: Testbed) -> None:
+    g = reuse_chain(MiB)
+    with pytest.raises(BadInputError, match="no_such_tensor"):
+        tb.run(g, ["no_such_tensor:0"])
+    with pytest.raises(TestbedError, match="uninitialized|not initialized|init_ops"):
+        tb.run(counter_graph(), ["head:0"], init_ops=[])
+    assert not tb.run(g, ["s:0"]).oom
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"  # a zombie holds no memory or sockets
+    except FileNotFoundError:
+        return True
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))  # the servers listen on every interface
+        except OSError:
+            return False
+    return True
+
+
+def _assert_cleaned_up(info: dict, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not all(_gone(pid) for pid in info["pids"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(_gone(pid) for pid in info["pids"]), f"testbed servers survived: {info['pids']}"
+    assert all(_port_free(port) for port in info["ports"]), f"ports still bound: {info['ports']}"
+
+
+_USER = r"""
+import json, sys
+import tensorflow as tf
+from tfmem.testbed import Testbed
+g = tf.Graph()
+with g.as_default():
+    tf.reduce_sum(tf.random.uniform([1 << 20], seed=1) * 2.0, name="s")
+with Testbed("64MiB") as tb:
+    ports = [int(a.rsplit(":", 1)[1]) for addrs in tb.cluster.values() for a in addrs]
+    print(json.dumps({"pids": list(tb.pids.values()), "ports": ports, "workdir": str(tb._workdir)}), flush=True)
+    while True:
+        tb.run(g, ["s:0"], steps=20)
+"""
+
+
+def _start_user() -> tuple[subprocess.Popen[str], dict]:
+    # Its own session, so that a group SIGINT reaches it and its servers as a Ctrl-C in a terminal would.
+    proc = subprocess.Popen([sys.executable, "-c", _USER], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True, cwd=REPO, start_new_session=True)
+    line = proc.stdout.readline()  # type: ignore[union-attr]
+    if not line:
+        proc.kill()
+        pytest.fail(f"the user process died before its testbed started (rc={proc.wait()})")
+    time.sleep(1.0)  # midway through its run loop
+    return proc, json.loads(line)
+
+
+def test_sigkill_of_the_user_process_kills_the_servers() -> None:
+    proc, info = _start_user()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    _assert_cleaned_up(info)  # PR_SET_PDEATHSIG / the watchdog; nothing could run in the parent
+
+
+def test_ctrl_c_of_the_user_process_cleans_up() -> None:
+    proc, info = _start_user()
+    os.killpg(proc.pid, signal.SIGINT)  # the servers ignore it; the user's `with` closes the testbed
+    assert proc.wait(timeout=30) != 0
+    _assert_cleaned_up(info)
+    assert not Path(info["workdir"]).exists()
+
+
+def test_exception_in_with_block_cleans_up() -> None:
+    with pytest.raises(RuntimeError, match="boom"):
+        with Testbed("16MiB") as tb:
+            ports = [int(a.rsplit(":", 1)[1]) for addrs in tb.cluster.values() for a in addrs]
+            info = {"pids": list(tb.pids.values()), "ports": ports}
+            workdir = tb._workdir
+            raise RuntimeError("boom")
+    _assert_cleaned_up(info)
+    assert not workdir.exists()
+    tb.close()  # idempotent
+    with pytest.raises(TestbedError, match="closed"):
+        tb.run(reuse_chain(MiB), ["s:0"])
+
+
+def _compute_threads(tb: Testbed) -> int:
+    # Counted right after the server started, before the eager context (for get_memory_info) adds its own pool.
+    return tb._procs["worker"].call("threads")["at_start"].get("tf_Compute", 0)
+
+
+def test_inter_op_threads_restart_the_device(tb: Testbed) -> None:
+    g = reuse_chain(MiB)
+    before = tb.pids["worker"]
+    r = tb.run(g, ["s:0"], inter_op_threads=3)
+    assert not r.oom and tb.pids["worker"] != before
+    assert _compute_threads(tb) == 3  # the worker executor's pool (GrpcServer's ComputePool)
+    after = tb.pids["worker"]
+    tb.run(g, ["s:0"], inter_op_threads=3)
+    assert tb.pids["worker"] == after  # same setting: no restart
