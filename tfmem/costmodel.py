@@ -103,6 +103,17 @@ def op_time_s(node: OpNode, graph: GraphIR, device: DeviceSpec = DEFAULT_DEVICE)
     return device.launch_overhead_s + compute
 
 
+# TF's executor treats an op as cheap, and runs it inline, once its measured cost is under 8000 cycles.
+EXPENSIVE_THRESHOLD_S = 8000 / 3e9
+
+
+def is_expensive(node: OpNode, graph: GraphIR, device: DeviceSpec = DEFAULT_DEVICE) -> bool:
+    """Whether TF's CPU executor would hand ``node`` to another thread rather than run it inline."""
+    if node.op in FREE_OPS:
+        return False
+    return op_time_s(node, graph, device) - device.launch_overhead_s > EXPENSIVE_THRESHOLD_S
+
+
 def graph_time_s(graph: GraphIR, names: list[str] | None = None, device: DeviceSpec = DEFAULT_DEVICE) -> float:
     """Serial compute time of the named nodes (all nodes when ``names`` is None)."""
     nodes = graph.nodes if names is None else [graph[n] for n in names]

@@ -15,6 +15,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import tensorflow as tf
+from tensorflow.core.framework import graph_pb2
+
+# Where an op with no device runs when nobody says otherwise (Grappler's fusions depend on the device type).
+DEFAULT_DEVICE = "/device:CPU:0"
 
 
 @lru_cache(maxsize=4096)
@@ -59,3 +63,13 @@ def _domain(op_device: str, device: str | None, host: str | None) -> str:
     if device is None or same_device(op_device, device):
         return "device"
     return "other"
+
+
+def with_default_device(graph_def: graph_pb2.GraphDef, device: str) -> graph_pb2.GraphDef:
+    """A copy of ``graph_def`` in which every op without a device is placed on ``device``."""
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    for node in out.node:
+        if not node.device:
+            node.device = device
+    return out

@@ -29,9 +29,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import tensorflow as tf
+from tensorflow.core.protobuf import config_pb2
 
 from tfmem import costmodel
-from tfmem.devices import Placement
+from tfmem.devices import DEFAULT_DEVICE, Placement, with_default_device
 from tfmem.execution import (
     ALIAS_OPS,
     PERSISTENT_OUTPUT_OPS,
@@ -40,10 +41,11 @@ from tfmem.execution import (
     ExecutionGraph,
 )
 from tfmem.frames import FUNCTIONAL_OPS
+from tfmem.grappler import runtime_graph_def
 from tfmem.ir import GraphIR, OpNode, TensorRef
-from tfmem.loading import GraphSource, load
+from tfmem.loading import GraphSource, load, to_graph_def
 from tfmem.schedule import Schedule, emulate, fixed
-from tfmem.shapes import FeedShapes, dtype_size, require_known
+from tfmem.shapes import FeedShapes, annotate, dtype_size, require_known
 
 ALLOCATION_GRANULE = 256  # BFC allocator's kMinAllocationSize
 # Ops that may write their output into an input buffer they are the last reader of: op -> input indices.
@@ -126,6 +128,8 @@ def simulate(
     order: Sequence[str] | None = None,
     inter_op_threads: int = 1,
     cost_device: costmodel.DeviceSpec = costmodel.DEFAULT_DEVICE,
+    grappler: bool = True,
+    config: config_pb2.ConfigProto | None = None,
 ) -> MemoryProfile:
     """Simulate one step of ``graph`` computing ``fetches`` and return its ``MemoryProfile``.
 
@@ -139,23 +143,35 @@ def simulate(
         With ``device`` given, ops on a third device count toward neither.
     order : run units in exactly this order (one thread) instead of emulating TF's executor
     inter_op_threads : threads of TF's inter-op pool to emulate
+    grappler : simulate the graph as the session runs it, after Grappler's rewrites (``tfmem.grappler``)
+    config : the ``ConfigProto`` the session will use (its rewrite options steer Grappler)
 
     Raises
     ------
     UnknownShapeError
         Listing every executed tensor whose size is unknown.
     """
-    ir = graph if isinstance(graph, GraphIR) and graph.annotated and not feed_shapes else load(graph, feed_shapes)
+    fetch_names = [fetches] if isinstance(fetches, str) else [str(getattr(f, "name", f)) for f in fetches]
+    if grappler:
+        placed = with_default_device(to_graph_def(graph), device or DEFAULT_DEVICE)
+        ir = annotate(runtime_graph_def(placed, fetch_names, config), feed_shapes)
+    elif isinstance(graph, GraphIR) and graph.annotated and not feed_shapes:
+        ir = graph
+    else:
+        ir = load(graph, feed_shapes)
     feed_names = list(feeds) + list(feed_shapes or {})
-    eg = ExecutionGraph.build(ir, [fetches] if isinstance(fetches, str) else fetches, feed_names)
+    eg = ExecutionGraph.build(ir, fetch_names, feed_names)
     require_known(ir, _sized_tensors(eg))
     placement = Placement(device, host)
     durations = {u: _unit_time(eg, u, cost_device) for u in eg.units}
     if order is not None:
         sched = fixed([u for u in _units_in(eg, order)], durations.__getitem__)
     else:
+        gpu = "GPU" in (device or "").upper()  # TF's GPU kernels all count as cheap: everything runs inline
+        expensive = {u: not gpu and (eg.is_region(u) or costmodel.is_expensive(ir[u], ir, cost_device))
+                     for u in eg.units}
         sched = emulate(eg.units, eg.unit_preds, eg.unit_succs, durations.__getitem__,
-                        lambda u: durations[u] > 3e-6, inter_op_threads)
+                        expensive.__getitem__, inter_op_threads)
     return _Replay(eg, placement).run(sched)
 
 

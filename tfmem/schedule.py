@@ -3,8 +3,9 @@
 TensorFlow runs every ready op as soon as it can. With its thread pool, the executor keeps a per-thread
 "inline" queue of ready ops; of the ops an op makes ready, cheap ones join the inline queue, and of the
 expensive ones all but the last are pushed to the thread pool (an Eigen pool: a worker pushes to the
-*front* of its own queue, so its own pushes come back last-in first-out; tasks from outside go to the back)
-while the last one runs inline if the inline queue is empty. Roots are handed to the pool from outside.
+*front* of its own queue, so its own pushes come back last-in first-out) while the last one runs inline if
+the inline queue is empty. Roots are the successors of the ``_SOURCE`` node, which runs first, so they
+are scheduled by the same rule.
 
 ``emulate`` reproduces that policy as a discrete-event simulation: with one inter-op thread it is exactly the
 order above; with more, idle threads take tasks from the shared pool while each op takes its cost-model time.
@@ -50,11 +51,11 @@ def emulate(
     --------
     >>> s = emulate(["a", "b", "c"], {"c": ["a", "b"]}, {"a": ["c"], "b": ["c"]},
     ...             duration_s=lambda u: 1.0, expensive=lambda u: True)
-    >>> s.order
-    ('a', 'b', 'c')
+    >>> s.order  # both roots are expensive: "a" goes to the pool, the last one ("b") runs inline first
+    ('b', 'a', 'c')
     """
     pending = {u: len(set(preds.get(u, ()))) for u in units}
-    pool: deque[str] = deque(u for u in units if pending[u] == 0)  # roots: pushed from outside, FIFO
+    pool: deque[str] = deque()
     inline: list[deque[str]] = [deque() for _ in range(max(1, threads))]
     busy_until: list[tuple[float, int, str]] = []  # heap of (end time, thread, unit)
     idle = list(range(max(1, threads)))
@@ -63,9 +64,9 @@ def emulate(
     end: list[float] = []
     now = 0.0
 
-    def make_ready(thread: int, done: str) -> None:
+    def make_ready(thread: int, done: str | None) -> None:
         ready = []
-        for s in succs.get(done, ()):
+        for s in succs.get(done, ()) if done is not None else roots:
             pending[s] -= 1
             if pending[s] == 0:
                 ready.append(s)
@@ -83,6 +84,10 @@ def emulate(
             else:
                 inline[thread].append(expensive_last)
 
+    roots = [u for u in units if pending[u] == 0]
+    for u in roots:  # roots hang off TF's _SOURCE node, which completes first on thread 0
+        pending[u] = 1
+    make_ready(0, None)
     while True:
         for thread in sorted(idle):
             source = inline[thread] if inline[thread] else pool
