@@ -98,11 +98,21 @@ class ExecutionGraph:
 
     @cached_property
     def unit_succs(self) -> Mapping[str, tuple[str, ...]]:
-        succs: dict[str, list[str]] = {u: [] for u in self.units}
-        for u in self.units:
-            for p in self.unit_preds[u]:
-                succs[p].append(u)
-        return {u: tuple(s) for u, s in succs.items()}
+        """Successors in the order TF's executor activates them: data consumers first, then control ones."""
+        data: dict[str, dict[str, None]] = {u: {} for u in self.units}
+        control: dict[str, dict[str, None]] = {u: {} for u in self.units}
+        for n in self.needed:
+            u = self.unit_of[n]
+            node = self.graph[n]
+            for t in node.inputs:
+                p = self.unit_of.get(t.node)
+                if p is not None and p != u and p in self.unit_preds[u]:
+                    data[p][u] = None
+            for c in node.control_inputs:
+                p = self.unit_of.get(c)
+                if p is not None and p != u and p in self.unit_preds[u]:
+                    control[p][u] = None
+        return {u: tuple(data[u]) + tuple(c for c in control[u] if c not in data[u]) for u in self.units}
 
     def consumers(self, tensor: TensorRef) -> tuple[str, ...]:
         """Units (other than the producer's own) that read ``tensor`` in this step."""

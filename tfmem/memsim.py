@@ -9,7 +9,9 @@ It follows TensorFlow's executor and allocator:
   ``forward_input_or_allocate_output``);
 * constants and variable storage are persistent; fed tensors arrive before the step and fetched tensors are
   held to its end; a tensor crossing devices occupies both until the receiver is done with its copy;
-* each allocation is rounded up to the BFC allocator's 256-byte granule.
+* kernels' scratch buffers (``tfmem.opmemory``) live while their op runs;
+* allocations go through a model of TF's BFC allocator (``tfmem.bfc``), so peaks are chunk sizes as TF
+  reports them.
 
 Examples
 --------
@@ -32,6 +34,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2
 
 from tfmem import costmodel
+from tfmem.bfc import BFCAllocator, rounded_bytes
 from tfmem.devices import DEFAULT_DEVICE, Placement, with_default_device
 from tfmem.execution import (
     ALIAS_OPS,
@@ -44,25 +47,9 @@ from tfmem.frames import FUNCTIONAL_OPS
 from tfmem.grappler import runtime_graph_def
 from tfmem.ir import GraphIR, OpNode, TensorRef
 from tfmem.loading import GraphSource, load, to_graph_def
+from tfmem.opmemory import FORWARDING_OPS, temp_bytes
 from tfmem.schedule import Schedule, emulate, fixed
 from tfmem.shapes import FeedShapes, annotate, dtype_size, require_known
-
-ALLOCATION_GRANULE = 256  # BFC allocator's kMinAllocationSize
-# Ops that may write their output into an input buffer they are the last reader of: op -> input indices.
-FORWARDING_OPS: dict[str, tuple[int, ...]] = {
-    **{op: (0,) for op in (
-        "Relu", "Relu6", "Elu", "Selu", "LeakyRelu", "Tanh", "Sigmoid", "Neg", "Abs", "Square", "Sqrt",
-        "Rsqrt", "Exp", "Log", "Log1p", "Reciprocal", "Inv", "Sign", "Floor", "Ceil", "Round", "Softplus",
-        "Softsign", "BiasAdd", "Cos", "Sin", "Erf", "OnesLike", "ZerosLike", "ClipByValue", "Gelu",
-    )},
-    **{op: (0, 1) for op in (
-        "Add", "AddV2", "Sub", "Mul", "RealDiv", "Div", "DivNoNan", "Maximum", "Minimum", "Pow",
-        "SquaredDifference", "ReluGrad", "Relu6Grad", "EluGrad", "SeluGrad", "LeakyReluGrad", "TanhGrad",
-        "SigmoidGrad", "RsqrtGrad", "SqrtGrad", "SoftplusGrad", "ReciprocalGrad", "FloorDiv", "FloorMod",
-        "MulNoNan", "BiasAddV1",
-    )},
-    "AddN": tuple(range(64)),
-}
 
 
 @dataclass(frozen=True)
@@ -115,6 +102,7 @@ class _Buffer:
     held: bool = False
     freed: bool = False
     readers: list[str] = field(default_factory=list)
+    handle: int = -1
 
 
 def simulate(
@@ -202,12 +190,12 @@ class _Replay:
     def __init__(self, eg: ExecutionGraph, placement: Placement) -> None:
         self.eg, self.graph = eg, eg.graph
         self.domain = {u: placement.domain(self.graph[eg.members[u][0]].device) for u in eg.units}
-        self.live = {"device": 0, "host": 0, "other": 0}
+        self.allocators = {d: BFCAllocator() for d in ("device", "host", "other")}
         self.persistent = {"device": 0, "host": 0, "other": 0}
         self.buffers: dict[tuple[TensorRef, str], _Buffer] = {}   # (tensor, domain) -> buffer
         self.var_storage: dict[str, _Buffer] = {}
-        self.temps: dict[str, int] = {}
-        self.peak = {"device": -1, "host": 0}
+        self.temps: dict[str, list[int]] = {}
+        self.peak = {"device": -1, "host": 0}   # sampled after each event; the allocator sees within-op peaks
         self.peak_info: tuple[str, float, list[_Buffer]] = ("", 0.0, [])
         self.timeline: list[tuple[float, int, int, str]] = []
         self.inputs = {u: self._unit_inputs(u) for u in eg.units}
@@ -222,17 +210,16 @@ class _Replay:
         return sum(1 for c in self.eg.consumers(tensor) if self.domain[c] == domain)
 
     def _alloc(self, tensor: TensorRef, nbytes: int, domain: str, kind: str) -> _Buffer:
-        rounded = -(-nbytes // ALLOCATION_GRANULE) * ALLOCATION_GRANULE
-        buf = _Buffer(tensor, rounded, domain, kind, held=tensor in self.eg.fetched)
-        self.live[domain] += rounded
+        buf = _Buffer(tensor, rounded_bytes(nbytes), domain, kind, held=tensor in self.eg.fetched)
+        buf.handle = self.allocators[domain].allocate(nbytes)
         if kind == "persistent":
-            self.persistent[domain] += rounded
+            self.persistent[domain] += buf.nbytes
         return buf
 
     def _free(self, buf: _Buffer) -> None:
         if not buf.freed and buf.kind != "persistent" and not buf.held:
             buf.freed = True
-            self.live[buf.domain] -= buf.nbytes
+            self.allocators[buf.domain].free(buf.handle)
 
     def run(self, sched: Schedule) -> MemoryProfile:
         self._allocate_persistent_and_fed()
@@ -272,10 +259,10 @@ class _Replay:
         for t in self.eg.outputs_of(unit):
             if (t, domain) not in self.buffers:
                 self.buffers[(t, domain)] = self._output_buffer(unit, t, domain)
-        internal = sum(self.graph.spec(t).nbytes or 0 for t in self.eg.internal_tensors(unit))
-        if internal:
-            self.temps[unit] = internal
-            self.live[domain] += internal
+        temps = [self.graph.spec(t).nbytes or 0 for t in self.eg.internal_tensors(unit)]
+        if not self.eg.is_region(unit):
+            temps += temp_bytes(self.graph[unit], self.graph)
+        self.temps[unit] = [self.allocators[domain].allocate(n) for n in temps if n > 0]
 
     def _output_buffer(self, unit: str, t: TensorRef, domain: str) -> _Buffer:
         node = self.graph[t.node]
@@ -330,17 +317,19 @@ class _Replay:
                 self.buffers[(t, other)] = copy
             if buf.uses <= 0:
                 self._free(buf)
-        self.live[domain] -= self.temps.pop(unit, 0)
+        for handle in self.temps.pop(unit, ()):
+            self.allocators[domain].free(handle)
 
     def _record(self, time_s: float, unit: str) -> None:
-        self.timeline.append((time_s, self.live["device"], self.live["host"], unit))
-        if self.live["device"] > self.peak["device"]:
-            self.peak["device"] = self.live["device"]
+        device, host = self.allocators["device"].in_use_bytes, self.allocators["host"].in_use_bytes
+        self.timeline.append((time_s, device, host, unit))
+        if device > self.peak["device"]:
+            self.peak["device"] = device
             live = [b for b in dict((id(b), b) for b in self.buffers.values()).values()
                     if b.domain == "device" and not b.freed]
             live += list(b for b in self.var_storage.values() if b.domain == "device")
             self.peak_info = (unit, time_s, live)
-        self.peak["host"] = max(self.peak["host"], self.live["host"])
+        self.peak["host"] = max(self.peak["host"], host)
 
     def _profile(self, sched: Schedule) -> MemoryProfile:
         unit, time_s, live = self.peak_info
@@ -356,7 +345,7 @@ class _Replay:
             for n in (self.graph[x] for x in self.eg.needed) if n.op in FUNCTIONAL_OPS
         )
         return MemoryProfile(
-            peak_bytes=max(self.peak["device"], 0), peak_unit=unit, peak_time_s=time_s,
+            peak_bytes=max(self.peak["device"], self.allocators["device"].peak_bytes), peak_unit=unit, peak_time_s=time_s,
             live_at_peak=tuple(tensors), persistent_bytes=self.persistent["device"],
             host_peak_bytes=self.peak["host"], host_persistent_bytes=self.persistent["host"],
             timeline=tuple(self.timeline), schedule=sched, notes=notes,

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import atexit
 import copy
-import difflib
 import os
 import statistics
 import tempfile
@@ -40,16 +39,13 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from tfmem._testbed_graph import DEVICE, HOST, GraphLike, check_names, initializer_names, place_on_device
 from tfmem._testbed_proc import COMMON_ENV, ServerProcess, free_ports
 from tfmem.errors import BadInputError, TestbedError
 from tfmem.units import format_bytes, parse_bytes
 
-DEVICE = "/job:worker/replica:0/task:0/device:CPU:0"
-HOST = "/job:host/replica:0/task:0/device:CPU:0"
+__all__ = ["DEVICE", "HOST", "RunResult", "Testbed", "initializer_names", "place_on_device"]
 
-GraphLike = tf.Graph | tf.compat.v1.GraphDef
-_VARIABLE_OPS = frozenset({"VarHandleOp", "VariableV2", "Variable"})
-_ASSIGN_OPS = frozenset({"AssignVariableOp", "Assign"})
 _LIVE: weakref.WeakSet[Testbed] = weakref.WeakSet()
 
 
@@ -70,92 +66,13 @@ class RunResult:
     outputs: dict[str, np.ndarray] = field(default_factory=dict)
 
 
-def _as_graph_def(graph: GraphLike) -> tf.compat.v1.GraphDef:
-    if isinstance(graph, tf.Graph):
-        return graph.as_graph_def()
-    if isinstance(graph, tf.compat.v1.GraphDef):
-        gd = tf.compat.v1.GraphDef()
-        gd.CopyFrom(graph)
-        return gd
-    raise BadInputError(f"testbed: expected a tf.Graph or GraphDef, got {type(graph).__name__}")
-
-
-def place_on_device(graph: GraphLike, device: str = DEVICE) -> tf.compat.v1.GraphDef:
-    """Return a copy of ``graph`` with every node on ``device``, except nodes already placed on a job.
-
-    Nodes whose device names a job (``/job:host/...``, e.g. put there by a pass) keep it; ``/job:localhost``
-    (what a local session writes) does not count, since the testbed's cluster has no such job.
-
-    Parameters
-    ----------
-    graph : tf.Graph or GraphDef
-        Not modified.
-    device : str
-        Where unplaced nodes go; defaults to the testbed's capped device.
-
-    Returns
-    -------
-    GraphDef
-
-    Examples
-    --------
-    >>> g = tf.Graph()
-    >>> with g.as_default():
-    ...     x = tf.constant(1.0, name="x")
-    ...     with tf.device(HOST):
-    ...         y = tf.identity(x, name="y")
-    >>> {n.name: n.device for n in place_on_device(g).node} == {"x": DEVICE, "y": HOST}
-    True
-    """
-    gd = _as_graph_def(graph)
-    for node in gd.node:
-        if "/job:" not in node.device or "/job:localhost" in node.device:
-            node.device = device
-    return gd
-
-
-def _node_name(inp: str) -> str:
-    return inp.lstrip("^").split(":")[0]
-
-
-def initializer_names(graph_def: tf.compat.v1.GraphDef) -> list[str]:
-    """Names of the ops that initialise the variables of ``graph_def`` (collections are lost in a GraphDef).
-
-    For each variable node ``v`` (``VarHandleOp``, ``VariableV2``), its initializer is the ``Assign`` /
-    ``AssignVariableOp`` named ``v/Assign`` whose first input is ``v``: the name every TF variable constructor
-    gives it (``tf.Variable``, ``get_variable``, optimizer slots). Variables without one are skipped; pass
-    ``init_ops`` to ``Testbed.run`` for graphs that name their initializers otherwise.
-
-    Examples
-    --------
-    >>> g = tf.Graph()
-    >>> with g.as_default():
-    ...     v = tf.compat.v1.get_variable("v", shape=[2], initializer=tf.compat.v1.zeros_initializer())
-    ...     _ = tf.compat.v1.assign_add(v, [1.0, 1.0], name="update")
-    >>> initializer_names(g.as_graph_def())
-    ['v/Assign']
-    """
-    variables = {n.name for n in graph_def.node if n.op in _VARIABLE_OPS}
-    return [
-        n.name for n in graph_def.node
-        if n.op in _ASSIGN_OPS and n.input and _node_name(n.input[0]) in variables
-        and n.name == f"{_node_name(n.input[0])}/Assign"
-    ]
-
-
-def _check_names(graph_def: tf.compat.v1.GraphDef, names: list[str]) -> None:
-    nodes = {n.name for n in graph_def.node}
-    for name in names:
-        if name.split(":")[0] not in nodes:
-            close = difflib.get_close_matches(name.split(":")[0], nodes, n=3)
-            raise BadInputError(
-                f"testbed: {name!r} (a fetch or feed) names no node of the graph; close names: {close}. "
-                f"Fetch tensors as 'node:index' and ops as 'node'."
-            )
-
-
 def _physical_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _is_oom(error: tf.errors.OpError) -> bool:
+    text = str(error)
+    return "OOM when allocating" in text or "out of memory" in text.lower()
 
 
 def _one_line(error: BaseException) -> str:
@@ -332,35 +249,53 @@ class Testbed:
 
         Raises
         ------
+        BadInputError
+            If a fetch or feed names no node of the graph, or ``steps < 1``.
         TestbedError
-            On any other TensorFlow error (bad feed, unknown name, dead server); the servers are restarted
-            so the Testbed stays usable.
+            On any other TensorFlow error (bad feed value, uninitialised variable, dead server); the servers
+            are restarted if needed, so the Testbed stays usable.
+
+        Examples
+        --------
+        >>> with Testbed("64MiB") as tb:                                     # doctest: +SKIP
+        ...     r = tb.run(graph, ["train_op", "loss:0"], {"x:0": batch}, steps=5)
+        >>> r.device_peak_bytes, r.outputs["loss:0"]                         # doctest: +SKIP
         """
-        if self._closed:
-            raise TestbedError("testbed: run() on a closed Testbed; open a new one")
-        if steps < 1:
-            raise BadInputError(f"testbed: steps must be >= 1, got {steps}")
-        inter_op = self.inter_op_threads if inter_op_threads is None else inter_op_threads
-        if inter_op != self._running_inter_op or not self._healthy():
-            self._restart(inter_op)
-        graph_def = place_on_device(graph)
-        _check_names(graph_def, [*fetches, *(feeds or {})])
-        init = initializer_names(graph_def) if init_ops is None else list(init_ops)
-        g = tf.Graph()
-        with g.as_default():
-            tf.graph_util.import_graph_def(graph_def, name="")
+        g, init = self._prepare(graph, fetches, feeds, steps, inter_op_threads, init_ops)
         try:
             return self._measure(g, list(fetches), dict(feeds or {}), steps, config, init)
         except tf.errors.ResourceExhaustedError as e:
+            if not _is_oom(e):  # e.g. gRPC's message-size limit also says RESOURCE_EXHAUSTED
+                raise self._failed(fetches, e) from e
             self._settle()
             return RunResult(oom=True, error=_one_line(e), device_peak_bytes=None, host_peak_bytes=None,
                              step_time_s=None)
         except tf.errors.OpError as e:
-            self._settle()
-            raise TestbedError(
-                f"testbed: running fetches {fetches[:5]} failed with {_one_line(e)}. Check the feeds and fetch "
-                f"names, and that every variable is initialised (pass init_ops=...)."
-            ) from e
+            raise self._failed(fetches, e) from e
+
+    def _failed(self, fetches: list[str], error: tf.errors.OpError) -> TestbedError:
+        self._settle()
+        return TestbedError(
+            f"testbed: running fetches {fetches[:5]} failed with {_one_line(error)}. Check the feed values, and "
+            f"that every variable is initialised (initializer_names() finds 'v/Assign' ops; else pass init_ops=...)."
+        )
+
+    def _prepare(self, graph: GraphLike, fetches: list[str], feeds: dict[str, Any] | None, steps: int,
+                 inter_op_threads: int | None, init_ops: list[str] | None) -> tuple[tf.Graph, list[str]]:
+        """Check the arguments, (re)start the servers if needed, and import the placed graph."""
+        if self._closed:
+            raise TestbedError("testbed: run() on a closed Testbed; open a new one")
+        if steps < 1:
+            raise BadInputError(f"testbed: steps must be >= 1, got {steps}")
+        graph_def = place_on_device(graph)
+        check_names(graph_def, [*fetches, *(feeds or {})])
+        inter_op = self.inter_op_threads if inter_op_threads is None else inter_op_threads
+        if inter_op != self._running_inter_op or not self._healthy():
+            self._restart(inter_op)
+        g = tf.Graph()
+        with g.as_default():
+            tf.graph_util.import_graph_def(graph_def, name="")
+        return g, initializer_names(graph_def) if init_ops is None else list(init_ops)
 
     def _measure(self, g: tf.Graph, fetches: list[str], feeds: dict[str, Any], steps: int,
                  config: tf.compat.v1.ConfigProto | None, init: list[str]) -> RunResult:
