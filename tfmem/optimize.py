@@ -1,0 +1,144 @@
+"""``tfmem.optimize``: load a graph, run the memory passes for a budget, and hand back what to run.
+
+The result keeps every node name, so the user's feeds and fetches work unchanged on ``Optimized.graph``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import tensorflow as tf
+from tensorflow.core.framework import graph_pb2
+from tensorflow.core.protobuf import config_pb2
+
+from tfmem.bounds import largest_working_set
+from tfmem.errors import BadInputError, InfeasibleBudgetError
+from tfmem.execution import ExecutionGraph, parse_fetches
+from tfmem.ir import GraphIR
+from tfmem.loading import GraphSource, load
+from tfmem.memsim import MemoryProfile
+from tfmem.pipeline import Pass, PassContext, run_pipeline
+from tfmem.report import Report
+from tfmem.shapes import FeedShapes
+from tfmem.units import format_bytes, parse_bytes
+
+# Name of the attr that keeps Grappler from removing or bypassing an op a pass inserted (DESIGN.md).
+DO_NOT_REMOVE_ATTR = "_grappler_do_not_remove"
+
+
+@dataclass(frozen=True)
+class Optimized:
+    """What ``optimize`` returns: run ``graph`` with ``config``; ``report`` says what changed and why."""
+
+    graph: tf.Graph
+    graph_def: graph_pb2.GraphDef
+    config: config_pb2.ConfigProto
+    report: Report
+    ir: GraphIR
+
+
+def session_config() -> config_pb2.ConfigProto:
+    """The ``ConfigProto`` to run optimized graphs with: Grappler stays on; inserted ops opt out of it."""
+    return config_pb2.ConfigProto()
+
+
+def resolve_passes(passes: str | Sequence[str | Pass] | None) -> list[Pass]:
+    """Turn ``"auto"``, ``None``/``[]`` or a list of pass names/objects into pass objects."""
+    from passes import DEFAULT_PASSES, PASSES  # passes depend on tfmem; import late to avoid a cycle
+
+    if passes is None:
+        return []
+    if isinstance(passes, str):
+        if passes == "auto":
+            return list(DEFAULT_PASSES)
+        passes = [passes]
+    out: list[Pass] = []
+    for p in passes:
+        if isinstance(p, str):
+            if p not in PASSES:
+                known = ", ".join(sorted(PASSES)) or "none yet"
+                raise BadInputError(f"unknown pass {p!r}; available passes: {known} (or passes='auto')")
+            out.append(PASSES[p])
+        else:
+            out.append(p)
+    return out
+
+
+def optimize(
+    graph: GraphSource,
+    fetches: Iterable[str] | str,
+    *,
+    budget: int | str | None = None,
+    feed_shapes: FeedShapes | None = None,
+    device: str | None = None,
+    host: str | None = None,
+    passes: str | Sequence[str | Pass] | None = "auto",
+    check: bool = True,
+) -> Optimized:
+    """Rewrite ``graph`` so that computing ``fetches`` needs less device memory, with identical results.
+
+    Parameters
+    ----------
+    graph : tf.Graph, GraphDef, MetaGraphDef or a .pb/.pbtxt path
+    fetches : what each step computes, as for ``Session.run`` (``"loss:0"``, ``"train_op"``)
+    budget : device memory to fit in, as bytes or a string such as ``"8GiB"``; None means "as low as is cheap"
+    feed_shapes : full shapes for fed tensors whose static shape is partial, e.g. ``{"x:0": (64, 784)}``
+    device, host : device strings; default: ops stay where they are, ``host`` is where swapped tensors go
+    passes : ``"auto"``, or a list of pass names such as ``["partition", "limit_parallelism"]``
+    check : verify the graph after every pass
+
+    Raises
+    ------
+    InfeasibleBudgetError
+        When the best graph found still needs more than ``budget``; carries the lower bound.
+    BadInputError, MalformedGraphError, UnknownShapeError
+        For bad arguments or graphs.
+
+    Examples
+    --------
+    >>> import tensorflow as tf
+    >>> g = tf.Graph()
+    >>> with g.as_default():
+    ...     x = tf.compat.v1.placeholder(tf.float32, (256, 256), name="x")
+    ...     y = tf.reduce_sum(tf.matmul(x, x), name="y")
+    >>> opt = optimize(g, ["y:0"], budget="64MiB")
+    >>> opt.report.after.peak_bytes <= 64 * 2**20
+    True
+    """
+    budget_bytes = parse_bytes(budget, what="budget") if budget is not None else None
+    ir = load(graph, feed_shapes)
+    fetch_list = [fetches] if isinstance(fetches, str) else [str(getattr(f, "name", f)) for f in fetches]
+    parse_fetches(ir, fetch_list)  # fail early, with the fetch's name, on a typo
+    ctx = PassContext(tuple(fetch_list), budget_bytes, device, host,
+                      {k: tuple(v) for k, v in (feed_shapes or {}).items()}, check=check)
+    before = ctx.simulate(ir)
+    new_ir, reports = run_pipeline(ir, resolve_passes(passes), ctx)
+    after = ctx.simulate(new_ir) if any(r.changed for r in reports) else before
+    report = Report(budget_bytes, before, after, reports)
+    if budget_bytes is not None and after.peak_bytes > budget_bytes:
+        raise _infeasible(new_ir, ctx, budget_bytes, after)
+    graph_def = new_ir.to_graph_def()
+    tf_graph = tf.Graph()
+    with tf_graph.as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")
+    return Optimized(tf_graph, graph_def, session_config(), report, new_ir)
+
+
+def lower_bound_bytes(ir: GraphIR, ctx: PassContext, profile: MemoryProfile) -> tuple[int, str]:
+    """A peak no plan can beat: the largest single-op working set (plus persistent bytes that must stay)."""
+    eg = ExecutionGraph.build(ir, ctx.fetches, ctx.feed_shapes)
+    op, working = largest_working_set(eg)
+    return working, op
+
+
+def _infeasible(ir: GraphIR, ctx: PassContext, budget: int, after: MemoryProfile) -> InfeasibleBudgetError:
+    bound, op = lower_bound_bytes(ir, ctx, after)
+    top = ", ".join(f"{t.tensor} {format_bytes(t.nbytes)}" for t in after.live_at_peak[:3])
+    return InfeasibleBudgetError(
+        f"budget {format_bytes(budget)} unreachable: best peak found {format_bytes(after.peak_bytes)} "
+        f"(simulator) at {after.peak_unit}; lower bound {format_bytes(bound)} (working set of {op}); "
+        f"largest live: {top}. Give a larger budget, or enable more passes (passes='auto').",
+        budget_bytes=budget, best_peak_bytes=after.peak_bytes, lower_bound_bytes=bound,
+        live_at_peak=after.live_at_peak[:10],
+    )

@@ -1,0 +1,87 @@
+"""The pass protocol and the pipeline that runs passes in order, one report each, verifying between them.
+
+A pass is a frozen dataclass with a ``name`` and ``run(graph, ctx) -> PassResult``: a pure function of the
+graph. "Nothing to do" is ``changed=False``, not an exception. The pipeline wraps unexpected failures in
+``PassError`` naming the pass and those before it; ``TfmemError``s (e.g. an infeasible budget) pass through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar, Protocol
+
+from tfmem.errors import PassError, TfmemError
+from tfmem.ir import GraphIR
+from tfmem.memsim import MemoryProfile
+from tfmem.verify import verify
+
+
+@dataclass(frozen=True)
+class PassReport:
+    """What one pass did: counts, bytes, and free-form notes people can read."""
+
+    name: str
+    changed: bool = False
+    nodes_added: int = 0
+    nodes_removed: int = 0
+    control_edges_added: int = 0
+    bytes_moved: int = 0
+    notes: tuple[str, ...] = ()
+    details: dict[str, object] = field(default_factory=dict)
+
+    @classmethod
+    def empty(cls, name: str, note: str = "nothing to do") -> PassReport:
+        return cls(name, notes=(note,))
+
+
+@dataclass(frozen=True)
+class PassResult:
+    graph: GraphIR
+    changed: bool
+    report: PassReport
+
+
+@dataclass(frozen=True)
+class PassContext:
+    """What every pass shares: the budget, devices, fetches, feeds and the simulator to score graphs with."""
+
+    fetches: tuple[str, ...]
+    device_budget_bytes: int | None = None
+    device: str | None = None
+    host: str | None = None
+    feed_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    simulator: Callable[..., MemoryProfile] | None = None
+    check: bool = True
+    seed: int = 0
+
+    def simulate(self, graph: GraphIR, **kwargs: object) -> MemoryProfile:
+        """Simulate ``graph`` for this context's fetches, devices and feeds."""
+        from tfmem.memsim import simulate
+
+        sim = self.simulator or simulate
+        return sim(graph, list(self.fetches), feed_shapes=self.feed_shapes or None, device=self.device,
+                   host=self.host, **kwargs)
+
+
+class Pass(Protocol):
+    name: ClassVar[str]
+
+    def run(self, graph: GraphIR, ctx: PassContext) -> PassResult: ...
+
+
+def run_pipeline(graph: GraphIR, passes: Sequence[Pass], ctx: PassContext) -> tuple[GraphIR, list[PassReport]]:
+    """Run ``passes`` in order; ``verify`` the graph after each when ``ctx.check``."""
+    reports = []
+    for i, p in enumerate(passes):
+        try:
+            result = p.run(graph, ctx)
+        except TfmemError:
+            raise
+        except Exception as e:
+            raise PassError(p.name, after=[q.name for q in passes[:i]], detail=f"{type(e).__name__}: {e}") from e
+        if ctx.check and result.changed:
+            verify(result.graph)
+        graph = result.graph
+        reports.append(result.report)
+    return graph, reports
