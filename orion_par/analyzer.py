@@ -1,0 +1,328 @@
+"""Find every shared-array access of a loop body, classified per subscript (Orion's static analysis).
+
+``analyze_body`` walks the body's statements in order with an environment of ``AbsVal`` per local
+name: ``if``/``else`` branches are walked separately and joined, loops are walked until the environment
+stops changing, so aliases made in one iteration are seen in the next.  It handles straight-line code,
+``if``/``else``, inner ``for`` and ``while`` loops, tuple unpacking of the key, ``key[j]``, index
+arithmetic ``key[j] + c``, and aliases (``w = W[u]`` then ``w += g``).  Anything it cannot follow becomes
+an ``unknown`` subscript or a write of a whole view, never a missed access.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from orion_par.absval import (
+    NOTHING,
+    SCALAR,
+    AbsVal,
+    ArrayRef,
+    IndexItem,
+    index_view,
+    join_env,
+    region,
+    views_of,
+)
+from orion_par.access import UNKNOWN, Access, ConstSub, KeySub
+from orion_par.body import BodySource
+from orion_par.errors import BadBodyError, NotParallelizableError
+from orion_par.expressions import ExprEvaluator, binop
+
+_MAX_LOOP_PASSES = 8
+
+
+@dataclass(frozen=True)
+class BodyAnalysis:
+    """The accesses of a body, and the names it gives the key's fields (for explanations)."""
+
+    body: BodySource
+    accesses: tuple[Access, ...]
+    key_names: tuple[str, ...]
+
+
+def analyze_body(body: BodySource, captured: Mapping[str, Any], key_ndim: int, value_ndim: int = 1) -> BodyAnalysis:
+    """Classify every subscript of a shared array in ``body``.
+
+    Parameters
+    ----------
+    body : BodySource
+        From ``load_body``.
+    captured : mapping
+        Current values of the body's free names; ndarrays among them are the shared arrays.
+    key_ndim : int
+        Number of key fields.
+    value_ndim : int
+        ``values.ndim`` of the dataset (a record's value is a row when it is > 1).
+
+    Returns
+    -------
+    BodyAnalysis
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from orion_par.body import load_body
+    >>> W = np.zeros((4, 2))
+    >>> def body(key, value):
+    ...     u, i = key
+    ...     w = W[u]
+    ...     w += value
+    >>> a = analyze_body(load_body(body), {"W": W}, key_ndim=2)  # doctest: +SKIP
+    >>> [x.describe(a.key_names) for x in a.accesses]  # doctest: +SKIP
+    ['read w (line 4) = W[u, :]', 'write w (line 4) = W[u, :]']
+    """
+    walker = _Walker(body, captured, key_ndim, value_ndim)
+    walker.walk(body.tree.body)
+    if walker.value_writes:
+        raise BadBodyError(
+            f"{body.name}: line {walker.value_writes[0]} writes into the record's value `{body.value_param}`; "
+            "such writes are not kept. Store per-record state in a DistArray indexed by the key."
+        )
+    return BodyAnalysis(body, tuple(sorted(walker.accesses, key=Access.sort_key)), tuple(walker.key_names))
+
+
+class _Walker(ExprEvaluator):
+    def __init__(self, body: BodySource, captured: Mapping[str, Any], key_ndim: int, value_ndim: int) -> None:
+        super().__init__(body, captured, key_ndim)
+        self.key_names = [""] * key_ndim
+        self.env[body.key_param] = AbsVal(is_key=True)
+        row = ArrayRef.whole(body.value_param, value_ndim - 1)
+        self.env[body.value_param] = AbsVal(views=frozenset({row})) if value_ndim > 1 else SCALAR
+
+    def walk(self, stmts: list[ast.stmt]) -> None:
+        for s in stmts:
+            getattr(self, "stmt_" + type(s).__name__, self.stmt_generic)(s)
+
+    # -- binding ---------------------------------------------------------------------------------
+    def bind(self, target: ast.expr, val: AbsVal, value_node: ast.expr | None) -> None:
+        if isinstance(target, ast.Name):
+            self.env[target.id] = val
+            if isinstance(val.sub, KeySub) and val.sub.lo == val.sub.hi == 0 and not self.key_names[val.sub.dim]:
+                self.key_names[val.sub.dim] = target.id
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            self.bind_tuple(target, val, value_node)
+        elif isinstance(target, ast.Starred):
+            self.bind(target.value, NOTHING, None)
+        elif isinstance(target, ast.Subscript):
+            base = self.eval(target.value)
+            items = self.index_items(target.slice)
+            for ref in base.views:
+                r = index_view(ref, items)
+                self.record(r, region(r), True, target)
+        elif isinstance(target, ast.Attribute):
+            self.read_views(self.eval(target.value), target, write=True)
+
+    def bind_tuple(self, target: ast.Tuple | ast.List, val: AbsVal, value_node: ast.expr | None) -> None:
+        elts = target.elts
+        starred = any(isinstance(e, ast.Starred) for e in elts)
+        if isinstance(value_node, (ast.Tuple, ast.List)) and len(value_node.elts) == len(elts) and not starred:
+            for e, v in zip(elts, value_node.elts, strict=True):
+                self.bind(e, self.eval(v), v)  # a, b = b, a: values were evaluated before binding
+            return
+        if val.is_key:
+            star = next((i for i, e in enumerate(elts) if isinstance(e, ast.Starred)), len(elts))
+            for i, e in enumerate(elts):
+                j = i if i < star else self.key_ndim - (len(elts) - i)
+                self.bind(e, AbsVal(KeySub(j), scalar=True) if i != star else NOTHING, None)
+            return
+        if val.views:
+            self.read_views(val, target)
+        for e in elts:
+            self.bind(e, views_of(val.views, opaque=True), None)
+
+    # -- simple statements -----------------------------------------------------------------------
+    def stmt_Assign(self, node: ast.Assign) -> None:
+        simple = all(isinstance(t, (ast.Name, ast.Tuple, ast.List)) for t in node.targets)
+        val = self.eval(node.value) if simple else self.use(node.value)
+        for t in node.targets:
+            self.bind(t, val, node.value)
+
+    def stmt_AnnAssign(self, node: ast.AnnAssign) -> None:
+        if node.value is not None:
+            self.bind(node.target, self.eval(node.value), node.value)
+
+    def stmt_AugAssign(self, node: ast.AugAssign) -> None:
+        val = self.use(node.value)
+        t = node.target
+        if isinstance(t, ast.Name):
+            cur = self.lookup(t.id)
+            if cur.views:  # in-place on an array alias: w += g writes what w views
+                self.read_views(cur, t, write=True)
+            else:
+                self.env[t.id] = binop(cur, node.op, val)
+        elif isinstance(t, ast.Subscript):
+            base = self.eval(t.value)
+            items = self.index_items(t.slice)
+            for ref in base.views:
+                r = index_view(ref, items)
+                self.record(r, region(r), False, t)
+                self.record(r, region(r), True, t)
+        elif isinstance(t, ast.Attribute):
+            self.read_views(self.eval(t.value), t, write=True)
+
+    def stmt_Expr(self, node: ast.Expr) -> None:
+        self.use(node.value)
+
+    def stmt_Return(self, node: ast.Return) -> None:
+        self.use(node.value)
+
+    def stmt_Global(self, node: ast.Global | ast.Nonlocal) -> None:
+        kw = "global" if isinstance(node, ast.Global) else "nonlocal"
+        names = ", ".join(node.names)
+        raise NotParallelizableError(
+            f"{self.body.name}: line {node.lineno} declares `{kw} {names}`: every iteration would read and "
+            f"rebind the same variable (a chain dependence). Keep shared state in a DistArray indexed by the "
+            f"key, or in a Buffer(...) if late updates are acceptable."
+        )
+
+    stmt_Nonlocal = stmt_Global
+
+    def stmt_FunctionDef(self, node: ast.FunctionDef | ast.ClassDef) -> None:
+        self.closure_use(node)
+        self.env[node.name] = NOTHING
+
+    stmt_ClassDef = stmt_AsyncFunctionDef = stmt_FunctionDef
+
+    def stmt_Delete(self, node: ast.Delete) -> None:
+        for t in node.targets:
+            if isinstance(t, ast.Name):
+                self.env.pop(t.id, None)
+            else:
+                self.bind(t, NOTHING, None)
+
+    def stmt_Import(self, node: ast.Import | ast.ImportFrom) -> None:
+        for alias in node.names:
+            self.env[(alias.asname or alias.name).split(".")[0]] = NOTHING
+
+    stmt_ImportFrom = stmt_Import
+
+    def stmt_generic(self, node: ast.stmt) -> None:
+        for _name, value in ast.iter_fields(node):
+            if isinstance(value, ast.expr):
+                self.use(value)
+            elif isinstance(value, list) and value and isinstance(value[0], ast.stmt):
+                self.walk(value)
+            elif isinstance(value, list):
+                for v in value:
+                    if isinstance(v, ast.expr):
+                        self.use(v)
+
+    # -- control flow ----------------------------------------------------------------------------
+    def branch(self, *bodies: list[ast.stmt]) -> None:
+        """Walk alternative statement lists from the same environment and join the results."""
+        start = self.env
+        out: dict[str, AbsVal] | None = None
+        for stmts in bodies:
+            self.env = dict(start)
+            self.walk(stmts)
+            out = self.env if out is None else join_env(out, self.env)
+        self.env = out if out is not None else start
+
+    def stmt_If(self, node: ast.If) -> None:
+        self.use(node.test)
+        self.branch(node.body, node.orelse)
+
+    def loop(self, run_once: Any) -> None:
+        """Walk a loop body until the environment is stable (joined with zero iterations)."""
+        entry = dict(self.env)
+        for passes in range(_MAX_LOOP_PASSES):
+            head = dict(self.env)
+            run_once()
+            self.env = join_env(head, self.env)
+            if self.env == head:
+                break
+            if passes >= 2:
+                self.env = _widen(head, self.env)
+        self.env = join_env(entry, self.env)
+
+    def stmt_For(self, node: ast.For | ast.AsyncFor) -> None:
+        item = self.iteration_value(node.iter)
+
+        def once() -> None:
+            self.bind(node.target, item, None)
+            self.walk(node.body)
+
+        self.loop(once)
+        self.walk(node.orelse)
+
+    stmt_AsyncFor = stmt_For
+
+    def stmt_While(self, node: ast.While) -> None:
+        def once() -> None:
+            self.use(node.test)
+            self.walk(node.body)
+
+        self.use(node.test)
+        self.loop(once)
+        self.walk(node.orelse)
+
+    def stmt_Try(self, node: ast.Try) -> None:
+        start = dict(self.env)
+        self.walk(node.body)
+        after_body = join_env(start, self.env)
+        handlers = [h.body for h in node.handlers]
+        for h in node.handlers:
+            self.use(h.type)
+            if h.name:
+                after_body[h.name] = NOTHING
+        self.env = after_body
+        self.branch(node.orelse, *handlers)
+        self.walk(node.finalbody)
+
+    stmt_TryStar = stmt_Try
+
+    def stmt_With(self, node: ast.With | ast.AsyncWith) -> None:
+        for item in node.items:
+            val = self.eval(item.context_expr)
+            if item.optional_vars is not None:
+                self.bind(item.optional_vars, val, None)
+        self.walk(node.body)
+
+    stmt_AsyncWith = stmt_With
+
+    def iteration_value(self, it: ast.expr) -> AbsVal:
+        """The value a `for` target takes: ``key[j]+a .. key[j]+b-1`` for ``range(key[j]+a, key[j]+b)``."""
+        if isinstance(it, ast.Call) and self.resolve_object(it.func) is range and not it.keywords:
+            args = [self.use(a) for a in it.args]
+            step_one = len(args) < 3 or args[2].sub == ConstSub(1)
+            if len(args) >= 2 and step_one:
+                lo, hi = args[0].sub, args[1].sub
+                if isinstance(lo, KeySub) and isinstance(hi, KeySub) and lo.dim == hi.dim and lo.lo <= hi.hi - 1:
+                    return AbsVal(KeySub(lo.dim, lo.lo, hi.hi - 1), scalar=True)
+            return SCALAR
+        val = self.eval(it)
+        if not val.views:
+            return NOTHING
+        self.read_views(val, it)
+        refs = {index_view(r, [IndexItem("index", SCALAR)]) for r in val.views}
+        return views_of(r for r in refs if r.free or r.opaque) if any(r.free for r in refs) else SCALAR
+
+    # -- comprehensions --------------------------------------------------------------------------
+    def eval_ListComp(self, node: ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp) -> AbsVal:
+        saved = self.env
+        self.env = dict(saved)
+        for gen in node.generators:
+            self.bind(gen.target, self.iteration_value(gen.iter), None)
+            for cond in gen.ifs:
+                self.use(cond)
+        if isinstance(node, ast.DictComp):
+            self.use(node.key)
+            self.use(node.value)
+        else:
+            self.use(node.elt)
+        self.env = saved
+        return NOTHING
+
+    eval_SetComp = eval_GeneratorExp = eval_DictComp = eval_ListComp
+
+
+def _widen(old: dict[str, AbsVal], new: dict[str, AbsVal]) -> dict[str, AbsVal]:
+    # An index that keeps moving inside a loop (u = u + 1) is not key[j] + c for any fixed c.
+    out = dict(new)
+    for name, val in new.items():
+        if old.get(name) != val and val.sub != old.get(name, val).sub:
+            out[name] = AbsVal(UNKNOWN, val.scalar, val.views, False)
+    return out

@@ -1,0 +1,176 @@
+"""Compile a loop body with numba (``nogil=True``) or, when numba cannot, keep it as plain Python.
+
+The body's source is copied into a generated module whose lines keep the user's line numbers (blank
+lines pad the top), with every captured array and number turned into a parameter: numba would freeze a
+global array as a constant, and a parameter is re-read at every run.  A second function runs the body
+over a range of records.  The module lives in a cache directory named by a hash of its text, so numba's
+on-disk cache (``cache=True``) survives between processes.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import hashlib
+import importlib.util
+import os
+import re
+import sys
+import tempfile
+import types
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numba
+import numpy as np
+
+from orion_par.body import BodySource
+from orion_par.errors import CompileFallbackWarning
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_LOADED: dict[tuple[str, bool], Any] = {}
+
+
+@dataclass
+class CompiledBody:
+    """``block(keys, values, start, stop, *params)`` runs the body on records ``start .. stop-1``."""
+
+    name: str
+    source: str
+    param_names: tuple[str, ...]
+    injected: dict[str, Any]
+    block: Callable[..., None] = field(repr=False)
+    seed: Callable[[int], None] = field(repr=False)
+    compiled: bool = True
+    fallback_reason: str = ""
+
+
+def cache_dir() -> Path:
+    """Where generated modules and numba's cache go (``$ORION_PAR_CACHE_DIR`` overrides)."""
+    root = os.environ.get("ORION_PAR_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "orion_par"
+    )
+    try:
+        Path(root).mkdir(parents=True, exist_ok=True)
+        return Path(root)
+    except OSError:
+        fallback = Path(tempfile.gettempdir()) / "orion_par_cache"
+        fallback.mkdir(parents=True, exist_ok=True)
+        return fallback
+
+
+def generate_source(body: BodySource, param_names: tuple[str, ...], key_ndim: int) -> str:
+    """The generated module's text: ``_orion_body``, ``_orion_block`` and ``_orion_seed``."""
+    tree = body.tree
+    first_stmt = tree.body[0].lineno
+    params = ", ".join((body.key_param, body.value_param, *param_names))
+    head = f"def _orion_body({params}):"
+    if first_stmt > tree.lineno and first_stmt - 1 >= 1:
+        # Keep the user's line numbers: numba's messages and tracebacks then point at their file's lines.
+        start = first_stmt - body.first_line
+        stop = tree.end_lineno - body.first_line + 1  # type: ignore[operator]
+        text = "\n" * (first_stmt - 2) + head + "\n" + "\n".join(body.source_lines[start:stop])
+    else:
+        inner = ast.unparse(ast.Module(body=tree.body, type_ignores=[]))
+        text = head + "\n" + "\n".join("    " + ln for ln in inner.splitlines())
+    key = "(" + ", ".join(f"keys[_orion_r, {j}]" for j in range(key_ndim)) + ("," if key_ndim == 1 else "") + ")"
+    rest = ", ".join(param_names)
+    args = f"{key}, values[_orion_r]" + (f", {rest}" if rest else "")
+    return (
+        text + "\n\n\n"
+        f"def _orion_block(keys, values, start, stop{', ' + rest if rest else ''}):\n"
+        f"    for _orion_r in range(start, stop):\n"
+        f"        _orion_body({args})\n\n\n"
+        "def _orion_seed(seed):\n"
+        "    _orion_np.random.seed(seed)\n"
+    )
+
+
+def injected_globals(body: BodySource, captured: dict[str, Any], param_names: tuple[str, ...]) -> dict[str, Any]:
+    """Captured names that stay globals of the generated module (modules, functions)."""
+    out: dict[str, Any] = {"_orion_np": np}
+    for name, value in captured.items():
+        if name in param_names or value is getattr(builtins, name, object()):
+            continue
+        out[name] = value
+    return out
+
+
+def _cacheable(injected: dict[str, Any]) -> bool:
+    # numba's disk cache does not notice a changed global; allow it only for modules and jitted functions.
+    return all(isinstance(v, (types.ModuleType, numba.core.registry.CPUDispatcher)) for v in injected.values())
+
+
+def load_module(source: str, injected: dict[str, Any]) -> types.ModuleType:
+    """Write ``source`` to the cache directory (once) and import it with ``injected`` as globals."""
+    digest = hashlib.sha1((source + numba.__version__ + repr(sorted(injected))).encode()).hexdigest()[:16]
+    path = cache_dir() / f"orion_body_{digest}.py"
+    if not path.exists():
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(source)
+        os.replace(tmp, path)
+    modname = f"_orion_gen_{digest}"
+    spec = importlib.util.spec_from_file_location(modname, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    mod.__dict__.update(injected)
+    spec.loader.exec_module(mod)
+    # numba's cache records the module by name and imports it when loading in another process (a Ray
+    # actor); registering it makes that import find this module.
+    sys.modules.setdefault(modname, mod)
+    return mod
+
+
+def _jit_module(source: str, injected: dict[str, Any], cache: bool) -> types.ModuleType:
+    key = (source + repr(sorted(injected)), cache)
+    if key not in _LOADED:
+        mod = load_module(source, injected)
+        jit = numba.njit(nogil=True, cache=cache)
+        mod._orion_body = jit(mod._orion_body)  # the block calls the jitted body through this global
+        mod._orion_jit = (jit(mod._orion_block), jit(mod._orion_seed))
+        _LOADED[key] = mod
+    return _LOADED[key]
+
+
+def compile_body(name: str, source: str, param_names: tuple[str, ...], injected: dict[str, Any],
+                 sample_args: tuple[Any, ...], line_text: Callable[[int], str] | None = None) -> CompiledBody:
+    """Compile with numba for the types of ``sample_args``; fall back to Python with a warning.
+
+    ``sample_args`` are the block's arguments (``keys, values, 0, 0, *params``): calling the block on an
+    empty range compiles it without running the body, so any exception here comes from compilation.
+    """
+    reason = ""
+    for cache in dict.fromkeys((_cacheable(injected), False)):  # a stale disk cache must not cost speed
+        block, seed = _jit_module(source, injected, cache)._orion_jit
+        try:
+            block(*sample_args)
+            return CompiledBody(name, source, param_names, injected, block, seed)
+        except Exception as e:  # noqa: BLE001 - any failure to compile means: run it as Python
+            reason = reason or _reason(str(e), line_text)
+    py_mod = load_module(source, injected)  # a fresh module: its _orion_body is the Python function
+    warnings.warn(
+        f"orion_par: numba cannot compile `{name}`: {reason}. Running the body as plain Python instead: the "
+        "results are the same, but it is slower and holds the GIL (workers take turns). Rewrite that "
+        "construct with numba-supported code to get compiled speed.",
+        CompileFallbackWarning,
+        stacklevel=3,
+    )
+    return CompiledBody(name, source, param_names, injected, py_mod._orion_block, py_mod._orion_seed,
+                        compiled=False, fallback_reason=reason)
+
+
+def _reason(message: str, line_text: Callable[[int], str] | None) -> str:
+    """The construct numba stopped at: the line, its text, and numba's first line of explanation."""
+    text = _ANSI.sub("", message)
+    lines = [ln.strip() for ln in text.splitlines()]
+    skip = ("Failed in", "During:", "File ", "^", "This error", "For more", "Please", "<source")
+    what = next((ln for ln in lines if ln and not ln.startswith(skip)), lines[0] if lines else "unknown error")
+    locs = [int(m.group(1)) for m in re.finditer(r'File "[^"]*orion_body_[0-9a-f]+\.py", line (\d+)', text)]
+    if locs:
+        line = locs[-1]
+        src = line_text(line) if line_text else ""
+        return f"line {line} `{src}` stopped it ({what[:200]})"
+    return what[:300]

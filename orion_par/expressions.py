@@ -1,0 +1,286 @@
+"""Expression half of the analyzer: evaluate an expression to an ``AbsVal`` and record the array reads
+(and, for calls that may write their arguments, the writes) it performs.
+
+``eval`` keeps array views alive (``w = W[u]`` is an alias, not yet a read); ``use`` is ``eval`` in a
+context that consumes the value, so a view it yields is read whole.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from orion_par.absval import (
+    NOTHING,
+    SCALAR,
+    AbsVal,
+    ArrayRef,
+    IndexItem,
+    add_sub,
+    const,
+    index_view,
+    join,
+    region,
+    slice_sub,
+    views_of,
+)
+from orion_par.access import UNKNOWN, Access, ConstSub, KeySub, Sub
+from orion_par.body import BodySource, is_missing, resolve
+from orion_par.purity import NO_READ_ATTRS, READONLY_METHODS, VIEW_ATTRS, VIEW_METHODS, call_kind
+
+_SCALAR_METHODS = {"item", "argmax", "argmin"}
+
+
+class ExprEvaluator:
+    """Evaluates expressions against ``self.env``; subclasses walk statements."""
+
+    def __init__(self, body: BodySource, captured: Mapping[str, Any], key_ndim: int) -> None:
+        self.body = body
+        self.captured = captured
+        self.key_ndim = key_ndim
+        self.env: dict[str, AbsVal] = {}
+        self.accesses: set[Access] = set()
+        self.value_writes: list[int] = []
+
+    # -- recording -------------------------------------------------------------------------------
+    def record(self, ref: ArrayRef, subs: tuple[Sub, ...], is_write: bool, node: ast.AST) -> None:
+        line = getattr(node, "lineno", self.body.tree.lineno)
+        if ref.array == self.body.value_param:
+            if is_write:
+                self.value_writes.append(line)
+            return
+        self.accesses.add(Access(ref.array, subs, is_write, line, ast.unparse(node)))
+
+    def read_views(self, val: AbsVal, node: ast.AST, *, write: bool = False) -> None:
+        for ref in val.views:
+            self.record(ref, region(ref), False, node)
+            if write:
+                self.record(ref, region(ref), True, node)
+
+    # -- entry points ----------------------------------------------------------------------------
+    def use(self, node: ast.expr | None) -> AbsVal:
+        if node is None:
+            return NOTHING
+        val = self.eval(node)
+        if val.views:
+            self.read_views(val, node)
+            return AbsVal(val.sub, val.scalar, frozenset(), val.is_key)
+        return val
+
+    def eval(self, node: ast.expr) -> AbsVal:
+        method = getattr(self, "eval_" + type(node).__name__, None)
+        if method is not None:
+            return method(node)  # type: ignore[no-any-return]
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.expr):
+                self.use(child)
+        return NOTHING
+
+    # -- names and constants ---------------------------------------------------------------------
+    def lookup(self, name: str) -> AbsVal:
+        if name in self.env:
+            return self.env[name]
+        value = self.captured.get(name)
+        if isinstance(value, np.ndarray):
+            return AbsVal(views=frozenset({ArrayRef.whole(name, value.ndim)}))
+        if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+            return const(int(value))
+        if isinstance(value, (float, bool, np.number, np.bool_)):
+            return SCALAR
+        return NOTHING
+
+    def eval_Name(self, node: ast.Name) -> AbsVal:
+        return self.lookup(node.id)
+
+    def eval_Constant(self, node: ast.Constant) -> AbsVal:
+        if isinstance(node.value, int) and not isinstance(node.value, bool):
+            return const(node.value)
+        return SCALAR if isinstance(node.value, (float, bool, complex)) else NOTHING
+
+    # -- operators -------------------------------------------------------------------------------
+    def eval_BinOp(self, node: ast.BinOp) -> AbsVal:
+        a, b = self.use(node.left), self.use(node.right)
+        return binop(a, node.op, b)
+
+    def eval_UnaryOp(self, node: ast.UnaryOp) -> AbsVal:
+        v = self.use(node.operand)
+        if isinstance(node.op, ast.USub) and isinstance(v.sub, ConstSub):
+            return const(-v.sub.value)
+        if isinstance(node.op, ast.UAdd):
+            return v
+        return AbsVal(scalar=v.scalar)
+
+    def eval_Compare(self, node: ast.Compare) -> AbsVal:
+        for child in [node.left, *node.comparators]:
+            self.use(child)
+        return SCALAR
+
+    def eval_BoolOp(self, node: ast.BoolOp) -> AbsVal:
+        vals = [self.eval(v) for v in node.values]
+        out = vals[0]
+        for v in vals[1:]:
+            out = join(out, v)  # `a or b` evaluates to a or to b
+        return out
+
+    def eval_IfExp(self, node: ast.IfExp) -> AbsVal:
+        self.use(node.test)
+        return join(self.eval(node.body), self.eval(node.orelse))
+
+    def eval_NamedExpr(self, node: ast.NamedExpr) -> AbsVal:
+        val = self.eval(node.value)
+        self.env[node.target.id] = val
+        return val
+
+    def eval_Tuple(self, node: ast.Tuple | ast.List | ast.Set) -> AbsVal:
+        refs: set[ArrayRef] = set()
+        for elt in node.elts:
+            refs |= self.eval(elt).views
+        return views_of(refs, opaque=True)  # t = (w, h); t[0][r] += 1 still writes W
+
+    eval_List = eval_Set = eval_Tuple
+
+    def eval_Starred(self, node: ast.Starred) -> AbsVal:
+        return self.eval(node.value)
+
+    # -- subscripts and attributes ---------------------------------------------------------------
+    def index_items(self, node: ast.expr) -> list[IndexItem]:
+        elts = node.elts if isinstance(node, ast.Tuple) else [node]
+        items = []
+        for e in elts:
+            if isinstance(e, ast.Slice):
+                lo, hi = self.use(e.lower) if e.lower else None, self.use(e.upper) if e.upper else None
+                self.use(e.step)
+                items.append(IndexItem("slice", slice_sub=slice_sub(lo, hi, e.step is not None)))
+            elif isinstance(e, ast.Starred) or (isinstance(e, ast.Constant) and e.value in (None, Ellipsis)):
+                self.use(e)
+                items.append(IndexItem("weird"))
+            else:
+                items.append(IndexItem("index", value=self.use(e)))
+        return items
+
+    def eval_Subscript(self, node: ast.Subscript) -> AbsVal:
+        base = self.eval(node.value)
+        items = self.index_items(node.slice)
+        if base.is_key:
+            return self.key_item(items)
+        if not base.views:
+            return NOTHING
+        views = set()
+        for ref in base.views:
+            r = index_view(ref, items)
+            if r.free or r.opaque:
+                views.add(r)
+            if not r.free or r.opaque:
+                self.record(r, region(r), False, node)  # one element (or maybe one) read here
+        return AbsVal(views=frozenset(views)) if views else SCALAR
+
+    def key_item(self, items: list[IndexItem]) -> AbsVal:
+        if len(items) == 1 and items[0].kind == "index" and isinstance(items[0].value.sub, ConstSub):
+            j = items[0].value.sub.value
+            j = j + self.key_ndim if j < 0 else j
+            if 0 <= j < self.key_ndim:
+                return AbsVal(KeySub(j), scalar=True)
+        return AbsVal(scalar=len(items) == 1 and items[0].kind == "index")
+
+    def eval_Attribute(self, node: ast.Attribute) -> AbsVal:
+        base = self.eval(node.value)
+        if base.views:
+            if node.attr in NO_READ_ATTRS:
+                return SCALAR if node.attr in {"size", "ndim", "itemsize", "nbytes"} else NOTHING
+            if node.attr in VIEW_ATTRS:
+                return views_of(base.views, opaque=True)
+            self.read_views(base, node)
+            return NOTHING
+        obj = self.resolve_object(node)
+        return SCALAR if isinstance(obj, (int, float, np.number)) else NOTHING
+
+    # -- calls -----------------------------------------------------------------------------------
+    def resolve_object(self, node: ast.expr) -> Any:
+        """The Python object an expression like ``np.random.rand`` names, or None if it is local."""
+        if isinstance(node, ast.Name):
+            if node.id in self.env:
+                return None
+            value = resolve(self.body.fn, node.id)
+            return None if is_missing(value) else value
+        if isinstance(node, ast.Attribute):
+            base = self.resolve_object(node.value)
+            return None if base is None else getattr(base, node.attr, None)
+        return None
+
+    def eval_Call(self, node: ast.Call) -> AbsVal:
+        func = node.func
+        if isinstance(func, ast.Attribute):
+            base = self.eval(func.value)
+            if base.views:
+                return self.method_call(node, func.attr, base)
+        elif not isinstance(func, ast.Name):
+            self.use(func)
+        obj = self.resolve_object(func)
+        args = [*node.args, *(kw.value for kw in node.keywords)]
+        if obj is len:
+            for a in args:
+                self.eval(a)  # len() reads a shape, not elements
+            return SCALAR
+        if obj is builtins.int:
+            v = self.use(node.args[0]) if node.args else NOTHING
+            return AbsVal(v.sub, scalar=True)
+        return self.generic_call(node, obj, args)
+
+    def generic_call(self, node: ast.Call, obj: Any, args: list[ast.expr]) -> AbsVal:
+        kind = call_kind(obj)
+        vals = [self.eval(a) for a in args]
+        outs = [kw.value for kw in node.keywords if kw.arg == "out"]
+        if isinstance(obj, np.ufunc):
+            outs += node.args[obj.nin:]
+        for o in outs:
+            self.read_views(self.eval(o), node, write=True)
+        refs: set[ArrayRef] = set()
+        for v in vals:
+            refs |= v.views
+            if kind == "pure":
+                self.read_views(v, node)
+            elif kind == "unknown":
+                self.read_views(v, node, write=True)
+        if kind == "pure":
+            return AbsVal(scalar=all(v.scalar for v in vals) and obj is not range)
+        return views_of(refs, opaque=True) if refs else NOTHING
+
+    def method_call(self, node: ast.Call, name: str, base: AbsVal) -> AbsVal:
+        for a in [*node.args, *(kw.value for kw in node.keywords)]:
+            self.use(a)
+        if name in READONLY_METHODS:
+            self.read_views(base, node)
+            return SCALAR if name in _SCALAR_METHODS else NOTHING
+        if name in VIEW_METHODS:
+            return views_of(base.views, opaque=True)
+        self.read_views(base, node, write=True)  # fill, sort, put, ...: may write the view
+        return views_of(base.views, opaque=True)
+
+    # -- closures and comprehensions -------------------------------------------------------------
+    def closure_use(self, node: ast.AST) -> None:
+        """An inner def or lambda may do anything to the arrays it mentions."""
+        for n in ast.walk(node):
+            if isinstance(n, ast.Name):
+                self.read_views(views_of(self.lookup(n.id).views, opaque=True), n, write=True)
+
+    def eval_Lambda(self, node: ast.Lambda) -> AbsVal:
+        self.closure_use(node)
+        return NOTHING
+
+
+def binop(a: AbsVal, op: ast.operator, b: AbsVal) -> AbsVal:
+    """Classify ``a <op> b`` for index arithmetic (``key[j] + 1``, constant folding)."""
+    scalar = a.scalar and b.scalar
+    if isinstance(op, (ast.Add, ast.Sub)):
+        return AbsVal(add_sub(a.sub, b.sub, 1 if isinstance(op, ast.Add) else -1), scalar)
+    if isinstance(a.sub, ConstSub) and isinstance(b.sub, ConstSub):
+        x, y = a.sub.value, b.sub.value
+        folded = {ast.Mult: lambda: x * y, ast.FloorDiv: lambda: x // y if y else None,
+                  ast.Mod: lambda: x % y if y else None}.get(type(op), lambda: None)()
+        if folded is not None:
+            return const(folded)
+    return AbsVal(UNKNOWN, scalar)

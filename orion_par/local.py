@@ -1,0 +1,119 @@
+"""The embedded executor: one thread per worker, each running the compiled block on shared arrays.
+
+numba's ``nogil=True`` releases the GIL inside the block, so the threads really run in parallel.  A task
+waits until the previous use of its token has finished (see ``schedule``); relaxed arrays (Buffers,
+data-parallel arrays) get one private copy per worker and are merged at a barrier every few steps.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from orion_par.codegen import CompiledBody
+from orion_par.relaxed import merge_into, sync_every
+from orion_par.schedule import Schedule, Task
+
+
+@dataclass
+class BlockData:
+    """The dataset permuted into block order, and the body's parameters by name."""
+
+    keys: np.ndarray
+    values: np.ndarray
+    params: dict[str, Any]
+
+
+@dataclass
+class _State:
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    done: dict[int, int] = field(default_factory=dict)
+    error: BaseException | None = None
+
+
+def run_local(compiled: CompiledBody, data: BlockData, schedule: Schedule, epochs: int,
+              relaxed: Mapping[str, int], seed: int | None) -> list[float]:
+    """Run ``epochs`` epochs of ``schedule``; returns each worker's busy seconds."""
+    workers = schedule.num_workers
+    private = _private_copies(data.params, relaxed, workers)
+    base = {n: np.array(data.params[n], copy=True) for n in private}
+    every = sync_every(relaxed) if private else None
+    need_barrier = every is not None or (schedule.epoch_barrier and workers > 1)
+
+    def merge() -> None:
+        for name, copies in private.items():
+            merge_into(data.params[name], base[name], copies)
+            for c in copies:
+                c[...] = data.params[name]
+
+    barrier = threading.Barrier(workers, action=merge) if need_barrier else None
+    state = _State()
+    busy = [0.0] * workers
+    threads = [
+        threading.Thread(target=_worker, name=f"orion_par-worker-{w}",
+                         args=(w, compiled, data, schedule, epochs, private, every, barrier, state, busy, seed))
+        for w in range(workers)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if state.error is not None:
+        raise state.error
+    if private:
+        merge()
+    return busy
+
+
+def _private_copies(params: Mapping[str, Any], relaxed: Mapping[str, int], workers: int) -> dict[str, list[np.ndarray]]:
+    if workers == 1:
+        return {}  # one worker: updating the shared array directly is exact
+    return {n: [np.array(params[n], copy=True) for _ in range(workers)] for n in relaxed if n in params}
+
+
+def _worker(w: int, compiled: CompiledBody, data: BlockData, schedule: Schedule, epochs: int,
+            private: Mapping[str, list[np.ndarray]], every: int | None, barrier: threading.Barrier | None,
+            state: _State, busy: list[float], seed: int | None) -> None:
+    try:
+        if seed is not None:
+            compiled.seed(seed + w)
+        params = tuple(private[n][w] if n in private else data.params[n] for n in compiled.param_names)
+        mine = schedule.by_worker[w]
+        for epoch in range(epochs):
+            for step in range(schedule.num_steps):
+                task = mine.get(step)
+                if task is not None:
+                    _wait_turn(task, epoch, schedule, state)
+                    t0 = time.perf_counter()
+                    start, stop = int(schedule.block_start[task.block]), int(schedule.block_stop[task.block])
+                    compiled.block(data.keys, data.values, start, stop, *params)
+                    busy[w] += time.perf_counter() - t0
+                    with state.cond:
+                        state.done[task.token] = state.done.get(task.token, 0) + 1
+                        state.cond.notify_all()
+                if barrier is not None and every is not None and (epoch * schedule.num_steps + step + 1) % every == 0:
+                    barrier.wait()
+            if barrier is not None and schedule.epoch_barrier:
+                barrier.wait()
+    except threading.BrokenBarrierError:
+        return  # another worker failed; its error is reported
+    except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+        with state.cond:
+            state.error = state.error or e
+            state.cond.notify_all()
+        if barrier is not None:
+            barrier.abort()
+
+
+def _wait_turn(task: Task, epoch: int, schedule: Schedule, state: _State) -> None:
+    index, per_epoch = schedule.token_use[task]
+    expected = epoch * per_epoch + index
+    with state.cond:
+        state.cond.wait_for(lambda: state.error is not None or state.done.get(task.token, 0) >= expected)
+        if state.error is not None:
+            raise threading.BrokenBarrierError  # stop quietly; the first error is re-raised by run_local

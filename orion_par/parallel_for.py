@@ -1,0 +1,262 @@
+"""``parallel_for``: the decorator that turns a serial loop body into a parallel, compiled loop."""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numba
+import numpy as np
+
+from orion_par.body import is_missing, is_scalar_constant, load_body, resolve
+from orion_par.codegen import CompiledBody, compile_body, generate_source, injected_globals
+from orion_par.distarray import Buffer, DistArray
+from orion_par.errors import BadBodyError, DataOrderError
+from orion_par.local import BlockData, run_local
+from orion_par.plan import Plan, make_plan
+from orion_par.schedule import Schedule, make_schedule
+from orion_par.scheme import ParallelScheme
+
+BACKENDS = ("local", "ray")
+
+
+@dataclass(frozen=True)
+class RunStats:
+    """What one ``run`` did: records processed, wall time, each worker's compute time."""
+
+    backend: str
+    scheme: str
+    workers: int
+    epochs: int
+    records: int
+    elapsed_s: float
+    busy_s: tuple[float, ...]
+    compiled: bool
+
+    @property
+    def records_per_s(self) -> float:
+        return self.records / self.elapsed_s if self.elapsed_s > 0 else float("inf")
+
+    @property
+    def records_per_s_per_worker(self) -> float:
+        return self.records_per_s / self.workers
+
+
+def parallel_for(data: DistArray, *, ordered: bool = False, allow_data_parallel: bool = False
+                 ) -> Callable[[Callable[[Any, Any], Any]], ParallelFor]:
+    """Decorate a serial loop body ``def body(key, value)`` over the records of ``data``.
+
+    The body reads and writes arrays (DistArrays, Buffers) reached through its globals or closure.  The
+    result is a ``ParallelFor``: ``.plan`` says how it will run and why, ``.run(workers, epochs)`` runs it.
+
+    Parameters
+    ----------
+    data : DistArray
+        A keyed dataset from ``DistArray.from_coo``.
+    ordered : bool
+        The result must equal the serial loop in data order (which, for a wavefront plan, must be
+        sorted by key).  Unordered loops may run in any serial order.
+    allow_data_parallel : bool
+        Arrays that block every scheme go to the parameter server (merged additively every step)
+        instead of raising ``NotParallelizableError``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from orion_par import DistArray, parallel_for
+    >>> counts = DistArray(np.zeros(3))
+    >>> data = DistArray.from_coo([0, 2, 2], [1.0, 2.0, 3.0])
+    >>> @parallel_for(data)
+    ... def add(key, value):
+    ...     counts[key[0]] += value
+    >>> add.plan.scheme == "1d"                      # doctest: +SKIP
+    True
+    """
+    if not isinstance(data, DistArray) or data.keys is None:
+        raise BadBodyError(
+            f"parallel_for(data): data must be a keyed dataset from DistArray.from_coo(keys, values); "
+            f"got {type(data).__name__}{'' if not isinstance(data, DistArray) else ' without keys'}."
+        )
+
+    def wrap(fn: Callable[[Any, Any], Any]) -> ParallelFor:
+        return ParallelFor(fn, data, ordered=ordered, allow_data_parallel=allow_data_parallel)
+
+    return wrap
+
+
+class ParallelFor:
+    """A loop body bound to its dataset; call it like the body, or ``run`` the whole loop."""
+
+    def __init__(self, fn: Callable[[Any, Any], Any], data: DistArray, *, ordered: bool,
+                 allow_data_parallel: bool) -> None:
+        self.fn = fn
+        self.data = data
+        self.ordered = ordered
+        self.allow_data_parallel = allow_data_parallel
+        self.body = load_body(fn)
+        self._plan: tuple[tuple[Any, ...], Plan] | None = None
+        self._schedules: dict[tuple[int, int | None], tuple[Schedule, BlockData]] = {}
+        self._compiled: dict[tuple[Any, ...], CompiledBody] = {}
+        self._ray_pool: dict[str, Any] = {}
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, key: Any, value: Any) -> Any:
+        return self.fn(key, value)
+
+    def close(self) -> None:
+        """End Ray actors kept for reuse between runs (nothing to do for the local backend)."""
+        if self._ray_pool:
+            from orion_par.ray_backend import close_pool
+
+            close_pool(self._ray_pool)
+
+    # -- plan --------------------------------------------------------------------------------------
+    def captured(self) -> dict[str, Any]:
+        """Current values of the body's free names (re-read at every run)."""
+        out = {}
+        for name in self.body.captured:
+            value = resolve(self.fn, name)
+            if not is_missing(value):
+                out[name] = value
+        return out
+
+    @property
+    def plan(self) -> Plan:
+        """The parallel plan for the current arrays; ``print(f.plan)`` explains it."""
+        return self._current_plan(self.captured())
+
+    def _current_plan(self, captured: dict[str, Any]) -> Plan:
+        fingerprint = tuple(sorted((n, _fingerprint(v)) for n, v in captured.items()))
+        if self._plan is None or self._plan[0] != fingerprint:
+            plan = make_plan(self.body, captured, self.data.keys, np.ndim(self.data), ordered=self.ordered,
+                             allow_data_parallel=self.allow_data_parallel)  # type: ignore[arg-type]
+            self._plan = (fingerprint, plan)
+            self._schedules.clear()
+        return self._plan[1]
+
+    def schedule(self, workers: int, time_partitions: int | None = None) -> Schedule:
+        """The executor's schedule for ``workers`` (its ``serial_order()`` is the equivalent serial run)."""
+        return self._prepared(self.plan, workers, time_partitions)[0]
+
+    def _prepared(self, plan: Plan, workers: int, time_partitions: int | None) -> tuple[Schedule, BlockData]:
+        key = (workers, time_partitions)
+        if key not in self._schedules:
+            keys = self.data.keys
+            if plan.scheme is ParallelScheme.TWO_D_ORDERED:
+                _check_sorted(keys)  # type: ignore[arg-type]
+            sched = make_schedule(plan, keys, workers, time_partitions)  # type: ignore[arg-type]
+            values = np.ascontiguousarray(np.asarray(self.data)[sched.perm])
+            self._schedules[key] = (sched, BlockData(np.ascontiguousarray(keys[sched.perm]), values, {}))  # type: ignore[index]
+        return self._schedules[key]
+
+    # -- compile -----------------------------------------------------------------------------------
+    def _params(self, captured: dict[str, Any]) -> dict[str, Any]:
+        params = {}
+        for name, value in captured.items():
+            if isinstance(value, np.ndarray):
+                params[name] = np.asarray(value)  # numba takes plain ndarrays, not subclasses
+            elif is_scalar_constant(value):
+                params[name] = value
+        return params
+
+    def compiled_body(self, keys: np.ndarray, values: np.ndarray, params: dict[str, Any]) -> CompiledBody:
+        """The numba-compiled block function for these argument types (or the Python fallback)."""
+        names = tuple(sorted(params))
+        args = (keys, values, 0, 0, *(params[n] for n in names))
+        sig = tuple(numba.typeof(a) for a in args)
+        if sig not in self._compiled:
+            source = generate_source(self.body, names, keys.shape[1])
+            injected = injected_globals(self.body, self.captured(), names)
+            self._compiled[sig] = compile_body(self.body.name, source, names, injected, args, self.body.line_text)
+        return self._compiled[sig]
+
+    # -- run ---------------------------------------------------------------------------------------
+    def run(self, workers: int = 1, epochs: int = 1, backend: str = "local", *,
+            time_partitions: int | None = None, seed: int | None = None) -> RunStats:
+        """Run the loop ``epochs`` times over the data with ``workers`` workers.
+
+        Parameters
+        ----------
+        workers : int
+            Threads (``"local"``) or Ray actors (``"ray"``).
+        epochs : int
+        backend : {"local", "ray"}
+            ``"ray"`` starts a local Ray if none is running (and shuts it down afterwards).
+        time_partitions : int, optional
+            Time partitions (2D) or sub-blocks per worker; default ``2 * workers``.
+        seed : int, optional
+            Seeds each worker's ``np.random`` stream (``seed + worker``) for reproducible runs.
+
+        Returns
+        -------
+        RunStats
+        """
+        if backend not in BACKENDS:
+            raise BadBodyError(f"run(backend={backend!r}): choose one of {BACKENDS}.")
+        if not isinstance(epochs, int) or epochs < 0:
+            raise BadBodyError(f"run(epochs={epochs!r}): epochs must be an int >= 0.")
+        captured = self.captured()
+        plan = self._current_plan(captured)
+        sched, data = self._prepared(plan, workers, time_partitions)
+        data.params = self._params(captured)
+        compiled = self.compiled_body(data.keys, data.values, data.params)
+        t0 = time.perf_counter()
+        if backend == "local":
+            busy = run_local(compiled, data, sched, epochs, plan.relaxed, seed)
+        else:
+            from orion_par.ray_backend import run_ray
+
+            busy = run_ray(compiled, data, sched, epochs, plan, seed, self._ray_pool)
+        elapsed = time.perf_counter() - t0
+        return RunStats(backend, str(plan.scheme), workers, epochs, int(sched.perm.size) * epochs, elapsed,
+                        tuple(busy), compiled.compiled)
+
+    def run_serial(self, order: np.ndarray | None = None, epochs: int = 1, *, seed: int | None = None) -> RunStats:
+        """Run the compiled body serially in this thread, over ``order`` (default: data order).
+
+        With ``order=f.schedule(w).serial_order()`` this is the serial run that ``run(workers=w)`` equals.
+        """
+        captured = self.captured()
+        idx = np.arange(self.data.num_records) if order is None else np.asarray(order, dtype=np.int64)
+        keys = np.ascontiguousarray(self.data.keys[idx])  # type: ignore[index]
+        values = np.ascontiguousarray(np.asarray(self.data)[idx])
+        params = self._params(captured)
+        compiled = self.compiled_body(keys, values, params)
+        if seed is not None:
+            compiled.seed(seed)
+        args = tuple(params[n] for n in compiled.param_names)
+        t0 = time.perf_counter()
+        for _ in range(epochs):
+            compiled.block(keys, values, 0, keys.shape[0], *args)
+        elapsed = time.perf_counter() - t0
+        return RunStats("serial", "serial", 1, epochs, int(idx.size) * epochs, elapsed, (elapsed,), compiled.compiled)
+
+
+def _fingerprint(value: Any) -> Any:
+    # What the plan depends on: array ranks and buffer delays, and integer constants (they fold into
+    # subscripts such as key[0] + OFFSET).
+    if isinstance(value, np.ndarray):
+        return ("array", value.ndim, isinstance(value, Buffer), getattr(value, "max_delay", None))
+    if isinstance(value, (int, np.integer)):
+        return ("int", int(value))
+    return (type(value).__name__,)
+
+
+def _check_sorted(keys: np.ndarray) -> None:
+    if keys.shape[0] < 2:
+        return
+    diff = np.diff(keys, axis=0)
+    nonzero = diff != 0
+    first = np.argmax(nonzero, axis=1)
+    lead = diff[np.arange(diff.shape[0]), first]
+    bad = np.flatnonzero(lead < 0)
+    if bad.size:
+        r = int(bad[0])
+        raise DataOrderError(
+            f"ordered=True with a wavefront plan runs records in key order, but record {r + 1} has key "
+            f"{tuple(keys[r + 1].tolist())} after {tuple(keys[r].tolist())}. Sort the data first: "
+            "order = np.lexsort(keys.T[::-1]); DistArray.from_coo(keys[order], values[order])."
+        )

@@ -1,0 +1,70 @@
+"""Which callables and array methods leave their array arguments alone.
+
+The analyzer assumes the worst of a call it does not know: it may write every array passed to it and
+return a view of it.  These tables name the common ones that only read (their result is a new value)
+and the ones whose result is a view of their argument.
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+import types
+from typing import Any
+
+import numpy as np
+
+_PURE_BUILTINS = {
+    "abs", "min", "max", "len", "int", "float", "bool", "complex", "round", "range", "sum", "pow", "divmod",
+    "enumerate", "zip", "isinstance", "print", "hash", "reversed", "sorted", "any", "all", "tuple", "list",
+}
+_PURE_NUMPY = {
+    "dot", "vdot", "inner", "outer", "matmul", "sum", "mean", "prod", "cumsum", "cumprod", "max", "min", "amax",
+    "amin", "argmax", "argmin", "argsort", "sort", "std", "var", "median", "zeros", "ones", "empty", "full",
+    "zeros_like", "ones_like", "empty_like", "full_like", "copy", "array", "arange", "linspace", "where",
+    "searchsorted", "clip", "isnan", "isfinite", "isinf", "all", "any", "nonzero", "count_nonzero", "concatenate",
+    "stack", "hstack", "vstack", "interp", "sign", "log1p", "expm1", "allclose", "array_equal", "unique",
+    "bincount", "histogram", "digitize", "trace", "einsum", "float64", "float32", "int64", "int32", "int8",
+    "uint8", "int16", "uint16", "uint32", "uint64", "bool_", "nan_to_num",
+}
+_VIEW_NUMPY = {
+    "asarray", "ascontiguousarray", "asfortranarray", "ravel", "reshape", "transpose", "squeeze", "atleast_1d",
+    "atleast_2d", "atleast_3d", "expand_dims", "swapaxes", "moveaxis", "diagonal", "broadcast_to", "real", "imag",
+}
+READONLY_METHODS = {
+    "sum", "mean", "max", "min", "argmax", "argmin", "copy", "dot", "any", "all", "prod", "std", "var", "astype",
+    "tolist", "item", "cumsum", "cumprod", "nonzero", "searchsorted", "argsort", "tobytes", "conj", "round",
+    "clip", "flatten", "trace",
+}
+VIEW_METHODS = {"reshape", "ravel", "view", "transpose", "squeeze", "swapaxes", "diagonal"}
+NO_READ_ATTRS = {"shape", "size", "ndim", "dtype", "itemsize", "nbytes", "strides"}
+VIEW_ATTRS = {"T", "real", "imag", "flat"}
+
+
+def call_kind(fn: Any) -> str:
+    """``"pure"`` (reads its args, returns a new value), ``"view"`` (returns a view of its argument) or
+    ``"unknown"`` (may write its arguments).
+
+    Examples
+    --------
+    >>> call_kind(np.dot), call_kind(np.asarray), call_kind(np.random.shuffle), call_kind(math.exp)
+    ('pure', 'view', 'unknown', 'pure')
+    """
+    if fn is None:
+        return "unknown"
+    if isinstance(fn, np.ufunc):
+        return "pure"  # a ufunc writes only through out=, which the analyzer checks separately
+    module = getattr(fn, "__module__", None) or ""
+    name = getattr(fn, "__name__", "")
+    if fn is getattr(builtins, name, None):
+        return "pure" if name in _PURE_BUILTINS else "unknown"
+    if isinstance(fn, types.BuiltinFunctionType) and module == "math" or fn is getattr(math, name, None):
+        return "pure"
+    if module.startswith("numpy.random") or fn is getattr(np.random, name, None):
+        return "unknown" if name in {"shuffle", "permuted"} else "pure"
+    if module.startswith("numpy") or fn is getattr(np, name, None):
+        if name in _VIEW_NUMPY:
+            return "view"
+        if name in _PURE_NUMPY:
+            return "pure"
+    return "unknown"

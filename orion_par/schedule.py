@@ -1,0 +1,142 @@
+"""The executor's static schedule: which block each worker runs at each step, and in what order.
+
+Records are grouped into blocks (space part x time part); a ``Task`` is one worker running one block at
+one step.  Every task holds a *token* (its time partition in 2D, its own sub-block otherwise); the uses
+of a token are ordered by step and a task waits for the previous use to finish.  That one rule gives the
+DSGD rotation (2D), independent workers (1D, none) and the wavefront (ordered 2D), and makes the run
+equal to the serial run of the tasks in ``(epoch, step, worker)`` order: ``serial_order``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from orion_par.partition import Partitioning, partition_by_key, partition_by_position, partition_by_whole_key
+from orion_par.plan import Plan
+from orion_par.scheme import ParallelScheme
+
+
+@dataclass(frozen=True)
+class Task:
+    """Worker ``worker`` runs block ``block`` at ``step``, holding token ``token``."""
+
+    worker: int
+    step: int
+    block: int
+    token: int
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One epoch's tasks, sorted by ``(step, worker)``; the same tasks repeat every epoch.
+
+    Attributes
+    ----------
+    perm : ndarray
+        Record indices grouped by block, data order inside each block.
+    block_start, block_stop : ndarray
+        Block ``b`` is ``perm[block_start[b]:block_stop[b]]``.
+    epoch_barrier : bool
+        Whether epoch ``e + 1`` may only start once epoch ``e`` is finished (wavefronts).
+    """
+
+    scheme: ParallelScheme
+    num_workers: int
+    num_steps: int
+    perm: np.ndarray
+    block_start: np.ndarray
+    block_stop: np.ndarray
+    tasks: tuple[Task, ...]
+    epoch_barrier: bool
+
+    @cached_property
+    def by_worker(self) -> tuple[dict[int, Task], ...]:
+        out: list[dict[int, Task]] = [{} for _ in range(self.num_workers)]
+        for t in self.tasks:
+            out[t.worker][t.step] = t
+        return tuple(out)
+
+    @cached_property
+    def token_use(self) -> dict[Task, tuple[int, int]]:
+        """For each task: (index of this use of its token within an epoch, uses of the token per epoch)."""
+        uses: dict[int, list[Task]] = {}
+        for t in self.tasks:  # tasks are sorted by step, so uses come in step order
+            uses.setdefault(t.token, []).append(t)
+        return {t: (i, len(us)) for us in uses.values() for i, t in enumerate(us)}
+
+    def block_records(self, block: int) -> np.ndarray:
+        return self.perm[self.block_start[block]:self.block_stop[block]]
+
+    def serial_order(self, epochs: int = 1) -> np.ndarray:
+        """Record indices in the order of a serial run equivalent to the parallel one."""
+        one = np.concatenate([self.block_records(t.block) for t in self.tasks] or [np.zeros(0, np.int64)])
+        return np.tile(one, epochs)
+
+    def worker_sizes(self) -> np.ndarray:
+        """Records each worker processes per epoch."""
+        sizes = np.zeros(self.num_workers, np.int64)
+        for t in self.tasks:
+            sizes[t.worker] += self.block_stop[t.block] - self.block_start[t.block]
+        return sizes
+
+
+def make_schedule(plan: Plan, keys: np.ndarray, num_workers: int, time_parts: int | None = None) -> Schedule:
+    """Partition the records and lay out the tasks for ``plan``.
+
+    Parameters
+    ----------
+    plan : Plan
+    keys : ndarray, shape (n, d)
+    num_workers : int
+    time_parts : int, optional
+        Time partitions (2D) or sub-blocks per worker (other schemes); default ``2 * num_workers``, more
+        than the workers so a slow block delays its neighbours less.
+    """
+    if num_workers < 1:
+        raise ValueError(f"workers must be >= 1; got {num_workers}")
+    t_parts = time_parts or 2 * num_workers
+    if plan.scheme in (ParallelScheme.TWO_D, ParallelScheme.TWO_D_ORDERED) and t_parts < num_workers:
+        raise ValueError(f"time_partitions ({t_parts}) must be >= workers ({num_workers}) for a 2D plan")
+    n = keys.shape[0]
+    if plan.scheme is ParallelScheme.TWO_D_ORDERED:
+        space = partition_by_key(keys, plan.space_dim, num_workers, contiguous=True)  # type: ignore[arg-type]
+        time = partition_by_key(keys, plan.time_dim, t_parts, contiguous=True)  # type: ignore[arg-type]
+        tasks = [Task(i, i + j, i * t_parts + j, j) for i in range(num_workers) for j in range(t_parts)]
+        steps, barrier = num_workers + t_parts - 1, True
+    elif plan.scheme is ParallelScheme.TWO_D:
+        space = partition_by_key(keys, plan.space_dim, num_workers)  # type: ignore[arg-type]
+        time = partition_by_key(keys, plan.time_dim, t_parts)  # type: ignore[arg-type]
+        tasks = [Task(p, k, p * t_parts + (p + k) % t_parts, (p + k) % t_parts)
+                 for p in range(num_workers) for k in range(t_parts)]
+        steps, barrier = t_parts, False
+    else:
+        space = _independent_parts(plan, keys, num_workers)
+        time = _sub_blocks(space, t_parts)
+        tasks = [Task(p, k, p * t_parts + k, p * t_parts + k) for p in range(num_workers) for k in range(t_parts)]
+        steps, barrier = t_parts, False
+    block = space.part * t_parts + time.part
+    perm = np.argsort(block, kind="stable").astype(np.int64)
+    counts = np.bincount(block, minlength=num_workers * t_parts) if n else np.zeros(num_workers * t_parts, np.int64)
+    stop = np.cumsum(counts)
+    tasks.sort(key=lambda t: (t.step, t.worker))
+    return Schedule(plan.scheme, num_workers, steps, perm, stop - counts, stop, tuple(tasks), barrier)
+
+
+def _independent_parts(plan: Plan, keys: np.ndarray, num_workers: int) -> Partitioning:
+    if plan.scheme is ParallelScheme.ONE_D:
+        return partition_by_key(keys, plan.space_dim, num_workers)  # type: ignore[arg-type]
+    if plan.dependences:  # only records with identical keys conflict: keep them together
+        return partition_by_whole_key(keys, num_workers)
+    return partition_by_position(keys.shape[0], num_workers)
+
+
+def _sub_blocks(space: Partitioning, t_parts: int) -> Partitioning:
+    # Split each worker's records, in data order, into t_parts consecutive runs.
+    part = np.zeros(space.part.size, np.int64)
+    for p in range(space.num_parts):
+        idx = np.flatnonzero(space.part == p)
+        part[idx] = partition_by_position(idx.size, t_parts).part
+    return Partitioning(None, t_parts, part)
