@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -56,8 +55,9 @@ def tb() -> Iterator[Testbed]:
 
 
 @pytest.fixture(scope="module")
-def oom_result(tb: Testbed) -> RunResult:
-    # 2x the cap: x and y are 64 MiB each. One OOM per module: BFC waits 10 s for memory before giving up.
+def oom_result(tb: Testbed, users: dict[str, subprocess.Popen[str]]) -> RunResult:
+    # 2x the cap: x and y are 64 MiB each. One OOM per module: BFC waits 10 s for memory before giving up,
+    # an idle wait that the user processes of the cleanup tests (requested here) spend starting TensorFlow.
     return tb.run(reuse_chain(CAP), ["s:0"])
 
 
@@ -210,22 +210,26 @@ def _gone(pid: int) -> bool:
         return True
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("0.0.0.0", port))  # the servers listen on every interface
-        except OSError:
-            return False
-    return True
+def _listening_ports() -> set[int]:
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for row in f.readlines()[1:]:
+                local, state = row.split()[1], row.split()[3]
+                if state == "0A":  # TCP_LISTEN
+                    ports.add(int(local.rsplit(":", 1)[1], 16))
+    return ports
 
 
 def _assert_cleaned_up(info: dict, timeout_s: float = 15.0) -> None:
+    # A killed multi-threaded process shows as a zombie before its last thread has closed its sockets: poll both.
+    def clean() -> bool:
+        return all(_gone(pid) for pid in info["pids"]) and not set(info["ports"]) & _listening_ports()
     deadline = time.monotonic() + timeout_s
-    while not all(_gone(pid) for pid in info["pids"]) and time.monotonic() < deadline:
+    while not clean() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert all(_gone(pid) for pid in info["pids"]), f"testbed servers survived: {info['pids']}"
-    assert all(_port_free(port) for port in info["ports"]), f"ports still bound: {info['ports']}"
+    assert not set(info["ports"]) & _listening_ports(), f"ports still listened on: {info['ports']}"
 
 
 _USER = r"""
@@ -235,37 +239,66 @@ from tfmem.testbed import Testbed
 g = tf.Graph()
 with g.as_default():
     tf.reduce_sum(tf.random.uniform([1 << 20], seed=1) * 2.0, name="s")
-with Testbed("64MiB") as tb:
-    ports = [int(a.rsplit(":", 1)[1]) for addrs in tb.cluster.values() for a in addrs]
-    print(json.dumps({"pids": list(tb.pids.values()), "ports": ports, "workdir": str(tb._workdir)}), flush=True)
+tb = Testbed("64MiB")
+ports = [int(a.rsplit(":", 1)[1]) for addrs in tb.cluster.values() for a in addrs]
+print(json.dumps({"pids": list(tb.pids.values()), "ports": ports, "workdir": str(tb._workdir)}), flush=True)
+if sys.argv[1] == "exit":
+    sys.exit(0)  # never closed: the atexit hook must do it
+sys.stdin.readline()  # idle until the test says go
+with tb:
     while True:
         tb.run(g, ["s:0"], steps=20)
 """
 
 
-def _start_user() -> tuple[subprocess.Popen[str], dict]:
-    # Its own session, so that a group SIGINT reaches it and its servers as a Ctrl-C in a terminal would.
-    proc = subprocess.Popen([sys.executable, "-c", _USER], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            text=True, cwd=REPO, start_new_session=True)
+@pytest.fixture(scope="module")
+def users() -> Iterator[dict[str, subprocess.Popen[str]]]:
+    """Three user processes, started together because TF start-up dominates: two loop, one exits at once."""
+    # Own sessions, so that a group SIGINT reaches a user and its servers as a Ctrl-C in a terminal would.
+    procs = {
+        name: subprocess.Popen([sys.executable, "-c", _USER, mode], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL, text=True, cwd=REPO, start_new_session=True)
+        for name, mode in (("sigkill", "loop"), ("ctrl_c", "loop"), ("exit", "exit"))
+    }
+    yield procs
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def _info(proc: subprocess.Popen[str], go: bool = True) -> dict:
     line = proc.stdout.readline()  # type: ignore[union-attr]
     if not line:
-        proc.kill()
         pytest.fail(f"the user process died before its testbed started (rc={proc.wait()})")
-    time.sleep(1.0)  # midway through its run loop
-    return proc, json.loads(line)
+    if go:
+        proc.stdin.write("go\n")  # type: ignore[union-attr]
+        proc.stdin.flush()  # type: ignore[union-attr]
+        time.sleep(1.0)  # midway through its run loop
+    return json.loads(line)
 
 
-def test_sigkill_of_the_user_process_kills_the_servers() -> None:
-    proc, info = _start_user()
+def test_sigkill_of_the_user_process_kills_the_servers(users: dict[str, subprocess.Popen[str]]) -> None:
+    proc = users["sigkill"]
+    info = _info(proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=10)
     _assert_cleaned_up(info)  # PR_SET_PDEATHSIG / the watchdog; nothing could run in the parent
 
 
-def test_ctrl_c_of_the_user_process_cleans_up() -> None:
-    proc, info = _start_user()
+def test_ctrl_c_of_the_user_process_cleans_up(users: dict[str, subprocess.Popen[str]]) -> None:
+    proc = users["ctrl_c"]
+    info = _info(proc)
     os.killpg(proc.pid, signal.SIGINT)  # the servers ignore it; the user's `with` closes the testbed
     assert proc.wait(timeout=30) != 0
+    _assert_cleaned_up(info)
+    assert not Path(info["workdir"]).exists()
+
+
+def test_exit_without_close_cleans_up(users: dict[str, subprocess.Popen[str]]) -> None:
+    proc = users["exit"]
+    info = _info(proc, go=False)
+    assert proc.wait(timeout=30) == 0
     _assert_cleaned_up(info)
     assert not Path(info["workdir"]).exists()
 
@@ -282,6 +315,13 @@ def test_exception_in_with_block_cleans_up() -> None:
     tb.close()  # idempotent
     with pytest.raises(TestbedError, match="closed"):
         tb.run(reuse_chain(MiB), ["s:0"])
+
+
+def test_a_dead_device_is_restarted(tb: Testbed) -> None:
+    dead = tb.pids["worker"]
+    os.kill(dead, signal.SIGKILL)
+    r = tb.run(reuse_chain(MiB), ["s:0"])
+    assert not r.oom and tb.pids["worker"] != dead
 
 
 def _compute_threads(tb: Testbed) -> int:
