@@ -92,6 +92,19 @@ class BFCAllocator:
             chunk = self._merge(before, chunk)
         self._bin_chunk(chunk)
 
+    def account_preallocated(self, nbytes: int) -> None:
+        """Count ``nbytes`` allocated before this step (variables, constants) as in use, packed exactly.
+
+        They were allocated at initialisation, when the regions were created; what matters for the step is
+        that they are in use and that region growth has already doubled past them.
+        """
+        self.in_use_bytes += nbytes
+        self.peak_bytes = max(self.peak_bytes, self.in_use_bytes)
+        grown = 0
+        while grown < nbytes:
+            grown += self.next_region
+            self.next_region *= 2
+
     def _find(self, size: int) -> _Chunk | None:
         for b in range(_bin(size), NUM_BINS):
             entries = self.bins[b]

@@ -211,9 +211,10 @@ class _Replay:
 
     def _alloc(self, tensor: TensorRef, nbytes: int, domain: str, kind: str) -> _Buffer:
         buf = _Buffer(tensor, rounded_bytes(nbytes), domain, kind, held=tensor in self.eg.fetched)
-        buf.handle = self.allocators[domain].allocate(nbytes)
-        if kind == "persistent":
+        if kind == "persistent":  # allocated at initialisation; packed exactly (see _allocate_persistent_and_fed)
             self.persistent[domain] += buf.nbytes
+            return buf
+        buf.handle = self.allocators[domain].allocate(nbytes)
         return buf
 
     def _free(self, buf: _Buffer) -> None:
@@ -247,6 +248,8 @@ class _Replay:
                 elif node.op in RESOURCE_VARIABLE_OPS:
                     self.var_storage[n] = self._alloc(TensorRef(n, 0), _variable_bytes(node), self.domain[u],
                                                       "persistent")
+        for domain, nbytes in self.persistent.items():
+            self.allocators[domain].account_preallocated(nbytes)
         for ref in self.eg.fed:
             consumers = self.eg.consumers(ref)
             domain = self.domain[consumers[0]] if consumers else "device"
@@ -345,7 +348,7 @@ class _Replay:
             for n in (self.graph[x] for x in self.eg.needed) if n.op in FUNCTIONAL_OPS
         )
         return MemoryProfile(
-            peak_bytes=max(self.peak["device"], self.allocators["device"].peak_bytes), peak_unit=unit, peak_time_s=time_s,
+            peak_bytes=self.peak["device"], peak_unit=unit, peak_time_s=time_s,
             live_at_peak=tuple(tensors), persistent_bytes=self.persistent["device"],
             host_peak_bytes=self.peak["host"], host_persistent_bytes=self.persistent["host"],
             timeline=tuple(self.timeline), schedule=sched, notes=notes,

@@ -99,6 +99,12 @@ def annotate(gd: graph_pb2.GraphDef, feed_shapes: FeedShapes | None = None) -> G
     base = GraphIR.from_graph_def(gd)
     feeds = {TensorRef.parse(k): tuple(int(d) for d in v) for k, v in (feed_shapes or {}).items()}
     graph = _import_with_feeds(base, gd, feeds)
+    for ref, shape in feeds.items():
+        declared = graph.get_operation_by_name(ref.node).outputs[ref.index].shape
+        if not declared.is_compatible_with(tf.TensorShape(shape)):
+            raise BadInputError(
+                f"feed_shapes gives {ref} the shape {shape}, which does not fit its declared shape {declared}"
+            )
     nodes = []
     for node in base.nodes:
         op = graph.get_operation_by_name(node.name)
