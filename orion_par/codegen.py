@@ -169,8 +169,9 @@ def _reason(message: str, line_text: Callable[[int], str] | None) -> str:
     skip = ("Failed in", "During:", "File ", "^", "This error", "For more", "Please", "<source")
     what = next((ln for ln in lines if ln and not ln.startswith(skip)), lines[0] if lines else "unknown error")
     locs = [int(m.group(1)) for m in re.finditer(r'File "[^"]*orion_body_[0-9a-f]+\.py", line (\d+)', text)]
-    if locs:
-        line = locs[-1]
-        src = line_text(line) if line_text else ""
+    # The body's own lines have text; the generated block function's lines (past the body) have none.
+    located = [(ln, line_text(ln)) for ln in locs if line_text and line_text(ln)]
+    if located:
+        line, src = located[0]
         return f"line {line} `{src}` stopped it ({what[:200]})"
     return what[:300]

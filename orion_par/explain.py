@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from orion_par.body import BodySource
-from orion_par.dependence import DepVec, Interval
+from orion_par.dependence import DepVec, Interval, lex_positive_boxes
 from orion_par.scheme import ParallelScheme, why
 
 
@@ -32,18 +32,26 @@ def _fmt(iv: Interval) -> str:
     return f"{'-inf' if lo is None else lo}..{'inf' if hi is None else hi}"
 
 
-def summarize(deps: Iterable[DepVec]) -> dict[str, tuple[str, list[int]]]:
-    """Per array: the hull of its dependence distances, e.g. ``"(0, *)"``, and the lines involved."""
+def summarize(deps: Iterable[DepVec], ordered: bool = False) -> dict[str, tuple[str, list[int]]]:
+    """Per array: its dependence distances, e.g. ``"(0, *)"``, and the lines involved.
+
+    Unordered loops show the hull of the distances; ordered loops list the forward (lexicographically
+    positive) distances, which are what a wavefront has to respect.
+    """
     by: dict[str, list[DepVec]] = {}
     for d in deps:
         if not d.same_key_only():
             by.setdefault(d.array, []).append(d)
     out = {}
     for name, ds in sorted(by.items()):
-        dims = len(ds[0].distance)
-        hull = tuple(_hull(d.distance[j] for d in ds) for j in range(dims))
         lines = sorted({d.source.line for d in ds} | {d.sink.line for d in ds})
-        out[name] = ("(" + ", ".join(_fmt(iv) for iv in hull) + ")", lines)
+        if ordered:
+            boxes = sorted({b for d in ds for b in lex_positive_boxes(d.distance)}, key=repr)
+            text = " ".join("(" + ", ".join(_fmt(iv) for iv in b) + ")" for b in boxes)
+        else:
+            dims = len(ds[0].distance)
+            text = "(" + ", ".join(_fmt(_hull(d.distance[j] for d in ds)) for j in range(dims)) + ")"
+        out[name] = (text, lines)
     return out
 
 
@@ -57,8 +65,9 @@ def explain_plan(body: BodySource, p: Mapping[str, Any], distinct: Sequence[int]
     for a in p["accesses"]:
         lines.append(f"    line {a.line:<4} {'write' if a.is_write else 'read ':5}  {a.text:<22} -> "
                      f"{a.array}[{', '.join(s.describe(names) for s in a.subs)}]")
-    summary = summarize(p["dependences"])
-    lines.append("  dependences (key distance between conflicting iterations, * = any):")
+    summary = summarize(p["dependences"], ordered=p["ordered"])
+    kind = "forward key distances" if p["ordered"] else "key distance between conflicting iterations"
+    lines.append(f"  dependences ({kind}, * = any):")
     for name, (dist, ls) in summary.items():
         lines.append(f"    {name}: {dist}   lines {', '.join(map(str, ls))}")
     if not summary:

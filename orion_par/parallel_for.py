@@ -11,10 +11,12 @@ from typing import Any
 import numba
 import numpy as np
 
+from orion_par.analyzer import analyze_body
 from orion_par.body import is_missing, is_scalar_constant, load_body, resolve
+from orion_par.checks import check_bounds, check_sorted
 from orion_par.codegen import CompiledBody, compile_body, generate_source, injected_globals
 from orion_par.distarray import Buffer, DistArray
-from orion_par.errors import BadBodyError, DataOrderError
+from orion_par.errors import BadBodyError
 from orion_par.local import BlockData, run_local
 from orion_par.plan import Plan, make_plan
 from orion_par.schedule import Schedule, make_schedule
@@ -146,7 +148,7 @@ class ParallelFor:
         if key not in self._schedules:
             keys = self.data.keys
             if plan.scheme is ParallelScheme.TWO_D_ORDERED:
-                _check_sorted(keys)  # type: ignore[arg-type]
+                check_sorted(keys)  # type: ignore[arg-type]
             sched = make_schedule(plan, keys, workers, time_partitions)  # type: ignore[arg-type]
             values = np.ascontiguousarray(np.asarray(self.data)[sched.perm])
             self._schedules[key] = (sched, BlockData(np.ascontiguousarray(keys[sched.perm]), values, {}))  # type: ignore[index]
@@ -202,6 +204,7 @@ class ParallelFor:
         plan = self._current_plan(captured)
         sched, data = self._prepared(plan, workers, time_partitions)
         data.params = self._params(captured)
+        check_bounds(plan.accesses, plan.key_names, data.keys, data.params)
         compiled = self.compiled_body(data.keys, data.values, data.params)
         t0 = time.perf_counter()
         if backend == "local":
@@ -224,6 +227,8 @@ class ParallelFor:
         keys = np.ascontiguousarray(self.data.keys[idx])  # type: ignore[index]
         values = np.ascontiguousarray(np.asarray(self.data)[idx])
         params = self._params(captured)
+        analysis = analyze_body(self.body, captured, keys.shape[1], np.ndim(self.data))
+        check_bounds(analysis.accesses, analysis.key_names, keys, params)
         compiled = self.compiled_body(keys, values, params)
         if seed is not None:
             compiled.seed(seed)
@@ -243,20 +248,3 @@ def _fingerprint(value: Any) -> Any:
     if isinstance(value, (int, np.integer)):
         return ("int", int(value))
     return (type(value).__name__,)
-
-
-def _check_sorted(keys: np.ndarray) -> None:
-    if keys.shape[0] < 2:
-        return
-    diff = np.diff(keys, axis=0)
-    nonzero = diff != 0
-    first = np.argmax(nonzero, axis=1)
-    lead = diff[np.arange(diff.shape[0]), first]
-    bad = np.flatnonzero(lead < 0)
-    if bad.size:
-        r = int(bad[0])
-        raise DataOrderError(
-            f"ordered=True with a wavefront plan runs records in key order, but record {r + 1} has key "
-            f"{tuple(keys[r + 1].tolist())} after {tuple(keys[r].tolist())}. Sort the data first: "
-            "order = np.lexsort(keys.T[::-1]); DistArray.from_coo(keys[order], values[order])."
-        )

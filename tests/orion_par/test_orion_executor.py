@@ -1,0 +1,259 @@
+"""The local executor: parallel results equal the serial run in the executor's order (exactly)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from orion_par import Buffer, CompileFallbackWarning, DataOrderError, DistArray, parallel_for
+from orion_par.errors import BadBodyError
+
+
+def _mf(keys, vals, nu, ni, rank=4, seed=0):
+    rng = np.random.default_rng(seed)
+    W = DistArray(rng.random((nu, rank)) * 0.3)
+    H = DistArray(rng.random((ni, rank)) * 0.3)
+    data = DistArray.from_coo(keys, vals)
+
+    @parallel_for(data)
+    def sgd(key, value):
+        u, i = key
+        w = W[u]
+        h = H[i]
+        err = value
+        for r in range(rank):
+            err -= w[r] * h[r]
+        for r in range(rank):
+            wr = w[r]
+            w[r] += 0.05 * (err * h[r] - 0.01 * wr)
+            h[r] += 0.05 * (err * wr - 0.01 * h[r])
+
+    return sgd, W, H
+
+
+def _serial_python(fn, data, order):
+    keys, values = data.keys, np.asarray(data)
+    for r in order:
+        fn(tuple(int(x) for x in keys[r]), values[r].item())
+
+
+@st.composite
+def sparse_ratings(draw):
+    nu, ni = draw(st.integers(1, 12)), draw(st.integers(1, 12))
+    n = draw(st.integers(0, 150))
+    seed = draw(st.integers(0, 2**16))
+    rng = np.random.default_rng(seed)
+    keys = np.stack([rng.integers(0, nu, n), rng.integers(0, ni, n)], axis=1)
+    return keys, rng.random(n), nu, ni, draw(st.integers(1, 3)), draw(st.sampled_from([None, 4, 7]))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sparse_ratings())
+def test_parallel_equals_serial_in_executor_order(case):
+    keys, vals, nu, ni, workers, tparts = case
+    sgd, W, H = _mf(keys, vals, nu, ni)
+    tparts = max(tparts or 2 * workers, workers)
+    W0, H0 = W.copy(), H.copy()
+    sgd.run(workers=workers, epochs=2, time_partitions=tparts)
+    par_W, par_H = W.copy(), H.copy()
+    W[:], H[:] = W0, H0
+    sgd.run_serial(order=sgd.schedule(workers, tparts).serial_order(epochs=2))
+    assert np.array_equal(W, par_W) and np.array_equal(H, par_H)
+
+
+def test_compiled_equals_plain_python_serial():
+    rng = np.random.default_rng(1)
+    keys = np.stack([rng.integers(0, 30, 500), rng.integers(0, 20, 500)], axis=1)
+    sgd, W, H = _mf(keys, rng.random(500), 30, 20)
+    W0, H0 = W.copy(), H.copy()
+    sgd.run(workers=2)
+    par = W.copy(), H.copy()
+    W[:], H[:] = W0, H0
+    _serial_python(sgd, sgd.data, sgd.schedule(2).serial_order())
+    assert np.allclose(W, par[0], rtol=1e-12, atol=1e-12) and np.allclose(H, par[1], rtol=1e-12, atol=1e-12)
+
+
+def test_1d_equals_serial_in_data_order():
+    rng = np.random.default_rng(2)
+    keys = np.stack([rng.integers(0, 40, 800), rng.integers(0, 9, 800)], axis=1)
+    acc = DistArray(np.zeros((40, 3)))
+    data = DistArray.from_coo(keys, rng.random(800))
+
+    @parallel_for(data)
+    def body(key, value):
+        u, i = key
+        acc[u, 0] = acc[u, 0] * 0.9 + value * i  # order-sensitive: a running average per u
+        acc[u, 1] += 1.0
+
+    assert body.plan.scheme == "1d"
+    body.run(workers=2, epochs=2)
+    got = acc.copy()
+    acc[:] = 0
+    _serial_python(body, data, np.tile(np.arange(800), 2))
+    assert np.array_equal(acc, got)
+
+
+def _grid_keys(n_i, n_j, rng, density=0.7):
+    keys = np.array([(i, j) for i in range(n_i) for j in range(n_j) if rng.random() < density])
+    return keys
+
+
+def test_wavefront_equals_serial_in_data_order():
+    rng = np.random.default_rng(3)
+    keys = _grid_keys(25, 18, rng)
+    A = DistArray(np.zeros((26, 19)))
+    data = DistArray.from_coo(keys, rng.random(len(keys)))
+
+    @parallel_for(data, ordered=True)
+    def dp(key, value):
+        i, j = key
+        A[i + 1, j + 1] = max(A[i, j + 1], A[i + 1, j]) * 0.99 + value
+
+    assert dp.plan.scheme == "2d_ordered"
+    dp.run(workers=3, epochs=2, time_partitions=5)
+    got = A.copy()
+    A[:] = 0
+    _serial_python(dp, data, np.tile(np.arange(len(keys)), 2))
+    assert np.array_equal(A, got)
+
+
+def test_wavefront_needs_sorted_data():
+    rng = np.random.default_rng(4)
+    keys = _grid_keys(6, 6, rng)[::-1].copy()
+    A = DistArray(np.zeros((7, 7)))
+
+    @parallel_for(DistArray.from_coo(keys, np.ones(len(keys))), ordered=True)
+    def dp(key, value):
+        A[key[0] + 1, key[1] + 1] = A[key[0], key[1] + 1] + A[key[0] + 1, key[1]]
+
+    with pytest.raises(DataOrderError, match="lexsort"):
+        dp.run(workers=2)
+
+
+def test_buffer_with_one_worker_is_exact_and_merges_with_two():
+    rng = np.random.default_rng(5)
+    keys = np.stack([rng.integers(0, 50, 3000), rng.integers(0, 40, 3000)], axis=1)
+    data = DistArray.from_coo(keys, rng.integers(0, 4, 3000))
+    per_user = DistArray(np.zeros((50, 4), dtype=np.int64))
+    totals = Buffer(np.zeros(4, dtype=np.int64))
+
+    @parallel_for(data)
+    def count(key, value):
+        per_user[key[0], value] += 1
+        totals[value] += 1
+
+    assert count.plan.scheme == "1d" and count.plan.buffered == {"totals": 1}
+    count.run(workers=1)
+    assert np.array_equal(np.asarray(totals), np.bincount(np.asarray(data), minlength=4))
+    count.run(workers=2, epochs=3)
+    assert np.array_equal(np.asarray(totals), 4 * np.bincount(np.asarray(data), minlength=4))
+    assert per_user.sum() == 4 * 3000
+
+
+def test_buffer_runs_are_deterministic():
+    rng = np.random.default_rng(6)
+    keys = np.stack([rng.integers(0, 30, 2000), rng.integers(0, 30, 2000)], axis=1)
+    data = DistArray.from_coo(keys, rng.random(2000))
+    W = DistArray(np.ones((30, 2)))
+    mean = Buffer(np.zeros(2), max_delay=2)
+
+    @parallel_for(data)
+    def body(key, value):
+        W[key[0], 0] += value - mean[0]
+        mean[0] += 0.001 * (W[key[0], 0] - mean[0])
+
+    results = []
+    for _ in range(2):
+        W[:] = 1.0
+        mean[:] = 0.0
+        body.run(workers=2, epochs=2)
+        results.append((W.copy(), mean.copy()))
+    assert np.array_equal(results[0][0], results[1][0]) and np.array_equal(results[0][1], results[1][1])
+
+
+def test_uncompilable_body_falls_back_with_warning_and_same_result():
+    rng = np.random.default_rng(7)
+    keys = rng.integers(0, 20, 300)
+    data = DistArray.from_coo(keys, rng.random(300))
+    out = DistArray(np.zeros(20))
+    names = {"scale": 2.0}
+
+    @parallel_for(data)
+    def body(key, value):
+        out[key[0]] += value * names["scale"]  # a dict of str: numba cannot type it
+
+    with pytest.warns(CompileFallbackWarning) as rec:
+        stats = body.run(workers=2)
+    msg = str(rec[0].message)
+    assert "line" in msg and 'names["scale"]' in msg
+    assert not stats.compiled
+    expected = np.zeros(20)
+    np.add.at(expected, keys, np.asarray(data) * 2.0)
+    assert np.allclose(out, expected)
+
+
+def test_skewed_keys_are_balanced_across_workers():
+    rng = np.random.default_rng(8)
+    users = np.minimum(rng.zipf(1.3, 20000), 5000) - 1
+    keys = np.stack([users, rng.integers(0, 300, 20000)], axis=1)
+    sgd, _, _ = _mf(keys, rng.random(20000), 5000, 300)
+    sizes = sgd.schedule(4).worker_sizes()
+    biggest_user = np.bincount(users).max()
+    assert sizes.sum() == 20000
+    assert sizes.max() <= max(20000 / 4 * 1.05, biggest_user)  # nobody gets most of the data
+
+
+def test_out_of_range_keys_are_reported_before_running():
+    data = DistArray.from_coo([[0, 1], [7, 1]], [1.0, 2.0])
+    small = DistArray(np.zeros((5, 3)))
+
+    @parallel_for(data)
+    def body(key, value):
+        small[key[0], key[1]] = value
+
+    with pytest.raises(BadBodyError, match=r"size 5.*0\.\.7"):
+        body.run()
+
+
+def test_bad_run_arguments():
+    sgd, _, _ = _mf(np.array([[0, 0]]), np.array([1.0]), 1, 1)
+    with pytest.raises(BadBodyError, match="backend"):
+        sgd.run(backend="spark")
+    with pytest.raises(BadBodyError, match="epochs"):
+        sgd.run(epochs=-1)
+    with pytest.raises(ValueError, match="workers"):
+        sgd.run(workers=0)
+
+
+def test_body_exceptions_reach_the_caller():
+    data = DistArray.from_coo(np.arange(10), np.arange(10.0))
+    out = DistArray(np.zeros(10))
+    table = {"x": 1.0}
+
+    @parallel_for(data)
+    def body(key, value):
+        out[key[0]] = table["missing"] + value
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CompileFallbackWarning)
+        with pytest.raises(KeyError):
+            body.run(workers=2)
+
+
+def test_random_numbers_are_reproducible_with_a_seed():
+    data = DistArray.from_coo(np.arange(100) % 10, np.zeros(100))
+    out = DistArray(np.zeros(10))
+
+    @parallel_for(data)
+    def body(key, value):
+        out[key[0]] += np.random.random()
+
+    body.run(workers=2, seed=3)
+    first = out.copy()
+    out[:] = 0
+    body.run(workers=2, seed=3)
+    assert np.array_equal(out, first) and first.sum() > 0

@@ -1,0 +1,85 @@
+"""Partitions keep equal keys together, are balanced, and concurrent blocks never share a row."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orion_par import DistArray, parallel_for
+from orion_par.partition import partition_by_key, partition_by_whole_key
+
+keys_1d = st.lists(st.integers(0, 30), min_size=1, max_size=300).map(lambda v: np.array(v)[:, None])
+
+
+@settings(deadline=None)
+@given(keys_1d, st.integers(1, 6), st.booleans())
+def test_equal_keys_share_a_part_and_balance_holds(keys, parts, contiguous):
+    p = partition_by_key(keys, 0, parts, contiguous=contiguous)
+    for value in np.unique(keys):
+        assert np.unique(p.part[keys[:, 0] == value]).size == 1
+    counts = np.bincount(keys[:, 0])
+    assert p.sizes.sum() == keys.shape[0]
+    assert p.sizes.max() <= keys.shape[0] / parts + counts.max()  # greedy LPT / quantile-cut bound
+
+
+@given(keys_1d, st.integers(1, 6))
+def test_contiguous_parts_are_ranges_in_order(keys, parts):
+    p = partition_by_key(keys, 0, parts, contiguous=True)
+    order = np.argsort(keys[:, 0], kind="stable")
+    assert np.all(np.diff(p.part[order]) >= 0)
+
+
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5)), min_size=1, max_size=100), st.integers(1, 4))
+def test_whole_key_partition_keeps_duplicates_together(pairs, parts):
+    keys = np.array(pairs)
+    p = partition_by_whole_key(keys, parts)
+    for k in {tuple(x) for x in pairs}:
+        rows = np.all(keys == k, axis=1)
+        assert np.unique(p.part[rows]).size == 1
+
+
+@st.composite
+def mf_problem(draw):
+    n = draw(st.integers(1, 200))
+    nu, ni = draw(st.integers(1, 15)), draw(st.integers(1, 15))
+    rng = np.random.default_rng(draw(st.integers(0, 1000)))
+    keys = np.stack([rng.integers(0, nu, n), rng.integers(0, ni, n)], axis=1)
+    workers = draw(st.integers(1, 4))
+    return keys, nu, ni, workers, draw(st.integers(workers, 3 * workers))
+
+
+W = DistArray(np.zeros((15, 2)))
+H = DistArray(np.zeros((15, 2)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(mf_problem())
+def test_concurrent_blocks_of_a_2d_schedule_are_conflict_free(problem):
+    keys, nu, ni, workers, tparts = problem
+
+    @parallel_for(DistArray.from_coo(keys, np.zeros(len(keys))))
+    def sgd(key, value):
+        W[key[0], 0] += H[key[1], 0]
+        H[key[1], 1] += W[key[0], 1]
+
+    plan = sgd.plan
+    sched = sgd.schedule(workers, tparts)
+    assert plan.scheme == "2d"
+    assert sorted(sched.serial_order().tolist()) == list(range(len(keys)))  # every record exactly once
+    s, t = plan.space_dim, plan.time_dim
+    for step in range(sched.num_steps):
+        rows_s, rows_t = [], []
+        for w in range(workers):
+            task = sched.by_worker[w].get(step)
+            recs = sched.block_records(task.block) if task else np.zeros(0, int)
+            rows_s.append(set(keys[recs, s].tolist()))
+            rows_t.append(set(keys[recs, t].tolist()))
+        for a in range(workers):
+            for b in range(a + 1, workers):
+                assert not rows_s[a] & rows_s[b] and not rows_t[a] & rows_t[b]
+    # every worker keeps its space rows for the whole epoch
+    for w in range(workers):
+        owned = [set(keys[sched.block_records(t.block), s].tolist()) for t in sched.tasks if t.worker == w]
+        others = [set(keys[sched.block_records(t.block), s].tolist()) for t in sched.tasks if t.worker != w]
+        assert not set().union(*owned) & set().union(*others)

@@ -1,0 +1,88 @@
+"""The Ray executor gives exactly the local executor's results (one Ray for the whole module)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from orion_par import Buffer, DistArray, parallel_for
+
+ray = pytest.importorskip("ray", reason="ray is not installed (pip install ray==2.60.0)")
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    assert not ray.is_initialized()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def _compare(fn, arrays, **run):
+    start = [a.copy() for a in arrays]
+    fn.run(backend="local", **run)
+    local = [a.copy() for a in arrays]
+    for a, s in zip(arrays, start, strict=True):
+        a[...] = s
+    fn.run(backend="ray", **run)
+    for a, want in zip(arrays, local, strict=True):
+        assert np.array_equal(a, want)
+    return local
+
+
+def test_mf_2d_on_ray_equals_local(ray_cluster):
+    rng = np.random.default_rng(0)
+    keys = np.stack([rng.integers(0, 60, 4000), rng.integers(0, 25, 4000)], axis=1)
+    W = DistArray(rng.random((60, 3)))
+    H = DistArray(rng.random((25, 3)))
+
+    @parallel_for(DistArray.from_coo(keys, rng.random(4000)))
+    def sgd(key, value):
+        u, i = key
+        err = value
+        for r in range(3):
+            err -= W[u, r] * H[i, r]
+        for r in range(3):
+            wr = W[u, r]
+            W[u, r] += 0.02 * err * H[i, r]
+            H[i, r] += 0.02 * err * wr
+
+    assert sgd.plan.scheme == "2d"
+    before = W.copy()
+    _compare(sgd, [W, H], workers=2, epochs=2, time_partitions=3)
+    assert not np.array_equal(W, before)
+    _compare(sgd, [W, H], workers=2, epochs=1, time_partitions=3)  # reused actors start from new values
+    sgd.close()
+
+
+def test_buffer_and_random_numbers_on_ray_equal_local(ray_cluster):
+    rng = np.random.default_rng(1)
+    keys = np.stack([rng.integers(0, 40, 3000), rng.integers(0, 30, 3000)], axis=1)
+    counts = DistArray(np.zeros((40, 5)))
+    totals = Buffer(np.zeros(5), max_delay=2)
+
+    @parallel_for(DistArray.from_coo(keys, rng.random(3000)))
+    def body(key, value):
+        k = int(np.random.random() * 5)
+        counts[key[0], k] += value
+        totals[k] += value
+
+    assert body.plan.scheme == "1d"
+    _compare(body, [counts, totals], workers=2, epochs=3, seed=11)
+    assert np.isclose(totals.sum(), counts.sum())
+    body.close()
+
+
+def test_wavefront_on_ray_equals_local(ray_cluster):
+    rng = np.random.default_rng(2)
+    keys = np.array([(i, j) for i in range(20) for j in range(16) if rng.random() < 0.8])
+    A = DistArray(np.zeros((21, 17)))
+
+    @parallel_for(DistArray.from_coo(keys, rng.random(len(keys))), ordered=True)
+    def dp(key, value):
+        i, j = key
+        A[i + 1, j + 1] = max(A[i, j + 1], A[i + 1, j]) + value
+
+    assert dp.plan.scheme == "2d_ordered"
+    _compare(dp, [A], workers=2, epochs=2, time_partitions=4)
+    dp.close()
