@@ -1,0 +1,42 @@
+"""The simulator against the testbed's measured device peak (one inter-op thread): within +-10%.
+
+The testbed's own peak varies by a few percent from run to run (allocator state after the warm-up step),
+so each graph is measured three times and compared with the median.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from tfmem import examples
+from tfmem.memsim import simulate
+from tfmem.testbed import Testbed
+
+pytestmark = pytest.mark.testbed
+
+CASES = {
+    "mlp-sgd": lambda: examples.mlp(batch=64, dims=(784, 1024, 1024, 10)),
+    "mlp-adam": lambda: examples.mlp(batch=128, dims=(512, 1024, 1024, 1024, 10), optimizer="adam"),
+    "conv-residual-branches": lambda: examples.residual_convnet(batch=8, size=32, channels=32, blocks=3),
+    "wide-16-branches": lambda: examples.wide_branches(branches=16, elems=1 << 18),
+    "unrolled-rnn": lambda: examples.unrolled_rnn(steps=16, batch=32, hidden=256),
+    "moe-fan-out": lambda: examples.moe_layer(experts=8, batch=256),
+}
+
+
+@pytest.fixture(scope="module")
+def testbed():
+    with Testbed("2GiB", inter_op_threads=1, intra_op_threads=1) as tb:
+        yield tb
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_simulated_peak_within_ten_percent(testbed, name):
+    built = CASES[name]()
+    runs = [testbed.run(built.graph, built.fetches, built.feeds, steps=1) for _ in range(3)]
+    assert not any(r.oom for r in runs), [r.error for r in runs]
+    measured = statistics.median(r.device_peak_bytes for r in runs)
+    simulated = simulate(built.graph, built.fetches).peak_bytes
+    assert abs(simulated - measured) <= 0.10 * measured, (name, simulated, measured)

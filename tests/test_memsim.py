@@ -1,0 +1,161 @@
+"""Memory simulator: golden peaks with their derivation, explanations of the peak, regions, properties."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tfmem import examples
+from tfmem.bfc import BFCAllocator, rounded_bytes
+from tfmem.memsim import simulate
+
+v1 = tf.compat.v1
+KIB4 = 4096  # 1024 float32
+
+
+def _chain(n: int) -> tf.Graph:
+    g = tf.Graph()
+    with g.as_default():
+        h = v1.placeholder(tf.float32, (1024,), name="x")
+        for i in range(n):
+            h = tf.math.sin(h, name=f"s{i}")
+    return g
+
+
+def test_chain_peak_uses_forwarding():
+    # x is fed (never forwarded: TF holds a reference), s0 gets a new 4 KiB buffer, every later sin is the
+    # last reader of its input and reuses it; the fetched s7 is that same buffer: 2 x 4 KiB.
+    prof = simulate(_chain(8), ["s7:0"])
+    assert prof.peak_bytes == 2 * KIB4
+
+
+def test_fan_out_keeps_inputs_alive():
+    # x (fed) and a = 2x are read by 4 consumers each producing 4 KiB; the sum is fetched.
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, (1024,), name="x")
+        a = tf.math.sin(x, name="a")
+        outs = [tf.math.cos(a * float(i + 2), name=f"c{i}") for i in range(4)]
+        tf.add_n(outs, name="y")
+    prof = simulate(g, ["y:0"])
+    assert prof.peak_bytes >= 3 * KIB4          # at least x, a and one product are live together
+    assert prof.peak_bytes <= 7 * KIB4          # never more than everything at once
+    assert sum(t.nbytes for t in prof.live_at_peak) == prof.peak_bytes
+
+
+def test_variables_are_persistent_and_reads_alias_them():
+    built = examples.mlp(batch=4, dims=(64, 128, 4))
+    prof = simulate(built.graph, built.fetches)
+    weights = (64 * 128 + 128 + 128 * 4 + 4) * 4
+    assert prof.persistent_bytes >= weights
+    assert prof.persistent_bytes < weights + 64 * 1024   # plus small constants only
+    kinds = {t.kind for t in prof.live_at_peak}
+    assert "persistent" in kinds
+    assert prof.transient_peak_bytes == prof.peak_bytes - prof.persistent_bytes
+
+
+def test_live_at_peak_names_producers_and_consumers():
+    prof = simulate(_chain(3), ["s2:0"])
+    names = {t.tensor for t in prof.live_at_peak}
+    assert "x:0" in names
+    s0 = next(t for t in prof.live_at_peak if t.tensor.startswith("s"))
+    assert s0.producer in ("Sin", "_UnaryOpsComposition")  # Grappler may fuse the chain of sines
+    assert prof.timeline[0][3] == "<start>" and len(prof.timeline) > 3
+
+
+def test_host_placed_ops_count_toward_host_peak():
+    g = tf.Graph()
+    with g.as_default():
+        with tf.device("/job:host/replica:0/task:0/device:CPU:0"):
+            big = tf.math.sin(tf.ones((1 << 18,)), name="big")   # 1 MiB on the host
+        with tf.device("/job:worker/replica:0/task:0/device:CPU:0"):
+            tf.reduce_sum(big, name="small")
+    prof = simulate(g, ["small:0"], device="/job:worker/replica:0/task:0/device:CPU:0",
+                    host="/job:host/replica:0/task:0/device:CPU:0", grappler=False)
+    assert prof.host_peak_bytes >= 1 << 20
+    assert prof.peak_bytes >= 1 << 20   # the device receives a copy to reduce it
+    assert prof.peak_bytes < 2 << 20
+
+
+def test_v1_loop_and_function_do_not_crash():
+    g = tf.Graph()
+    with g.as_default():
+        v1.disable_control_flow_v2()
+        try:
+            x = v1.placeholder(tf.float32, (256,), name="x")
+            _, y = v1.while_loop(lambda i, a: i < 4, lambda i, a: (i + 1, tf.sin(a)), [tf.constant(0), x])
+            tf.identity(y, name="out")
+        finally:
+            v1.enable_control_flow_v2()
+    prof = simulate(g, ["out:0"])
+    assert prof.peak_bytes >= 2 * 1024
+
+
+def test_feed_shapes_reach_the_simulator():
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, (None, 256), name="x")
+        tf.math.sin(x, name="y")
+    small = simulate(g, ["y:0"], feed_shapes={"x:0": (1, 256)}).peak_bytes
+    big = simulate(g, ["y:0"], feed_shapes={"x:0": (64, 256)}).peak_bytes
+    assert big == 64 * small
+
+
+def test_bfc_model_rounding_and_reuse():
+    bfc = BFCAllocator()
+    assert rounded_bytes(1) == 256 and rounded_bytes(257) == 512
+    a = bfc.allocate(1 << 20)
+    b = bfc.allocate(1 << 20)
+    bfc.free(a)
+    c = bfc.allocate(600_000)          # 600 kB > half of the free 1 MiB chunk: takes it whole
+    assert bfc.in_use_bytes == 2 << 20
+    bfc.free(b)
+    bfc.free(c)
+    assert bfc.in_use_bytes == 0 and bfc.peak_bytes == 2 << 20
+
+
+@st.composite
+def random_dags(draw, max_nodes: int = 14):
+    n = draw(st.integers(2, max_nodes))
+    preds = [sorted(draw(st.sets(st.integers(0, i - 1), min_size=1, max_size=3))) if i else [] for i in range(n)]
+    sizes = draw(st.lists(st.sampled_from([64, 256, 1024, 4096]), min_size=n, max_size=n))
+    return preds, sizes
+
+
+def _elementwise_dag(preds, sizes) -> tuple[tf.Graph, list[str]]:
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, (max(sizes),), name="x")
+        nodes = []
+        for i, (ps, size) in enumerate(zip(preds, sizes, strict=True)):
+            if not ps:
+                nodes.append(tf.math.sin(x[:size], name=f"n{i}"))
+                continue
+            terms = [tf.reduce_sum(nodes[p]) for p in ps]
+            nodes.append(tf.math.cos(tf.fill((size,), tf.add_n(terms)), name=f"n{i}"))
+        consumed = {p for ps in preds for p in ps}
+        sinks = [f"n{i}:0" for i in range(len(preds)) if i not in consumed]
+    return g, sinks
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_dags())
+def test_peak_bounds_on_random_dags(dag):
+    g, sinks = _elementwise_dag(*dag)
+    prof = simulate(g, sinks)
+    largest = max(dag[1]) * 4
+    assert prof.peak_bytes >= largest                      # the largest tensor exists at some point
+    total = sum(rounded_bytes(s * 4) for s in dag[1]) * 3 + 64 * 1024
+    assert prof.peak_bytes <= total                        # never more than everything at once (+ slack)
+    assert prof.peak_bytes == max(d for _, d, _, _ in prof.timeline)
+    assert np.all(np.diff(prof.schedule.start_s) >= 0)
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_more_threads_never_lower_the_wide_peak_much(threads):
+    built = examples.wide_branches(branches=8, elems=1 << 14)
+    prof = simulate(built.graph, built.fetches, inter_op_threads=threads)
+    assert prof.peak_bytes > 0 and prof.schedule.makespan_s > 0
