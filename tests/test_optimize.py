@@ -1,0 +1,79 @@
+"""optimize(): plumbing, errors, budgets, the report's three outputs, and Grappler's cross-check."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfmem
+from tfmem import examples
+from tfmem.errors import BadInputError, InfeasibleBudgetError, TfmemError
+from tfmem.measure import grappler_peak
+from tfmem.units import parse_bytes
+
+
+@pytest.fixture(scope="module")
+def small():
+    return examples.mlp(batch=16, dims=(64, 256, 256, 10))
+
+
+def test_optimize_keeps_names_and_results(small):
+    opt = tfmem.optimize(small.graph, small.fetches, passes=[])
+    assert {n.name for n in opt.graph_def.node} == {n.name for n in small.graph.as_graph_def().node}
+    with small.graph.as_default():
+        init = tf.compat.v1.global_variables_initializer()
+    with tf.compat.v1.Session(graph=small.graph) as sess:
+        sess.run(init)
+        before = sess.run("loss:0", small.feeds)
+    with tf.compat.v1.Session(graph=opt.graph, config=opt.config) as sess:
+        sess.run([op.name for op in opt.graph.get_operations() if op.type == "AssignVariableOp"])
+        after = sess.run("loss:0", small.feeds)
+    assert np.array_equal(before, after)
+
+
+def test_budget_below_any_plan_raises_with_lower_bound(small):
+    with pytest.raises(InfeasibleBudgetError) as err:
+        tfmem.optimize(small.graph, small.fetches, budget=1024)
+    e = err.value
+    assert e.budget_bytes == 1024 and e.best_peak_bytes > 1024 and e.lower_bound_bytes > 0
+    assert e.live_at_peak and "lower bound" in str(e)
+
+
+def test_generous_budget_is_accepted(small):
+    opt = tfmem.optimize(small.graph, small.fetches, budget="1GiB")
+    assert opt.report.after.peak_bytes <= parse_bytes("1GiB")
+
+
+@pytest.mark.parametrize("bad", ["lots", "-1GiB", "1.5XB", ""])
+def test_malformed_budget(small, bad):
+    with pytest.raises(BadInputError, match="budget"):
+        tfmem.optimize(small.graph, small.fetches, budget=bad)
+
+
+def test_unknown_pass_and_fetch(small):
+    with pytest.raises(BadInputError, match="unknown pass"):
+        tfmem.optimize(small.graph, small.fetches, passes=["no_such_pass"])
+    with pytest.raises(BadInputError, match="not"):
+        tfmem.optimize(small.graph, ["nope:0"])
+    with pytest.raises(TfmemError):
+        tfmem.optimize(small.graph, [])
+
+
+def test_report_outputs(small, tmp_path):
+    opt = tfmem.optimize(small.graph, small.fetches, budget="1GiB")
+    md = opt.report.to_markdown()
+    assert "device peak" in md and "simulator" in md and "budget" in md
+    png = opt.report.plot(tmp_path / "m.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    trace = json.loads(opt.report.chrome_trace(tmp_path / "t.json").read_text())
+    phases = {e["ph"] for e in trace["traceEvents"]}
+    assert {"X", "C", "M"} <= phases
+
+
+def test_grappler_agrees_roughly_with_the_simulator(small):
+    sim = tfmem.simulate(small.graph, small.fetches).peak_bytes
+    est = grappler_peak(small.graph, small.fetches, device_type="GPU", memory="12GiB")
+    assert 0.5 * sim <= est <= 2.0 * sim
