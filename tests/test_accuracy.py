@@ -1,12 +1,12 @@
 """The simulator against the testbed's measured device peak (one inter-op thread): within +-10%.
 
-The testbed's own peak varies by a few percent from run to run (allocator state after the warm-up step),
-so each graph is measured three times and compared with the median.
+The allocator's state carries over between runs in one device process (regions, fragmentation) and the
+measured peak of one graph varies between runs: it only ever grows, by up to ~20% (seen on an Adam MLP), when
+an earlier step left the BFC allocator fragmented. So each graph gets a fresh testbed and three runs, and the
+simulator (which models a clean allocator) is compared with the least fragmented of them, the minimum.
 """
 
 from __future__ import annotations
-
-import statistics
 
 import pytest
 
@@ -26,17 +26,12 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def testbed():
-    with Testbed("2GiB", inter_op_threads=1, intra_op_threads=1) as tb:
-        yield tb
-
-
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_simulated_peak_within_ten_percent(testbed, name):
+def test_simulated_peak_within_ten_percent(name):
     built = CASES[name]()
-    runs = [testbed.run(built.graph, built.fetches, built.feeds, steps=1) for _ in range(3)]
+    with Testbed("2GiB", inter_op_threads=1, intra_op_threads=1) as testbed:
+        runs = [testbed.run(built.graph, built.fetches, built.feeds, steps=1) for _ in range(3)]
     assert not any(r.oom for r in runs), [r.error for r in runs]
-    measured = statistics.median(r.device_peak_bytes for r in runs)
+    measured = min(r.device_peak_bytes for r in runs)
     simulated = simulate(built.graph, built.fetches).peak_bytes
     assert abs(simulated - measured) <= 0.10 * measured, (name, simulated, measured)
