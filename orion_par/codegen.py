@@ -129,7 +129,8 @@ def _jit_module(source: str, injected: dict[str, Any], cache: bool) -> types.Mod
     if key not in _LOADED:
         mod = load_module(source, injected)
         jit = numba.njit(nogil=True, cache=cache)
-        mod._orion_body = jit(mod._orion_body)  # the block calls the jitted body through this global
+        # inline="always" puts the body into the block loop at numba IR level: no call per record.
+        mod._orion_body = numba.njit(nogil=True, cache=cache, inline="always")(mod._orion_body)
         mod._orion_jit = (jit(mod._orion_block), jit(mod._orion_seed))
         _LOADED[key] = mod
     return _LOADED[key]
