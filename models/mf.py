@@ -43,12 +43,12 @@ def synthetic_ratings(num_users: int, num_items: int, num_ratings: int, rank: in
                       skew: float = 0.0, seed: int = 0) -> Ratings:
     """Low-rank ratings plus Gaussian noise; ``skew > 0`` draws users from a power law (a few heavy users).
 
-    The factors have entries ``N(0, 1/sqrt(rank))`` so a clean rating has unit variance; the best
+    The factors have entries ``N(0, rank ** -0.25)`` so a clean rating has unit variance; the best
     achievable training RMSE is about ``noise``.
     """
     rng = np.random.default_rng(seed)
-    W_true = rng.normal(0, rank ** -0.5, (num_users, rank))
-    H_true = rng.normal(0, rank ** -0.5, (num_items, rank))
+    W_true = rng.normal(0, rank ** -0.25, (num_users, rank))
+    H_true = rng.normal(0, rank ** -0.25, (num_items, rank))
     if skew > 0:
         p = 1.0 / np.arange(1, num_users + 1) ** skew
         users = rng.permutation(num_users)[rng.choice(num_users, num_ratings, p=p / p.sum())]

@@ -70,8 +70,8 @@ def analyze_body(body: BodySource, captured: Mapping[str, Any], key_ndim: int, v
     ...     u, i = key
     ...     w = W[u]
     ...     w += value
-    >>> a = analyze_body(load_body(body), {"W": W}, key_ndim=2)  # doctest: +SKIP
-    >>> [x.describe(a.key_names) for x in a.accesses]  # doctest: +SKIP
+    >>> a = analyze_body(load_body(body), {"W": W}, key_ndim=2)
+    >>> [x.describe(a.key_names) for x in a.accesses]
     ['read w (line 4) = W[u, :]', 'write w (line 4) = W[u, :]']
     """
     walker = _Walker(body, captured, key_ndim, value_ndim)

@@ -69,13 +69,16 @@ def parallel_for(data: DistArray, *, ordered: bool = False, allow_data_parallel:
     --------
     >>> import numpy as np
     >>> from orion_par import DistArray, parallel_for
-    >>> counts = DistArray(np.zeros(3))
-    >>> data = DistArray.from_coo([0, 2, 2], [1.0, 2.0, 3.0])
+    >>> sums = DistArray(np.zeros(3))
+    >>> data = DistArray.from_coo([[0, 1], [2, 1], [2, 0]], [1.0, 2.0, 3.0])
     >>> @parallel_for(data)
     ... def add(key, value):
-    ...     counts[key[0]] += value
-    >>> add.plan.scheme == "1d"                      # doctest: +SKIP
+    ...     sums[key[0]] += value
+    >>> add.plan.scheme == "1d"       # only records with the same key[0] touch the same element
     True
+    >>> stats = add.run(workers=2)
+    >>> sums.tolist()
+    [1.0, 0.0, 5.0]
     """
     if not isinstance(data, DistArray) or data.keys is None:
         raise BadBodyError(

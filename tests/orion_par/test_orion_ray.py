@@ -86,3 +86,14 @@ def test_wavefront_on_ray_equals_local(ray_cluster):
     assert dp.plan.scheme == "2d_ordered"
     _compare(dp, [A], workers=2, epochs=2, time_partitions=4)
     dp.close()
+
+
+def test_lda_on_ray_equals_local(ray_cluster):
+    from models.lda import LdaState, parallel_gibbs, synthetic_corpus
+
+    corpus = synthetic_corpus(40, 30, 50, 4, seed=0)
+    state = LdaState.random(corpus, 4, seed=1)
+    gibbs = parallel_gibbs(corpus, state)
+    _compare(gibbs, [state.Z, state.ndk, state.nwk, state.nk], workers=2, epochs=3, seed=5)
+    assert np.array_equal(state.nwk.sum(axis=0), np.asarray(state.nk))
+    gibbs.close()
