@@ -26,7 +26,7 @@ from tfmem.testbed import DEVICE, HOST, RunResult, Testbed, initializer_names, p
 pytestmark = pytest.mark.testbed
 
 MiB = 2**20
-CAP = 64 * MiB
+CAP = 256 * MiB  # large enough that BFC splits chunks exactly, except in test_bfc_uses_a_tail_chunk_whole
 SMALL = 4096  # bound on the small constants' chunks (a handful of 256-byte BFC chunks)
 REPO = Path(__file__).resolve().parents[1]
 
@@ -93,6 +93,53 @@ def test_feeds_count_and_buffers_are_forwarded(tb: Testbed) -> None:
     # new 16 MiB; z = y + 1 is forwarded into y's buffer and is what gets fetched: 32 MiB, not 48.
     assert 32 * MiB <= r.device_peak_bytes <= 32 * MiB + SMALL
     np.testing.assert_array_equal(r.outputs["z:0"], x * 2 + 1)
+
+    def held() -> None:
+        x = tf.compat.v1.placeholder(tf.float32, [4 * MiB], name="x")
+        y = tf.multiply(x, 2.0, name="y")
+        with tf.control_dependencies([y]):
+            w = tf.random.uniform([4 * MiB], seed=1, name="w")
+        tf.reduce_sum(y + w, name="s")
+    # x's last use is y, yet it is still live when w is made: a feed is held for the whole step. 48 MiB.
+    r = tb.run(build(held).as_graph_def(), ["s:0"], {"x:0": x})
+    assert 48 * MiB <= r.device_peak_bytes <= 48 * MiB + SMALL
+
+
+def odd_sizes() -> tf.Graph:
+    """x: 16 MiB, freed before y and w (10 MiB each) are made: 20 MiB live at the peak."""
+    def body() -> None:
+        x = tf.random.uniform([4 * MiB], seed=1, name="x")
+        s1 = tf.reduce_sum(x, name="s1")
+        with tf.control_dependencies([s1]):
+            y = tf.random.uniform([10 * MiB // 4], seed=2, name="y")
+            w = tf.random.uniform([10 * MiB // 4], seed=3, name="w")
+        tf.add(s1, tf.reduce_sum(y + w), name="out")
+    return build(body)
+
+
+def test_peaks_do_not_depend_on_earlier_runs(tb: Testbed) -> None:
+    # Each run leaves the BFC allocator as it found it (one free chunk per region), so a step whose 10 MiB
+    # tensors could land in 16 MiB chunks left by another graph still measures 20 MiB, every time.
+    first = tb.run(odd_sizes(), ["out:0"]).device_peak_bytes
+    tb.run(reuse_chain(24 * MiB), ["s:0"])
+    again = tb.run(odd_sizes(), ["out:0"]).device_peak_bytes
+    assert first == again and 20 * MiB <= first <= 20 * MiB + SMALL
+
+
+def test_bfc_uses_a_tail_chunk_whole(tb: Testbed) -> None:
+    def body() -> None:
+        a = tf.random.uniform([16 * MiB], seed=1, name="a")
+        b = tf.random.uniform([16 * MiB], seed=2, name="b")
+        with tf.control_dependencies([a, b]):
+            c = tf.random.uniform([16 * MiB], seed=3, name="c")
+        with tf.control_dependencies([c]):
+            sums = [tf.reduce_sum(a), tf.reduce_sum(b)]
+        tf.add_n([*sums, tf.reduce_sum(c)], name="out")
+    r = tb.run(build(body), ["out:0"])
+    # The device's memory is a 2 MiB region (small tensors) and one of CAP - 2 MiB = 254 MiB. BFC splits a free
+    # chunk of c bytes for a request of r only if c >= 2r or c - r >= 128 MiB: a and b (64 MiB each) split
+    # it, leaving 126 MiB, which c (64 MiB) then takes whole. 64 + 64 + 126 = 254 MiB, not 192.
+    assert 254 * MiB <= r.device_peak_bytes <= 254 * MiB + SMALL
 
 
 def test_over_the_cap_is_an_oom_result(oom_result: RunResult) -> None:

@@ -50,7 +50,7 @@ class ServerProcess:
     """One child running a TF server for ``job`` (task 0), driven through a line protocol on its stdio."""
 
     def __init__(self, job: str, cluster: dict[str, list[str]], env: dict[str, str], workdir: Path,
-                 inter_op_threads: int = 0, intra_op_threads: int = 0) -> None:
+                 inter_op_threads: int = 0, intra_op_threads: int = 0, reserve_bytes: int = 0) -> None:
         self.job = job
         self.stderr_path = workdir / f"{job}.stderr"
         self._buf = b""
@@ -58,6 +58,7 @@ class ServerProcess:
             sys.executable, "-u", str(SERVER_SCRIPT), "--job", job, "--cluster", json.dumps(cluster),
             "--parent-pid", str(os.getpid()),
             "--inter-op-threads", str(inter_op_threads), "--intra-op-threads", str(intra_op_threads),
+            "--reserve-bytes", str(reserve_bytes),
         ]
         with open(self.stderr_path, "wb") as err:
             self.proc = subprocess.Popen(

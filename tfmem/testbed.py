@@ -12,10 +12,16 @@ the master (so Grappler runs there, on the session's config).
 
 Measurement. Each child reports ``tf.config.experimental.get_memory_info('CPU:0')``: that reads the allocator
 of the child's eager CPU device, which is the same process-wide ``ProcessState`` CPU allocator the server's
-kernels allocate from (checked by the tests: the figure follows the served graph's tensors and variables).
-``run`` resets the peak after variables are initialised, so the peak covers warm-up plus timed steps and
-includes the resident variables. Figures are BFC chunk sizes: each allocation is rounded up to 256 bytes, and a
-free chunk is only split when it is at least twice the request, so the peak can exceed the sum of tensor sizes.
+kernels allocate from (``bfc_cpu_allocator_for_gpu`` in step stats; the tests check that the figure follows the
+served graph's tensors and variables). A run initialises variables in a session of its own (so the init graph's
+constants are freed), runs one warm-up step, resets the peak, then runs the timed steps: the peak includes
+what stays resident (variables, Const kernels' tensors) plus the steps' transients, but not what the master
+allocates while it optimises the graph on the first step (Grappler's constant folding evaluates in the device
+process). Figures are BFC chunk sizes: each allocation is rounded up to 256 bytes, and a free chunk is used
+whole unless it is at least twice the request, so the peak can exceed the sum of live tensor sizes.
+
+Facts the tests pin: a fed tensor lives in the device process for the whole step and is never forwarded;
+elementwise ops forward a dying input's buffer in place; a tensor an op reads on the other job is a real copy.
 
 Gaps. TensorFlow's gRPC server listens on ``0.0.0.0`` (hard-coded in ``grpc_server_lib.cc``); the cluster's
 addresses are ``127.0.0.1`` so all traffic stays on loopback, but the ports are reachable from outside while a
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import atexit
 import copy
+import logging
 import os
 import statistics
 import tempfile
@@ -46,6 +53,7 @@ from tfmem.units import format_bytes, parse_bytes
 
 __all__ = ["DEVICE", "HOST", "RunResult", "Testbed", "initializer_names", "place_on_device"]
 
+_log = logging.getLogger(__name__)
 _LIVE: weakref.WeakSet[Testbed] = weakref.WeakSet()
 
 
@@ -54,8 +62,9 @@ class RunResult:
     """What one ``Testbed.run`` measured.
 
     ``oom`` is True when the device went over its cap; ``error`` then holds a one-line summary. Peaks are
-    allocator bytes (BFC chunk sizes) over warm-up and timed steps, variables included; ``step_time_s`` is the
-    median client wall time of the timed steps; ``outputs`` maps each tensor fetch to its last value.
+    allocator bytes (BFC chunk sizes) over the timed steps, resident variables and constants included;
+    ``step_time_s`` is the median client wall time of the timed steps; ``outputs`` maps each tensor fetch to
+    its value at the last step.
     """
 
     oom: bool
@@ -115,6 +124,8 @@ class Testbed:
     ...     r = tb.run(g, ["y:0"], {"x:0": np.ones(1024, np.float32)})
     >>> r.oom, r.outputs["y:0"][0]                                       # doctest: +SKIP
     (False, 2.0)
+
+    A Testbed is not thread-safe; use it from one thread, which should outlive it (see the module's gaps).
     """
 
     __test__ = False  # not a pytest test class
@@ -165,8 +176,8 @@ class Testbed:
             worker_port, host_port = free_ports(2)
             self.cluster = {"worker": [f"127.0.0.1:{worker_port}"], "host": [f"127.0.0.1:{host_port}"]}
             for job in ("worker", "host"):  # both start now and import TF in parallel
-                threads = (inter_op, self.intra_op_threads) if job == "worker" else (0, 0)
-                self._procs[job] = ServerProcess(job, self.cluster, self._env(job), self._workdir, *threads)
+                args = (inter_op, self.intra_op_threads, self.device_memory_bytes) if job == "worker" else ()
+                self._procs[job] = ServerProcess(job, self.cluster, self._env(job), self._workdir, *args)
             try:
                 deadline = time.monotonic() + self.start_timeout_s
                 for proc in self._procs.values():
@@ -301,11 +312,13 @@ class Testbed:
                  config: tf.compat.v1.ConfigProto | None, init: list[str]) -> RunResult:
         # Reset drops every resource container (variables) on both jobs, so runs are independent.
         tf.compat.v1.Session.reset(self.target)
+        config = copy.deepcopy(config) or tf.compat.v1.ConfigProto()
+        config.isolate_session_state = False  # variables must outlive the init session
         if init:  # own session: closing it frees the init graph's Const kernels; variables stay in the worker
-            with tf.compat.v1.Session(self.target, graph=g, config=copy.deepcopy(config)) as sess:
+            with tf.compat.v1.Session(self.target, graph=g, config=config) as sess:
                 sess.run(init)
         times, values = [], []
-        with tf.compat.v1.Session(self.target, graph=g, config=copy.deepcopy(config)) as sess:
+        with tf.compat.v1.Session(self.target, graph=g, config=config) as sess:
             # Warm-up first: the master runs Grappler on it, in the device process, and constant folding's
             # temporaries would otherwise count. Kernels' Const tensors and variables stay resident, so
             # resetting the peak afterwards still counts them.
@@ -325,13 +338,19 @@ class Testbed:
 
     def _settle(self) -> None:
         """Free the last run's state; restart the servers if that does not bring the device back to idle."""
+        current = -1
         try:
             tf.compat.v1.Session.reset(self.target)
-            current = int(self._procs["worker"].call("stats")["current"])
+            for _ in range(10):  # graph deregistration may lag the reset a little
+                current = int(self._procs["worker"].call("stats")["current"])
+                if current == self.idle_device_bytes:
+                    return
+                time.sleep(0.05)
         except (tf.errors.OpError, TestbedError):
-            current = -1
-        if current != self.idle_device_bytes:
-            self._restart(self._running_inter_op)
+            pass
+        _log.info("testbed: device holds %d bytes after a run (idle: %d); restarting the servers",
+                  current, self.idle_device_bytes)
+        self._restart(self._running_inter_op)
 
 
 @atexit.register
