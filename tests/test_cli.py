@@ -1,0 +1,200 @@
+"""The ``tfmem`` command line: bad input is one ``tfmem: error:`` line and exit 2; the commands work on files."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from google.protobuf import text_format
+
+import tfmem
+from tfmem import cli
+from tfmem.examples import mlp
+
+BATCH, DIMS = 16, (32, 64, 10)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A small MLP training graph (binary and text), a graph with an unknown batch size, and non-graphs."""
+    d = tmp_path_factory.mktemp("graphs")
+    built = mlp(batch=BATCH, dims=DIMS)
+    tf.io.write_graph(built.graph, str(d), "mlp.pb", as_text=False)
+    tf.io.write_graph(built.graph, str(d), "mlp.pbtxt", as_text=True)
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, (None, 8), name="x")
+        tf.reduce_sum(tf.nn.relu(x), name="y")
+    tf.io.write_graph(g, str(d), "unknown.pb", as_text=False)
+    (d / "junk.pb").write_bytes(b"this is not a graph\n")
+    return {p.stem if p.suffix == ".pb" else p.name: p for p in d.iterdir()}
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, str]:
+    code = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_error_line(code: int, err: str, *fragments: str) -> None:
+    lines = err.strip().splitlines()
+    assert code == cli.EXIT_BAD_INPUT, err
+    assert len(lines) == 1, err
+    assert lines[0].startswith("tfmem: error: ")
+    assert "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+# -- bad input --------------------------------------------------------------------------------------------
+
+BAD_INPUTS = {
+    "missing file": (["analyze", "{missing}"], ["does not exist"]),
+    "not a graph": (["analyze", "{junk}"], ["is not a TensorFlow graph"]),
+    "unknown shapes": (["analyze", "{unknown}"], ["sizes unknown", "x:0", "--feed-shape"]),
+    "malformed budget": (["optimize", "{mlp}", "-o", "{tmp}/o.pb", "--budget", "lots"], ["--budget", "lots"]),
+    "malformed testbed size": (["run", "{mlp}", "--testbed", "1QiB"], ["--testbed"]),
+    "malformed device memory": (["analyze", "{mlp}", "--device-memory", "-3"], ["--device-memory"]),
+    "malformed feed shape": (["analyze", "{mlp}", "--feed-shape", "x:0=a,b"], ["x:0=a,b"]),
+    "feed shape without '='": (["analyze", "{mlp}", "--feed-shape", "x:0"], ["feed shape"]),
+    "unknown fetch tensor": (["analyze", "{mlp}", "--fetch", "nope:0"], ["nope:0"]),
+    "unknown fetch op": (["optimize", "{mlp}", "-o", "{tmp}/o.pb", "--fetch", "nope"], ["nope"]),
+    "unknown pass": (["optimize", "{mlp}", "-o", "{tmp}/o.pb", "--passes", "no_such_pass"], ["no_such_pass"]),
+    "infeasible budget": (["optimize", "{mlp}", "-o", "{tmp}/o.pb", "--budget", "1KiB"], ["unreachable",
+                                                                                          "lower bound"]),
+    "unwritable output": (["optimize", "{mlp}", "-o", "{tmp}/no/such/dir/o.pb"], ["cannot write"]),
+    "steps below 1": (["run", "{mlp}", "--testbed", "64MiB", "--steps", "0"], ["--steps"]),
+    "no command": ([], ["required"]),
+    "unknown command": (["shrink", "{mlp}"], ["invalid choice"]),
+    "missing -o": (["optimize", "{mlp}"], ["-o/--output"]),
+    "missing --testbed": (["run", "{mlp}"], ["--testbed"]),
+    "non-integer --steps": (["run", "{mlp}", "--testbed", "1GiB", "--steps", "many"], ["--steps"]),
+    "unknown option": (["analyze", "{mlp}", "--colour"], ["--colour"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_is_one_line_and_exit_2(case: str, files: dict[str, Path], tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    argv, fragments = BAD_INPUTS[case]
+    paths = {k: str(v) for k, v in files.items()} | {"missing": str(tmp_path / "missing.pb"), "tmp": str(tmp_path)}
+    code, out, err = run_cli(capsys, *(a.format(**paths) for a in argv))
+    assert_one_error_line(code, err, *fragments)
+
+
+def test_unknown_shape_error_lists_every_unknown_tensor(files: dict[str, Path],
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(capsys, "analyze", files["unknown"])
+    assert_one_error_line(code, err, "x:0 (?, 8)", "Relu:0 (?, 8)")
+
+
+def test_internal_errors_say_so_and_exit_1(monkeypatch: pytest.MonkeyPatch, files: dict[str, Path],
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(tfmem, "simulate", broken)
+    code, _, err = run_cli(capsys, "analyze", files["mlp"])
+    assert code == cli.EXIT_INTERNAL
+    assert err.strip().splitlines() == ["tfmem: error: internal error: RuntimeError: boom (rerun with --traceback "
+                                        "and report it)"]
+
+
+def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "--help")
+    assert code == 0 and "analyze" in out and "optimize" in out and "run" in out
+
+
+def test_no_traceback_escapes_a_real_process(files: dict[str, Path]) -> None:
+    # TensorFlow reads its log settings when first imported, and importing tfmem.cli imports the tfmem package
+    # (which imports TensorFlow) before cli.py can set them; so set them here, as a shell user would.
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0"}
+    proc = subprocess.run([sys.executable, "-m", "tfmem.cli", "analyze", str(files["junk"])], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.stdout == ""
+    assert_one_error_line(proc.returncode, proc.stderr, "is not a TensorFlow graph")
+
+
+# -- the commands -----------------------------------------------------------------------------------------
+
+
+def test_default_fetches_are_the_sinks_that_are_not_bookkeeping() -> None:
+    built = mlp(batch=BATCH, dims=DIMS)
+    with built.graph.as_default():
+        tf.compat.v1.train.Saver()  # adds a save/ scope whose ops are sinks too
+        tf.compat.v1.global_variables_initializer()
+    assert cli.default_fetches(tfmem.load(built.graph)) == ["loss:0", "train_op"]
+
+
+@pytest.mark.parametrize("name", ["mlp", "mlp.pbtxt"])
+def test_analyze_prints_both_instruments_and_the_peak(name: str, files: dict[str, Path],
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(capsys, "analyze", files[name])
+    assert code == 0, err
+    assert "fetches (assumed: the graph's sinks; choose with --fetch): loss:0, train_op" in out
+    for text in ("simulator", "Grappler estimate (virtual GPU, 12.00 GiB)", "persistent", "transient",
+                 "largest tensors live there", "dense1/w:0"):
+        assert text in out
+
+
+def test_analyze_json_agrees_with_the_library(files: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "analyze", files["mlp"], "--fetch", "loss:0", "--device-memory", "16GiB",
+                           "--json")
+    result = json.loads(out)
+    expected = tfmem.simulate(str(files["mlp"]), ["loss:0"])
+    assert code == 0 and result["fetches"] == ["loss:0"] and not result["fetches_assumed"]
+    assert result["simulator"]["peak_bytes"] == expected.peak_bytes
+    sim = result["simulator"]
+    assert sim["persistent_bytes"] + sim["transient_bytes"] == sim["peak_bytes"]
+    assert result["grappler"]["virtual_gpu_memory_bytes"] == 16 * 2**30 and result["grappler"]["peak_bytes"] > 0
+    assert result["ops"] > result["ops_per_step"] > 0
+    assert result["live_at_peak"][0]["nbytes"] == max(t.nbytes for t in expected.live_at_peak)
+
+
+def test_feed_shape_fills_an_unknown_batch(files: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "analyze", files["unknown"], "--feed-shape", "x:0=4,8", "--json")
+    assert code == 0 and json.loads(out)["fetches"] == ["y:0"]
+
+
+@pytest.mark.parametrize(("source", "output"), [("mlp", "opt.pb"), ("mlp.pbtxt", "opt.pbtxt")])
+def test_optimize_writes_a_graph_that_loads_back(source: str, output: str, files: dict[str, Path], tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / output
+    code, stdout, err = run_cli(capsys, "optimize", files[source], "-o", out, "--budget", "1GiB",
+                                "--report", tmp_path / "r.md", "--plot", tmp_path / "m.png",
+                                "--trace", tmp_path / "t.json")
+    assert code == 0, err
+    gd = tf.compat.v1.GraphDef()
+    if output.endswith(".pbtxt"):
+        text_format.Parse(out.read_text(), gd)
+    else:
+        gd.ParseFromString(out.read_bytes())
+    names = {n.name for n in gd.node}
+    assert {"loss", "train_op", "x", "labels"} <= names
+    assert "### tfmem report (device budget: 1.00 GiB)" in stdout
+    assert (tmp_path / "r.md").read_text().startswith("### tfmem report")
+    assert (tmp_path / "m.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "traceEvents" in json.loads((tmp_path / "t.json").read_text())
+
+
+def test_random_feeds_are_typed_shaped_and_reproducible(files: dict[str, Path]) -> None:
+    ir = tfmem.load(str(files["mlp"]))
+    feeds = cli.random_feeds(ir, ["loss:0"])
+    assert {k: (v.dtype, v.shape) for k, v in feeds.items()} == {
+        "x:0": (np.float32, (BATCH, DIMS[0])), "labels:0": (np.int32, (BATCH,))}
+    assert set(np.unique(feeds["labels:0"])) <= {0, 1}
+    assert all(np.array_equal(v, cli.random_feeds(ir, ["loss:0"])[k]) for k, v in feeds.items())
+
+
+@pytest.mark.testbed
+def test_run_on_the_testbed(files: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(capsys, "run", files["mlp"], "--testbed", "64MiB", "--steps", "2")
+    assert code == 0, err
+    assert "device peak" in out and "(testbed, measured" in out and "step time" in out
+    assert "loss:0 = " in out and "OUT OF MEMORY" not in out
