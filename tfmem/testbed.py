@@ -17,8 +17,12 @@ served graph's tensors and variables). A run initialises variables in a session 
 constants are freed), runs one warm-up step, resets the peak, then runs the timed steps: the peak includes
 what stays resident (variables, Const kernels' tensors) plus the steps' transients, but not what the master
 allocates while it optimises the graph on the first step (Grappler's constant folding evaluates in the device
-process). Figures are BFC chunk sizes: each allocation is rounded up to 256 bytes, and a free chunk is used
-whole unless it is at least twice the request, so the peak can exceed the sum of live tensor sizes.
+process). Figures are BFC chunk sizes: each request is rounded up to 256 bytes, and a free chunk of c bytes
+is split for a request of r only if c >= 2r or c - r >= 128 MiB, else used whole; so near the cap the peak can
+exceed the sum of live tensor sizes. The device process reserves its whole budget at start (a 2 MiB region
+and one of the rest, as a GPU's BFC holds one region): every run then starts from the same allocator state,
+and peaks do not depend on earlier runs. The host's allocator grows by regions and is not reserved, so its
+peak can overcount by whole-chunk reuse.
 
 Facts the tests pin: a fed tensor lives in the device process for the whole step and is never forwarded;
 elementwise ops forward a dying input's buffer in place; a tensor an op reads on the other job is a real copy.
