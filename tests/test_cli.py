@@ -198,3 +198,26 @@ def test_run_on_the_testbed(files: dict[str, Path], capsys: pytest.CaptureFixtur
     assert code == 0, err
     assert "device peak" in out and "(testbed, measured" in out and "step time" in out
     assert "loss:0 = " in out and "OUT OF MEMORY" not in out
+
+
+def test_run_reports_out_of_memory_with_exit_3(monkeypatch: pytest.MonkeyPatch, files: dict[str, Path],
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    import tfmem.testbed
+
+    class OutOfMemory:  # stands in for the servers: what matters here is how the CLI reports an OOM
+        def __init__(self, cap: int, **kwargs: object) -> None:
+            self.cap = cap
+
+        def __enter__(self) -> OutOfMemory:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def run(self, *args: object, **kwargs: object) -> tfmem.testbed.RunResult:
+            return tfmem.testbed.RunResult(True, "ResourceExhaustedError: OOM when allocating", None, None, None)
+
+    monkeypatch.setattr(tfmem.testbed, "Testbed", OutOfMemory)
+    code, out, err = run_cli(capsys, "run", files["mlp"], "--testbed", "1MiB")
+    assert code == cli.EXIT_OOM and err == ""
+    assert "OUT OF MEMORY on the testbed device (cap 1.00 MiB): ResourceExhaustedError" in out
