@@ -31,13 +31,38 @@ def check_bounds(accesses: Sequence[Access], key_names: Sequence[str], keys: np.
             if not isinstance(sub, KeySub) or d >= arr.ndim:
                 continue
             lo, hi, size = int(lo_key[sub.dim]) + sub.lo, int(hi_key[sub.dim]) + sub.hi, arr.shape[d]
-            if lo < -size or hi >= size:
+            if lo < 0 or hi >= size:
                 name = key_names[sub.dim] if sub.dim < len(key_names) else ""
                 raise BadBodyError(
                     f"{acc.text} (line {acc.line}) indexes dimension {d} of {acc.array} (size {size}) with "
                     f"key[{sub.dim}]{f' ({name})' if name else ''} + {sub.lo}..{sub.hi}, and the keys range over "
                     f"{int(lo_key[sub.dim])}..{int(hi_key[sub.dim])}: indices {lo}..{hi} do not fit. "
-                    f"Make {acc.array} larger along dimension {d} or fix the keys."
+                    f"Make {acc.array} larger along dimension {d} or fix the keys (negative indices would wrap around "
+                    "and make different keys touch one element)."
+                )
+
+
+def check_no_aliases(arrays: Mapping[str, np.ndarray], written: Sequence[str], values: np.ndarray) -> None:
+    """No written array shares memory with another captured array or with the dataset's values.
+
+    The analyzer tells arrays apart by name; two names for one memory would hide conflicts.
+
+    Raises
+    ------
+    BadBodyError
+        Naming both arrays.
+    """
+    for name in written:
+        arr = arrays.get(name)
+        if arr is None:
+            continue
+        others = [(n, a) for n, a in arrays.items() if n != name] + [("the dataset's values", values)]
+        for other, b in others:
+            if np.may_share_memory(arr, b):
+                raise BadBodyError(
+                    f"the body writes `{name}`, which may share memory with `{other}`: parallel_for tells "
+                    "arrays apart by name, so conflicts between the two would go unseen. Use one name for "
+                    "one array (or pass a copy)."
                 )
 
 

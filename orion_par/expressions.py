@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import types
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,6 +31,7 @@ from orion_par.absval import (
 )
 from orion_par.access import UNKNOWN, Access, ConstSub, KeySub, Sub
 from orion_par.body import BodySource, is_missing, resolve
+from orion_par.errors import BadBodyError
 from orion_par.purity import NO_READ_ATTRS, READONLY_METHODS, VIEW_ATTRS, VIEW_METHODS, call_kind
 
 _SCALAR_METHODS = {"item", "argmax", "argmin"}
@@ -87,11 +89,7 @@ class ExprEvaluator:
         value = self.captured.get(name)
         if isinstance(value, np.ndarray):
             return AbsVal(views=frozenset({ArrayRef.whole(name, value.ndim)}))
-        if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
-            return const(int(value))
-        if isinstance(value, (float, bool, np.number, np.bool_)):
-            return SCALAR
-        return NOTHING
+        return object_value(name, value)
 
     def eval_Name(self, node: ast.Name) -> AbsVal:
         return self.lookup(node.id)
@@ -187,16 +185,24 @@ class ExprEvaluator:
         return AbsVal(scalar=len(items) == 1 and items[0].kind == "index")
 
     def eval_Attribute(self, node: ast.Attribute) -> AbsVal:
+        obj = self.resolve_object(node)
+        if isinstance(obj, np.ndarray):
+            raise BadBodyError(
+                f"{self.body.name}: line {node.lineno} reaches the array `{ast.unparse(node)}` through an "
+                f"attribute, which parallel_for cannot share between workers. Bind it to a name outside the "
+                f"body (e.g. `{node.attr} = {ast.unparse(node)}`) and use that name inside."
+            )
         base = self.eval(node.value)
         if base.views:
             if node.attr in NO_READ_ATTRS:
                 return SCALAR if node.attr in {"size", "ndim", "itemsize", "nbytes"} else NOTHING
             if node.attr in VIEW_ATTRS:
                 return views_of(base.views, opaque=True)
+            if any(not ref.subs and ref.opaque for ref in base.views):
+                return views_of(base.views, opaque=True)  # an attribute of shared mutable state is part of it
             self.read_views(base, node)
             return NOTHING
-        obj = self.resolve_object(node)
-        return SCALAR if isinstance(obj, (int, float, np.number)) else NOTHING
+        return object_value(ast.unparse(node), obj) if obj is not None else NOTHING
 
     # -- calls -----------------------------------------------------------------------------------
     def resolve_object(self, node: ast.expr) -> Any:
@@ -270,6 +276,23 @@ class ExprEvaluator:
     def eval_Lambda(self, node: ast.Lambda) -> AbsVal:
         self.closure_use(node)
         return NOTHING
+
+
+def object_value(name: str, value: Any) -> AbsVal:
+    """A captured non-array object: a number, something immutable or callable, or shared mutable state.
+
+    A mutable object (a list, a dict, an instance) is modelled as a zero-dimensional shared array, so
+    that storing into it or calling one of its methods is a write that every iteration may make.
+    """
+    if isinstance(value, (bool, np.bool_)):
+        return SCALAR
+    if isinstance(value, (int, np.integer)):
+        return const(int(value))
+    if isinstance(value, (float, complex, np.number)):
+        return SCALAR
+    if value is None or callable(value) or isinstance(value, (types.ModuleType, str, bytes, tuple, frozenset, range)):
+        return NOTHING
+    return AbsVal(views=frozenset({ArrayRef(name, (), (), True)}))
 
 
 def binop(a: AbsVal, op: ast.operator, b: AbsVal) -> AbsVal:

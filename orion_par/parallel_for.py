@@ -136,7 +136,7 @@ class ParallelFor:
     def _current_plan(self, captured: dict[str, Any]) -> Plan:
         fingerprint = tuple(sorted((n, _fingerprint(v)) for n, v in captured.items()))
         if self._plan is None or self._plan[0] != fingerprint:
-            plan = make_plan(self.body, captured, self.data.keys, np.ndim(self.data), ordered=self.ordered,
+            plan = make_plan(self.body, captured, self.data.keys, np.asarray(self.data), ordered=self.ordered,
                              allow_data_parallel=self.allow_data_parallel)  # type: ignore[arg-type]
             self._plan = (fingerprint, plan)
             self._schedules.clear()

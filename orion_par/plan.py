@@ -17,6 +17,7 @@ import numpy as np
 from orion_par.access import Access
 from orion_par.analyzer import analyze_body
 from orion_par.body import BodySource
+from orion_par.checks import check_no_aliases
 from orion_par.dependence import DepVec, dependence_vectors
 from orion_par.distarray import Buffer
 from orion_par.errors import NotParallelizableError
@@ -68,13 +69,15 @@ class Plan:
 
 
 def make_plan(
-    body: BodySource, captured: Mapping[str, Any], keys: np.ndarray, value_ndim: int, *, ordered: bool,
+    body: BodySource, captured: Mapping[str, Any], keys: np.ndarray, values: np.ndarray, *, ordered: bool,
     allow_data_parallel: bool,
 ) -> Plan:
     """Analyse ``body`` against the dataset's ``keys`` and choose a scheme (see the module docstring)."""
     key_ndim = keys.shape[1]
-    analysis = analyze_body(body, captured, key_ndim, value_ndim)
+    analysis = analyze_body(body, captured, key_ndim, values.ndim)
     arrays = {n: v for n, v in captured.items() if isinstance(v, np.ndarray)}
+    written_names = sorted({a.array for a in analysis.accesses if a.is_write})
+    check_no_aliases(arrays, written_names, values)
     buffered = {n: int(v.max_delay) for n, v in arrays.items() if isinstance(v, Buffer)}
     shared = [a for a in analysis.accesses if a.array not in buffered]
     deps = dependence_vectors(shared, key_ndim)

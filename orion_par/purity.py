@@ -34,7 +34,7 @@ _VIEW_NUMPY = {
 READONLY_METHODS = {
     "sum", "mean", "max", "min", "argmax", "argmin", "copy", "dot", "any", "all", "prod", "std", "var", "astype",
     "tolist", "item", "cumsum", "cumprod", "nonzero", "searchsorted", "argsort", "tobytes", "conj", "round",
-    "clip", "flatten", "trace",
+    "clip", "flatten", "trace", "get", "keys", "values", "items", "index", "count",
 }
 VIEW_METHODS = {"reshape", "ravel", "view", "transpose", "squeeze", "swapaxes", "diagonal"}
 NO_READ_ATTRS = {"shape", "size", "ndim", "dtype", "itemsize", "nbytes", "strides"}

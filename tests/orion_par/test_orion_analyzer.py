@@ -284,3 +284,49 @@ def test_bad_signature_and_data_are_reported():
 
     with pytest.raises(BadBodyError, match=r"exactly \(key, value\)"):
         parallel_for(DATA1)(three)
+
+
+def test_shared_python_containers_are_writes_every_iteration_makes():
+    seen = []
+
+    @parallel_for(DATA2)
+    def body(key, value):
+        W[key[0], 0] += value
+        seen.append(key[0])
+
+    with pytest.raises(NotParallelizableError, match="seen"):
+        _ = body.plan
+
+    lookup = {"scale": 2.0}
+
+    @parallel_for(DATA2)
+    def reads_only(key, value):
+        W[key[0], 0] += value * lookup.get("scale", 1.0)
+
+    assert reads_only.plan.scheme == "1d"
+
+
+def test_arrays_behind_attributes_are_rejected_with_a_fix():
+    class State:
+        pass
+
+    state = State()
+    state.W = W
+
+    @parallel_for(DATA2)
+    def body(key, value):
+        state.W[key[0], 0] += value
+
+    with pytest.raises(BadBodyError, match="Bind it to a name"):
+        _ = body.plan
+
+
+def test_two_names_for_one_memory_are_rejected():
+    rows = W[:10]
+
+    @parallel_for(DATA2)
+    def body(key, value):
+        W[key[0], 0] += rows[key[1] % 10, 0]
+
+    with pytest.raises(BadBodyError, match="share memory"):
+        _ = body.plan

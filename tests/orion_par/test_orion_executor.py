@@ -257,3 +257,15 @@ def test_random_numbers_are_reproducible_with_a_seed():
     out[:] = 0
     body.run(workers=2, seed=3)
     assert np.array_equal(out, first) and first.sum() > 0
+
+
+def test_negative_keys_are_rejected_because_they_alias():
+    data = DistArray.from_coo([[-1, 0], [4, 0]], [1.0, 2.0])
+    arr = DistArray(np.zeros(5))
+
+    @parallel_for(data)
+    def body(key, value):
+        arr[key[0]] += value
+
+    with pytest.raises(BadBodyError, match="negative indices"):
+        body.run(workers=2)

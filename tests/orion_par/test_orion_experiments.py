@@ -1,0 +1,28 @@
+"""The experiments run end to end at --tiny size and write their json, markdown and plot."""
+
+from __future__ import annotations
+
+import json
+
+from experiments import lda_convergence, mf_convergence
+
+
+def test_mf_convergence_tiny(tmp_path):
+    assert mf_convergence.main(["--tiny", "--no-ray", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "mf_convergence.json").read_text())
+    assert {"serial", "orion_par 1w", "orion_par 2w", "surprise SVD"} <= set(res["curves"])
+    serial = res["curves"]["serial"]["rmse"]
+    assert serial[-1] < serial[0]
+    assert res["command"].startswith("python -m experiments.mf_convergence")
+    assert (tmp_path / "mf_convergence.md").read_text().startswith("# mf_convergence")
+    assert (tmp_path / "mf_convergence.png").stat().st_size > 0
+
+
+def test_lda_convergence_tiny(tmp_path):
+    assert lda_convergence.main(["--tiny", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "lda_convergence.json").read_text())
+    assert {"serial", "orion_par 1w", "orion_par 2w", "tomotopy"} <= set(res["curves"])
+    ll = res["curves"]["orion_par 2w"]["ll"]
+    assert ll[-1] > ll[0]
+    assert "within_2x_of_tomotopy" in res["checks"]
+    assert (tmp_path / "lda_convergence.png").stat().st_size > 0
