@@ -22,11 +22,13 @@ BATCH, DIMS = 16, (32, 64, 10)
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A small MLP training graph (binary and text), a graph with an unknown batch size, and non-graphs."""
+    """A small MLP training graph (binary, text, MetaGraphDef), a graph with an unknown batch, and a non-graph."""
     d = tmp_path_factory.mktemp("graphs")
     built = mlp(batch=BATCH, dims=DIMS)
     tf.io.write_graph(built.graph, str(d), "mlp.pb", as_text=False)
     tf.io.write_graph(built.graph, str(d), "mlp.pbtxt", as_text=True)
+    with built.graph.as_default():  # export_meta_graph refuses to run eagerly, outside a graph
+        tf.compat.v1.train.export_meta_graph(str(d / "meta.pb"), graph=built.graph)
     g = tf.Graph()
     with g.as_default():
         x = tf.compat.v1.placeholder(tf.float32, (None, 8), name="x")
@@ -132,7 +134,7 @@ def test_default_fetches_are_the_sinks_that_are_not_bookkeeping() -> None:
     assert cli.default_fetches(tfmem.load(built.graph)) == ["loss:0", "train_op"]
 
 
-@pytest.mark.parametrize("name", ["mlp", "mlp.pbtxt"])
+@pytest.mark.parametrize("name", ["mlp", "mlp.pbtxt", "meta"])
 def test_analyze_prints_both_instruments_and_the_peak(name: str, files: dict[str, Path],
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run_cli(capsys, "analyze", files[name])
