@@ -52,7 +52,8 @@ class ServerProcess:
     def __init__(self, job: str, cluster: dict[str, list[str]], env: dict[str, str], workdir: Path,
                  inter_op_threads: int = 0, intra_op_threads: int = 0, reserve_bytes: int = 0) -> None:
         self.job = job
-        self.stderr_path = workdir / f"{job}.stderr"
+        # One file per start, so a restarted server does not overwrite its predecessor's last words.
+        self.stderr_path = workdir / f"{job}.{len(list(workdir.glob(job + '.*.stderr')))}.stderr"
         self._buf = b""
         cmd = [
             sys.executable, "-u", str(SERVER_SCRIPT), "--job", job, "--cluster", json.dumps(cluster),

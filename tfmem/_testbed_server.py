@@ -34,6 +34,7 @@ import signal
 import sys
 import threading
 import time
+from types import ModuleType
 
 _PR_SET_PDEATHSIG = 1
 
@@ -57,26 +58,28 @@ def _die_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="tfmem-parent-watchdog", daemon=True).start()
 
 
-def _reserve_budget(tf: object, limit_bytes: int) -> None:
+def _reserve_budget(tf: ModuleType, limit_bytes: int) -> None:
     """Make the BFC allocator hold its whole budget in two regions now, so its state after a run is its state
     at start.
 
     With ``allow_growth`` (always on for the CPU BFC allocator) regions are added as needed, sized by
     doubling, and never returned; later runs then find free chunks shaped by earlier ones, and the BFC uses a
-    free chunk whole unless it is twice the request, so peaks depended on history (62 MiB measured for a 48
-    MiB step after other runs). The first region is 2 MiB; reserving the rest in one second region makes the
-    allocator behave like a GPU's BFC (one region of the whole memory): when every tensor is freed, each
-    region is one free chunk again.
+    free chunk whole unless it is twice the request (or leaves 128 MiB), so peaks depended on history: a step
+    with 20 MiB live (16 MiB, freed, then 2 x 10 MiB) measured 32 MiB. The first region is 2 MiB; reserving
+    the rest in one second region makes the allocator behave like a GPU's BFC (one region of the whole
+    memory): when every tensor is freed, each region is one free chunk again.
     """
     first_region = 2 << 20
     if limit_bytes <= first_region:
         return
     rest = limit_bytes - first_region
-    tiny = tf.raw_ops.Empty(shape=[1], dtype=tf.uint8, init=False)  # type: ignore[attr-defined]
-    big = tf.raw_ops.Empty(  # type: ignore[attr-defined]
-        shape=[rest // 2**20, 2**20], dtype=tf.uint8, init=False  # type: ignore[attr-defined]
-    )
-    del big, tiny
+    try:
+        tiny = tf.raw_ops.Empty(shape=[1], dtype=tf.uint8, init=False)  # makes the first region if none yet
+        big = tf.raw_ops.Empty(shape=[rest // 2**20, 2**20], dtype=tf.uint8, init=False)  # untouched pages
+        del big, tiny
+    except Exception as e:  # still a capped device, only history-dependent: say so, don't die
+        print(f"tfmem testbed: could not reserve {rest} bytes up front ({e}); peaks may depend on earlier runs",
+              file=sys.stderr, flush=True)
 
 
 def _thread_names() -> dict[str, int]:
@@ -90,8 +93,8 @@ def _thread_names() -> dict[str, int]:
     return dict(names)
 
 
-def _serve(proto: int, tf: object, at_start: dict[str, int]) -> None:
-    cfg = tf.config.experimental  # type: ignore[attr-defined]
+def _serve(proto: int, tf: ModuleType, at_start: dict[str, int]) -> None:
+    cfg = tf.config.experimental
     for line in sys.stdin:
         cmd = line.strip()
         try:

@@ -289,11 +289,14 @@ class Testbed:
             raise self._failed(fetches, e) from e
 
     def _failed(self, fetches: list[str], error: tf.errors.OpError) -> TestbedError:
+        dead = [f"{p.job} server died; its stderr ends with:\n{p.stderr_tail()}"
+                for p in self._procs.values() if not p.alive()]
         self._settle()
-        return TestbedError(
+        message = (
             f"testbed: running fetches {fetches[:5]} failed with {_one_line(error)}. Check the feed values, and "
             f"that every variable is initialised (initializer_names() finds 'v/Assign' ops; else pass init_ops=...)."
         )
+        return TestbedError("\n".join([message, *dead]))
 
     def _prepare(self, graph: GraphLike, fetches: list[str], feeds: dict[str, Any] | None, steps: int,
                  inter_op_threads: int | None, init_ops: list[str] | None) -> tuple[tf.Graph, list[str]]:
