@@ -10,10 +10,11 @@ Examples
 --------
 >>> bfc = BFCAllocator()
 >>> a = bfc.allocate(4 << 20)
+>>> keep = bfc.allocate(1 << 20)     # keeps the freed 4 MiB from merging with the rest of the region
 >>> bfc.free(a)
 >>> b = bfc.allocate(3_200_000)      # reuses the free 4 MiB chunk whole: 3.2 MB is more than half of it
->>> bfc.in_use_bytes
-4194304
+>>> bfc.in_use_bytes                  # 4 MiB + the 1 MiB kept
+5242880
 """
 
 from __future__ import annotations
@@ -49,10 +50,12 @@ class _Chunk:
 class BFCAllocator:
     """Replays BFC allocation; ``in_use_bytes`` and ``peak_bytes`` match TF's ``get_memory_info``."""
 
-    def __init__(self, limit_bytes: int = 1 << 50) -> None:
+    def __init__(self, limit_bytes: int = 1 << 50, allow_growth: bool = False) -> None:
+        # A GPU's BFC (and the testbed's device, which reserves its whole budget up front) holds one region
+        # of the whole memory; allow_growth starts at 2 MiB and doubles, as TF's CPU BFC does.
         self.limit_bytes = limit_bytes
         self.region_bytes = 0
-        self.next_region = INITIAL_REGION
+        self.next_region = INITIAL_REGION if allow_growth else limit_bytes
         self.bins: list[list[tuple[int, int]]] = [[] for _ in range(NUM_BINS)]  # sorted (size, ptr)
         self.free_chunks: dict[int, _Chunk] = {}
         self.in_use_bytes = 0

@@ -37,7 +37,7 @@ class DeviceSpec:
 
 DEVICES: dict[str, DeviceSpec] = {
     # The testbed: one CPU core doing float math, gRPC over loopback as the "link" (order of magnitude).
-    "testbed": DeviceSpec("testbed (CPU + loopback gRPC)", 3e10, 1e10, 1.5e9, 20e-6, 100e-6),
+    "testbed": DeviceSpec("testbed (CPU + loopback gRPC)", 3e10, 3e10, 1.5e9, 20e-6, 100e-6),
     "TitanX+PCIe3": DeviceSpec("TitanX (12 GB) + PCIe3 x16", 6e12, 3.36e11, 12e9),
     "V100+PCIe3": DeviceSpec("V100 (16 GB) + PCIe3 x16", 14e12, 9e11, 12e9),
     "H200+PCIe5": DeviceSpec("H200 (141 GB) + PCIe5 x16", 60e12, 4.8e12, 55e9),
