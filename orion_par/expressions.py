@@ -157,7 +157,11 @@ class ExprEvaluator:
                 self.use(e)
                 items.append(IndexItem("weird"))
             else:
-                items.append(IndexItem("index", value=self.use(e)))
+                v = self.use(e)
+                if v.is_key:  # A[key] indexes one dimension per key field
+                    items += [IndexItem("index", AbsVal(KeySub(j), scalar=True)) for j in range(self.key_ndim)]
+                else:
+                    items.append(IndexItem("index", value=v))
         return items
 
     def eval_Subscript(self, node: ast.Subscript) -> AbsVal:

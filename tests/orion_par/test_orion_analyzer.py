@@ -330,3 +330,44 @@ def test_two_names_for_one_memory_are_rejected():
 
     with pytest.raises(BadBodyError, match="share memory"):
         _ = body.plan
+
+
+GRID = DistArray.from_coo(np.array([(i, j) for i in range(12) for j in range(10)]), np.ones(120))
+
+
+def test_whole_key_as_index_touches_one_element_per_key():
+    @parallel_for(GRID)
+    def body(key, value):
+        A[key] += value
+
+    assert body.plan.scheme == "none"
+
+
+def test_lcs_style_recurrence_with_diagonal_is_a_wavefront():
+    @parallel_for(GRID, ordered=True)
+    def lcs(key, value):
+        i, j = key
+        A[i + 1, j + 1] = max(A[i, j + 1], A[i + 1, j], A[i, j] + value)
+
+    assert lcs.plan.scheme == "2d_ordered"
+    assert "(1, 1)" in str(lcs.plan)
+
+
+def test_row_prefix_sums_partition_by_row_even_when_ordered():
+    @parallel_for(GRID, ordered=True)
+    def prefix(key, value):
+        i, j = key
+        A[i, j + 1] = A[i, j] + value
+
+    assert prefix.plan.scheme == "1d" and prefix.plan.space_dim == 0
+
+
+def test_index_variable_shifted_by_augassign_keeps_its_key_offset():
+    @parallel_for(GRID)
+    def body(key, value):
+        i, j = key
+        k = i
+        k += 1
+        A[k, j] = A[i, j] + 1.0
+
+    assert body.plan.scheme == "1d" and body.plan.space_dim == 1
