@@ -33,6 +33,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tfmem  # noqa: E402
+from tfmem.errors import TestbedError  # noqa: E402
 from tfmem.examples import Built, mlp  # noqa: E402
 from tfmem.measure import grappler_peak  # noqa: E402
 from tfmem.report import GRAPPLER, TESTBED, Report  # noqa: E402
@@ -41,8 +42,9 @@ from tfmem.units import format_bytes  # noqa: E402
 
 MiB = 2**20
 BUDGET_FRACTION = 0.7  # of the vanilla simulated peak: clearly too small, yet within reach of the passes
-# name -> (batch, width, hidden layers, timed steps). "full" peaks at a few tens of MiB (simulator).
-SIZES = {"full": (1024, 512, 8, 3), "tiny": (512, 256, 4, 1)}
+# name -> (batch, inputs, width, hidden layers, timed steps). "full" peaks at a few tens of MiB (simulator);
+# "tiny" keeps its input small next to the budget, so that running out happens in the step, not in the feeds.
+SIZES = {"full": (1024, 512, 512, 8, 3), "tiny": (1024, 64, 256, 4, 1)}
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,7 @@ class Row:
     grappler_bytes: int | None
     step_s: float | None
     oom: bool
+    failed: bool = False  # ran out of memory, or failed otherwise (printed as it happened)
 
 
 class Progress:
@@ -83,8 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = _parse(argv)
     say = Progress()
-    batch, width, depth, steps = SIZES["tiny" if args.tiny else "full"]
-    built = mlp(batch=batch, dims=(width,) * (depth + 1) + (10,))
+    batch, inputs, width, depth, steps = SIZES["tiny" if args.tiny else "full"]
+    built = mlp(batch=batch, dims=(inputs,) + (width,) * depth + (10,))
     say(f"built an MLP training step: batch {batch}, {depth} hidden layers of {width}, {built.params:,} "
         f"parameters; fetches {built.fetches}")
     vanilla = tfmem.simulate(built.graph, built.fetches, feed_shapes=built.feed_shapes, device=DEVICE, host=HOST)
@@ -149,8 +152,13 @@ def _run_testbeds(built: Built, opt: tfmem.Optimized | None, budget: int, large:
             config: tf.compat.v1.ConfigProto | None = None) -> RunResult:
         with lock:
             say(f"running {label} on the testbed capped at {format_bytes(tb.device_memory_bytes)} ...")
-            result = tb.run(graph, built.fetches, built.feeds, steps=steps, config=config)
-        say(f"{label}: " + ("OUT OF MEMORY" if result.oom else f"fits, peak {format_bytes(result.device_peak_bytes or 0)}"))
+            try:
+                result = tb.run(graph, built.fetches, built.feeds, steps=steps, config=config)
+            except TestbedError as e:  # keep the other runs and the table; the row says "failed"
+                result = RunResult(False, str(e), None, None, None)
+        peak = format_bytes(result.device_peak_bytes or 0)
+        say(f"{label}: " + ("OUT OF MEMORY" if result.oom else f"FAILED: {result.error}" if result.error
+                            else f"fits, peak {peak}"))
         return result
 
     def on_capped() -> list[RunResult]:
@@ -173,7 +181,7 @@ def _run_testbeds(built: Built, opt: tfmem.Optimized | None, budget: int, large:
 def _rows(built: Built, vanilla: tfmem.MemoryProfile, grappler: int, opt: tfmem.Optimized | None, budget: int,
           large: int, capped: list[RunResult], big: RunResult) -> list[Row]:
     def row(name: str, cap: int, r: RunResult, simulated: int | None, grap: int | None) -> Row:
-        return Row(name, cap, r.device_peak_bytes, simulated, grap, r.step_time_s, r.oom)
+        return Row(name, cap, r.device_peak_bytes, simulated, grap, r.step_time_s, r.oom, r.error is not None)
 
     rows = [row("vanilla", budget, capped[0], vanilla.peak_bytes, grappler)]
     if opt is not None:
@@ -192,7 +200,7 @@ def _print_table(rows: list[Row]) -> None:
     for r in rows:
         lines.append((r.run, format_bytes(r.budget_bytes), cell(r.measured_bytes, format_bytes),
                       cell(r.simulated_bytes, format_bytes), cell(r.grappler_bytes, format_bytes),
-                      cell(r.step_s, lambda s: f"{s * 1e3:.1f} ms"), "yes" if r.oom else "no"))
+                      cell(r.step_s, lambda s: f"{s * 1e3:.1f} ms"), _oom_cell(r)))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     for i, line in enumerate(lines):
         print("  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(line, widths, strict=True))))
@@ -200,8 +208,12 @@ def _print_table(rows: list[Row]) -> None:
             print("  ".join("-" * w for w in widths))
 
 
+def _oom_cell(row: Row) -> str:
+    return "yes" if row.oom else "failed" if row.failed else "no"
+
+
 def _print_outputs(capped: list[RunResult], big: RunResult, optimized: bool) -> None:
-    if not optimized or capped[-1].oom or big.oom:
+    if not optimized or capped[-1].error or big.error:
         print("\noutputs identical to vanilla: n/a (no optimized run to compare)")
         return
     same = all(np.array_equal(v, big.outputs[k]) for k, v in capped[-1].outputs.items())
