@@ -130,10 +130,11 @@ def _jit_module(source: str, injected: dict[str, Any], cache: bool) -> types.Mod
         mod = load_module(source, injected)
         jit = numba.njit(nogil=True, cache=cache)
         # inline="always" puts the body into the block loop at numba IR level: no call per record.
-        mod._orion_body = numba.njit(nogil=True, cache=cache, inline="always")(mod._orion_body)
-        mod._orion_jit = (jit(mod._orion_block), jit(mod._orion_seed))
+        mod.__dict__["_orion_body"] = numba.njit(nogil=True, cache=cache, inline="always")(mod.__dict__["_orion_body"])
+        mod.__dict__["_orion_jit"] = (jit(mod.__dict__["_orion_block"]), jit(mod.__dict__["_orion_seed"]))
         _LOADED[key] = mod
-    return _LOADED[key]
+    loaded: types.ModuleType = _LOADED[key]
+    return loaded
 
 
 def compile_body(name: str, source: str, param_names: tuple[str, ...], injected: dict[str, Any],
@@ -145,7 +146,7 @@ def compile_body(name: str, source: str, param_names: tuple[str, ...], injected:
     """
     reason = ""
     for cache in dict.fromkeys((_cacheable(injected), False)):  # a stale disk cache must not cost speed
-        block, seed = _jit_module(source, injected, cache)._orion_jit
+        block, seed = _jit_module(source, injected, cache).__dict__["_orion_jit"]
         try:
             block(*sample_args)
             return CompiledBody(name, source, param_names, injected, block, seed)
@@ -159,7 +160,7 @@ def compile_body(name: str, source: str, param_names: tuple[str, ...], injected:
         CompileFallbackWarning,
         stacklevel=3,
     )
-    return CompiledBody(name, source, param_names, injected, py_mod._orion_block, py_mod._orion_seed,
+    return CompiledBody(name, source, param_names, injected, py_mod.__dict__["_orion_block"], py_mod.__dict__["_orion_seed"],
                         compiled=False, fallback_reason=reason)
 
 

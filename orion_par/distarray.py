@@ -16,7 +16,7 @@ import numpy as np
 from orion_par.errors import BadBodyError
 
 
-class DistArray(np.ndarray):  # type: ignore[type-arg]
+class DistArray(np.ndarray):
     """An ndarray that a ``parallel_for`` body may read and write; wraps without copying.
 
     Parameters

@@ -306,8 +306,8 @@ def binop(a: AbsVal, op: ast.operator, b: AbsVal) -> AbsVal:
         return AbsVal(add_sub(a.sub, b.sub, 1 if isinstance(op, ast.Add) else -1), scalar)
     if isinstance(a.sub, ConstSub) and isinstance(b.sub, ConstSub):
         x, y = a.sub.value, b.sub.value
-        folded = {ast.Mult: lambda: x * y, ast.FloorDiv: lambda: x // y if y else None,
-                  ast.Mod: lambda: x % y if y else None}.get(type(op), lambda: None)()
-        if folded is not None:
-            return const(folded)
+        if isinstance(op, ast.Mult):
+            return const(x * y)
+        if isinstance(op, (ast.FloorDiv, ast.Mod)) and y:
+            return const(x // y if isinstance(op, ast.FloorDiv) else x % y)
     return AbsVal(UNKNOWN, scalar)

@@ -102,6 +102,7 @@ class ParallelFor:
         self.ordered = ordered
         self.allow_data_parallel = allow_data_parallel
         self.body = load_body(fn)
+        self._keys: np.ndarray = data.keys  # type: ignore[assignment]  # checked by parallel_for
         self._plan: tuple[tuple[Any, ...], Plan] | None = None
         self._schedules: dict[tuple[int, int | None], tuple[Schedule, BlockData]] = {}
         self._compiled: dict[tuple[Any, ...], CompiledBody] = {}
@@ -136,8 +137,8 @@ class ParallelFor:
     def _current_plan(self, captured: dict[str, Any]) -> Plan:
         fingerprint = tuple(sorted((n, _fingerprint(v)) for n, v in captured.items()))
         if self._plan is None or self._plan[0] != fingerprint:
-            plan = make_plan(self.body, captured, self.data.keys, np.asarray(self.data), ordered=self.ordered,
-                             allow_data_parallel=self.allow_data_parallel)  # type: ignore[arg-type]
+            plan = make_plan(self.body, captured, self._keys, np.asarray(self.data), ordered=self.ordered,
+                             allow_data_parallel=self.allow_data_parallel)
             self._plan = (fingerprint, plan)
             self._schedules.clear()
         return self._plan[1]
@@ -149,12 +150,12 @@ class ParallelFor:
     def _prepared(self, plan: Plan, workers: int, time_partitions: int | None) -> tuple[Schedule, BlockData]:
         key = (workers, time_partitions)
         if key not in self._schedules:
-            keys = self.data.keys
+            keys = self._keys
             if plan.scheme is ParallelScheme.TWO_D_ORDERED:
-                check_sorted(keys)  # type: ignore[arg-type]
-            sched = make_schedule(plan, keys, workers, time_partitions)  # type: ignore[arg-type]
+                check_sorted(keys)
+            sched = make_schedule(plan, keys, workers, time_partitions)
             values = np.ascontiguousarray(np.asarray(self.data)[sched.perm])
-            self._schedules[key] = (sched, BlockData(np.ascontiguousarray(keys[sched.perm]), values, {}))  # type: ignore[index]
+            self._schedules[key] = (sched, BlockData(np.ascontiguousarray(keys[sched.perm]), values, {}))
         return self._schedules[key]
 
     # -- compile -----------------------------------------------------------------------------------
@@ -171,7 +172,7 @@ class ParallelFor:
         """The numba-compiled block function for these argument types (or the Python fallback)."""
         names = tuple(sorted(params))
         args = (keys, values, 0, 0, *(params[n] for n in names))
-        sig = tuple(numba.typeof(a) for a in args)
+        sig = tuple(numba.typeof(a) for a in args)  # type: ignore[no-untyped-call]
         if sig not in self._compiled:
             source = generate_source(self.body, names, keys.shape[1])
             injected = injected_globals(self.body, self.captured(), names)
@@ -227,7 +228,7 @@ class ParallelFor:
         """
         captured = self.captured()
         idx = np.arange(self.data.num_records) if order is None else np.asarray(order, dtype=np.int64)
-        keys = np.ascontiguousarray(self.data.keys[idx])  # type: ignore[index]
+        keys = np.ascontiguousarray(self._keys[idx])
         values = np.ascontiguousarray(np.asarray(self.data)[idx])
         params = self._params(captured)
         analysis = analyze_body(self.body, captured, keys.shape[1], np.ndim(self.data))

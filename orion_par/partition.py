@@ -59,7 +59,8 @@ def _assign(counts: np.ndarray, num_parts: int, contiguous: bool) -> np.ndarray:
     if contiguous:
         total = counts.sum()
         mid = np.cumsum(counts) - counts / 2.0  # where each value's records sit in the cumulative order
-        return np.minimum((mid * num_parts / total).astype(np.int64), num_parts - 1)
+        parts: np.ndarray = np.minimum((mid * num_parts / total).astype(np.int64), num_parts - 1)
+        return parts
     order = np.argsort(-counts, kind="stable")
     parts = np.empty(counts.size, np.int64)
     parts[order] = _lpt(counts[order].astype(np.int64), num_parts)

@@ -80,14 +80,15 @@ def make_plan(
     check_no_aliases(arrays, written_names, values)
     buffered = {n: int(v.max_delay) for n, v in arrays.items() if isinstance(v, Buffer)}
     shared = [a for a in analysis.accesses if a.array not in buffered]
-    deps = dependence_vectors(shared, key_ndim)
+    deps: set[DepVec] = dependence_vectors(shared, key_ndim)
     distinct = [int(np.unique(keys[:, j]).size) if keys.size else 0 for j in range(key_ndim)]
     choice = choose_scheme(deps, key_ndim, ordered=ordered, distinct=distinct, space_bytes=_space_bytes(deps, arrays))
     data_parallel: tuple[str, ...] = ()
     if choice is None:
         if not allow_data_parallel:
+            ordered_deps: list[DepVec] = sorted(deps, key=DepVec.sort_key)
             raise NotParallelizableError(
-                refusal_message(body, deps, key_ndim, ordered, analysis.key_names), tuple(sorted(deps, key=DepVec.sort_key))
+                refusal_message(body, deps, key_ndim, ordered, analysis.key_names), tuple(ordered_deps)
             )
         choice, data_parallel = _cheapest_relaxation(deps, key_ndim, ordered, arrays)
         deps = {d for d in deps if d.array not in data_parallel}
@@ -95,7 +96,7 @@ def make_plan(
     space = _space_arrays(choice, deps, written, set(buffered) | set(data_parallel))
     plan_args = dict(
         scheme=choice.scheme, space_dim=choice.space_dim, time_dim=choice.time_dim, ordered=ordered,
-        key_names=analysis.key_names, accesses=analysis.accesses, dependences=tuple(sorted(deps, key=DepVec.sort_key)),
+        key_names=analysis.key_names, accesses=analysis.accesses, dependences=tuple(sorted(deps, key=lambda d: d.sort_key())),
         buffered=buffered, data_parallel=data_parallel, written=written, space_arrays=space,
     )
     return Plan(**plan_args, explanation=explain_plan(body, plan_args, distinct))  # type: ignore[arg-type]
