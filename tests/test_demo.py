@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tfmem import demo
-
 
 @pytest.mark.testbed
-def test_tiny_demo_prints_the_table_and_writes_the_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert demo.main(["--tiny", "--out", str(tmp_path)]) == 0
-    out = capsys.readouterr().out
+def test_tiny_demo_prints_the_table_and_writes_the_plot(tmp_path: Path) -> None:
+    # Its own process, as `make demo` runs it: in the shared pytest process an earlier test's TF state made
+    # one in-process run fail with "Invalid TensorProto for feed value 1" (order-dependent; not yet explained).
+    proc = subprocess.run([sys.executable, "-m", "tfmem.demo", "--tiny", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
     lines = out.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("run ") and "peak measured" in line)
     assert all(col in lines[header] for col in ("budget", "peak simulated", "peak Grappler", "step time", "OOM"))
