@@ -385,3 +385,12 @@ def test_inter_op_threads_restart_the_device(tb: Testbed) -> None:
     after = tb.pids["worker"]
     tb.run(g, ["s:0"], inter_op_threads=3)
     assert tb.pids["worker"] == after  # same setting: no restart
+
+
+def test_a_feed_larger_than_the_cap_is_an_oom_result(tb: Testbed) -> None:
+    # The worker builds fed tensors with the capped allocator; TF reports that failure as an invalid feed.
+    def body() -> None:
+        x = tf.compat.v1.placeholder(tf.float32, [CAP // 2], name="x")
+        tf.reduce_sum(x, name="s")
+    r = tb.run(build(body), ["s:0"], {"x:0": np.ones(CAP // 2, np.float32)})
+    assert r.oom and "feeds do not fit" in r.error

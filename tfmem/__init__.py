@@ -7,9 +7,15 @@ Public surface::
     tfmem.optimize(graph, fetches, budget=...) -> Optimized(graph, graph_def, config, report)
     tfmem.measure.grappler_peak(...)          -> TensorFlow's own estimate, to cross-check
     tfmem.testbed.Testbed(...)                -> real execution on an emulated, memory-capped accelerator
+
+Names that need TensorFlow are imported on first use (PEP 562), so ``import tfmem`` is cheap and a program
+(the CLI) can still set TensorFlow's environment variables after it.
 """
 
 from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from tfmem.errors import (
     BadInputError,
@@ -22,15 +28,30 @@ from tfmem.errors import (
     UnknownShapeError,
     UnsupportedOpError,
 )
-from tfmem.ir import GraphIR, OpNode, TensorRef, TensorSpec
-from tfmem.loading import load
-from tfmem.memsim import LiveTensor, MemoryProfile, simulate
-from tfmem.optimize import Optimized, optimize
 from tfmem.units import format_bytes, parse_bytes
 
+_LAZY = {
+    "GraphIR": "tfmem.ir", "OpNode": "tfmem.ir", "TensorRef": "tfmem.ir", "TensorSpec": "tfmem.ir",
+    "load": "tfmem.loading",
+    "LiveTensor": "tfmem.memsim", "MemoryProfile": "tfmem.memsim", "simulate": "tfmem.memsim",
+    "Optimized": "tfmem.optimizer", "optimize": "tfmem.optimizer",
+}
+
 __all__ = [
-    "BadInputError", "GraphIR", "InfeasibleBudgetError", "LiveTensor", "MalformedGraphError", "MemoryProfile",
-    "OpNode", "Optimized", "PassError", "ScheduleError", "TensorRef", "TensorSpec", "TestbedError", "TfmemError",
-    "UnknownShapeError", "UnsupportedOpError", "format_bytes", "load", "optimize", "parse_bytes", "simulate",
+    "BadInputError", "InfeasibleBudgetError", "MalformedGraphError", "PassError", "ScheduleError", "TestbedError",
+    "TfmemError", "UnknownShapeError", "UnsupportedOpError", "format_bytes", "parse_bytes", *_LAZY,
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tfmem' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -169,10 +169,72 @@ def moe_layer(experts: int = 8, batch: int = 256, d_model: int = 256, d_ff: int 
     return _graph(build)
 
 
+def _conv(h: tf.Tensor, cout: int, k: int, name: str, seed: int) -> tf.Tensor:
+    w = v1.get_variable(f"{name}/w", (k, k, h.shape[-1], cout), initializer=v1.glorot_uniform_initializer(seed=seed))
+    return tf.nn.relu(tf.nn.conv2d(h, w, 1, "SAME"))
+
+
+def _classify(h: tf.Tensor, labels: tf.Tensor, optimizer: str) -> str:
+    logits = _dense(tf.reduce_mean(h, axis=(1, 2)), 10, "head", 99, activation=False)
+    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits), name="loss")
+    return _train(loss, optimizer)
+
+
+def inception_towers(batch: int = 8, size: int = 32, channels: int = 24, modules: int = 2,
+                     optimizer: str = "momentum") -> Built:
+    """Inception-style modules: four parallel towers (1x1, 3x3, 5x5, pool) concatenated, then batch norm."""
+
+    def build() -> tuple[list[str], dict[str, np.ndarray]]:
+        x = v1.placeholder(tf.float32, (batch, size, size, 3), name="x")
+        labels = v1.placeholder(tf.int32, (batch,), name="labels")
+        h = _conv(x, channels, 3, "stem", 0)
+        for i in range(modules):
+            a = _conv(h, channels, 1, f"inc{i}/a", 10 * i + 1)
+            b = _conv(_conv(h, channels // 2, 1, f"inc{i}/b1", 10 * i + 2), channels, 3, f"inc{i}/b2", 10 * i + 3)
+            c = _conv(_conv(h, channels // 2, 1, f"inc{i}/c1", 10 * i + 4), channels, 5, f"inc{i}/c2", 10 * i + 5)
+            d = tf.nn.max_pool2d(h, 3, 1, "SAME")
+            h = _conv(tf.concat([a, b, c, d], axis=-1), channels, 1, f"inc{i}/proj", 10 * i + 6)
+        mean, var = tf.nn.moments(h, axes=[0, 1, 2])
+        h = tf.nn.batch_normalization(h, mean, var, None, None, 1e-3)
+        rng = np.random.default_rng(5)
+        feeds = {"x:0": rng.standard_normal((batch, size, size, 3), dtype=np.float32),
+                 "labels:0": rng.integers(0, 10, batch).astype(np.int32)}
+        return ["loss:0", _classify(h, labels, optimizer)], feeds
+
+    return _graph(build)
+
+
+def unet(batch: int = 4, size: int = 64, channels: int = 16, levels: int = 3, optimizer: str = "adam") -> Built:
+    """A U-Net: a down path whose activations are concatenated into the up path (long skip connections)."""
+
+    def build() -> tuple[list[str], dict[str, np.ndarray]]:
+        x = v1.placeholder(tf.float32, (batch, size, size, 3), name="x")
+        target = v1.placeholder(tf.float32, (batch, size, size, 1), name="target")
+        skips, h = [], x
+        for i in range(levels):
+            h = _conv(h, channels * 2**i, 3, f"down{i}", i)
+            skips.append(h)
+            h = tf.nn.max_pool2d(h, 2, 2, "VALID")
+        h = _conv(h, channels * 2**levels, 3, "middle", 9)
+        for i in reversed(range(levels)):
+            h = tf.image.resize(h, (size // 2**i, size // 2**i), method="nearest")
+            h = _conv(tf.concat([h, skips[i]], -1), channels * 2**i, 3, f"up{i}", 20 + i)
+        w = v1.get_variable("out/w", (1, 1, channels, 1), initializer=v1.glorot_uniform_initializer(seed=5))
+        loss = tf.reduce_mean(tf.square(tf.nn.conv2d(h, w, 1, "SAME") - target), name="loss")
+        rng = np.random.default_rng(6)
+        feeds = {"x:0": rng.standard_normal((batch, size, size, 3), dtype=np.float32),
+                 "target:0": rng.standard_normal((batch, size, size, 1), dtype=np.float32)}
+        return ["loss:0", _train(loss, optimizer)], feeds
+
+    return _graph(build)
+
+
 BUILDERS: dict[str, Callable[..., Built]] = {
     "mlp": mlp,
     "convnet": residual_convnet,
     "wide": wide_branches,
     "rnn": unrolled_rnn,
     "moe": moe_layer,
+    "inception": inception_towers,
+    "unet": unet,
 }

@@ -285,6 +285,14 @@ class Testbed:
             self._settle()
             return RunResult(oom=True, error=_one_line(e), device_peak_bytes=None, host_peak_bytes=None,
                              step_time_s=None)
+        except tf.errors.InvalidArgumentError as e:
+            # The worker turns fed values into tensors with the capped allocator; when that allocation fails
+            # TF reports the feed as an "Invalid TensorProto": the device is out of memory before any op runs.
+            if "Invalid TensorProto for feed value" not in str(e):
+                raise self._failed(fetches, e) from e
+            self._settle()
+            return RunResult(oom=True, error=f"the feeds do not fit in device memory ({_one_line(e)})",
+                             device_peak_bytes=None, host_peak_bytes=None, step_time_s=None)
         except tf.errors.OpError as e:
             raise self._failed(fetches, e) from e
 

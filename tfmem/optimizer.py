@@ -1,4 +1,4 @@
-"""``tfmem.optimize``: load a graph, run the memory passes for a budget, and hand back what to run.
+"""``tfmem.optimize`` (defined here): load a graph, run the memory passes for a budget, and hand back what to run.
 
 The result keeps every node name, so the user's feeds and fetches work unchanged on ``Optimized.graph``.
 """
