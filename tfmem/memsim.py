@@ -60,7 +60,7 @@ class LiveTensor:
     nbytes: int
     producer: str          # op type of the producing node
     consumers: tuple[str, ...]
-    kind: str              # "transient", "persistent", "fed", "fetched" or "copy"
+    kind: str              # "transient", "persistent", "fed", "fetched", "copy" or "scratch"
 
 
 @dataclass(frozen=True)
@@ -194,9 +194,10 @@ class _Replay:
         self.persistent = {"device": 0, "host": 0, "other": 0}
         self.buffers: dict[tuple[TensorRef, str], _Buffer] = {}   # (tensor, domain) -> buffer
         self.var_storage: dict[str, _Buffer] = {}
-        self.temps: dict[str, list[int]] = {}
+        self.temps: dict[str, list[_Buffer]] = {}
         self.peak = {"device": -1, "host": 0}   # sampled after each event; the allocator sees within-op peaks
-        self.peak_info: tuple[str, float, list[_Buffer]] = ("", 0.0, [])
+        self.peak_info: tuple[str, float, int] = ("", 0.0, 0)   # unit, time, length of the device log
+        self.device_log: list[tuple[bool, _Buffer]] = []         # (allocated?, buffer), device domain only
         self.timeline: list[tuple[float, int, int, str]] = []
         self.inputs = {u: self._unit_inputs(u) for u in eg.units}
 
@@ -211,6 +212,8 @@ class _Replay:
 
     def _alloc(self, tensor: TensorRef, nbytes: int, domain: str, kind: str) -> _Buffer:
         buf = _Buffer(tensor, rounded_bytes(nbytes), domain, kind, held=tensor in self.eg.fetched)
+        if domain == "device":
+            self.device_log.append((True, buf))
         if kind == "persistent":  # allocated at initialisation; packed exactly (see _allocate_persistent_and_fed)
             self.persistent[domain] += buf.nbytes
             return buf
@@ -221,6 +224,8 @@ class _Replay:
         if not buf.freed and buf.kind != "persistent" and not buf.held:
             buf.freed = True
             self.allocators[buf.domain].free(buf.handle)
+            if buf.domain == "device":
+                self.device_log.append((False, buf))
 
     def run(self, sched: Schedule) -> MemoryProfile:
         self._allocate_persistent_and_fed()
@@ -265,7 +270,7 @@ class _Replay:
         temps = [self.graph.spec(t).nbytes or 0 for t in self.eg.internal_tensors(unit)]
         if not self.eg.is_region(unit):
             temps += temp_bytes(self.graph[unit], self.graph)
-        self.temps[unit] = [self.allocators[domain].allocate(n) for n in temps if n > 0]
+        self.temps[unit] = [self._alloc(TensorRef(unit, -1), n, domain, "scratch") for n in temps if n > 0]
 
     def _output_buffer(self, unit: str, t: TensorRef, domain: str) -> _Buffer:
         node = self.graph[t.node]
@@ -320,26 +325,29 @@ class _Replay:
                 self.buffers[(t, other)] = copy
             if buf.uses <= 0:
                 self._free(buf)
-        for handle in self.temps.pop(unit, ()):
-            self.allocators[domain].free(handle)
+        for scratch in self.temps.pop(unit, ()):
+            self._free(scratch)
 
     def _record(self, time_s: float, unit: str) -> None:
         device, host = self.allocators["device"].in_use_bytes, self.allocators["host"].in_use_bytes
         self.timeline.append((time_s, device, host, unit))
         if device > self.peak["device"]:
             self.peak["device"] = device
-            live = [b for b in dict((id(b), b) for b in self.buffers.values()).values()
-                    if b.domain == "device" and not b.freed]
-            live += list(b for b in self.var_storage.values() if b.domain == "device")
-            self.peak_info = (unit, time_s, live)
+            self.peak_info = (unit, time_s, len(self.device_log))
         self.peak["host"] = max(self.peak["host"], host)
 
     def _profile(self, sched: Schedule) -> MemoryProfile:
-        unit, time_s, live = self.peak_info
-        seen: dict[int, _Buffer] = {id(b): b for b in live}
+        unit, time_s, log_length = self.peak_info
+        seen: dict[int, _Buffer] = {}
+        for allocated, buf in self.device_log[:log_length]:  # replay the log to the peak: O(events), once
+            if allocated:
+                seen[id(buf)] = buf
+            else:
+                seen.pop(id(buf), None)
         tensors = sorted(
-            (LiveTensor(str(b.tensor), b.nbytes, self.graph[b.tensor.node].op, tuple(dict.fromkeys(b.readers)),
-                        "fetched" if b.held and b.kind == "transient" else b.kind)
+            (LiveTensor(_tensor_name(b.tensor), b.nbytes,
+                        self.graph[b.tensor.node].op if b.tensor.node in self.graph else "v1 loop frame",
+                        tuple(dict.fromkeys(b.readers)), "fetched" if b.held and b.kind == "transient" else b.kind)
              for b in seen.values()),
             key=lambda lt: (-lt.nbytes, lt.tensor),
         )
@@ -353,6 +361,10 @@ class _Replay:
             host_peak_bytes=self.peak["host"], host_persistent_bytes=self.persistent["host"],
             timeline=tuple(self.timeline), schedule=sched, notes=notes,
         )
+
+
+def _tensor_name(ref: TensorRef) -> str:
+    return f"{ref.node} (scratch)" if ref.index < 0 else str(ref)
 
 
 def _variable_bytes(node: OpNode) -> int:
