@@ -57,7 +57,10 @@ def synthetic_corpus(num_docs: int, doc_len: int, vocab_size: int, num_topics: i
     docs = np.repeat(np.arange(num_docs), doc_len)
     pos = np.tile(np.arange(doc_len), num_docs)
     z = _categorical(rng, theta[docs])
-    words = _categorical(rng, phi[z])
+    words = np.empty(z.size, np.int64)
+    for k in range(num_topics):  # per topic, so that no (tokens x vocabulary) matrix is built
+        mine = np.flatnonzero(z == k)
+        words[mine] = rng.choice(vocab_size, size=mine.size, p=phi[k])
     keys = np.stack([docs, words, pos], axis=1)
     tokens = DistArray.from_coo(keys, np.ones(keys.shape[0]))
     return Corpus(tokens, np.full(num_docs, doc_len), vocab_size, theta, phi, alpha, beta)
