@@ -106,17 +106,19 @@ def residual_convnet(batch: int = 8, size: int = 32, channels: int = 32, blocks:
 def wide_branches(branches: int = 16, elems: int = 1 << 20, depth: int = 3) -> Built:
     """``branches`` independent element-wise chains from one input, each with a large transient, summed.
 
-    Forward only, no variables: the memory is all transients, which is what limiting parallelism saves.
+    Each branch scales the input by its own factor, widens it 4x (the large transient), applies ``depth``
+    element-wise ops and reduces to 1024 values. Forward only, no variables: the memory is all transients,
+    which is what limiting parallelism saves.
     """
 
     def build() -> tuple[list[str], dict[str, np.ndarray]]:
         x = v1.placeholder(tf.float32, (elems,), name="x")
         outs = []
         for b in range(branches):
-            h = tf.tile(x[None, :], (4, 1), name=f"branch{b}/expand")  # 4x larger transient
+            h = tf.tile((x * float(b + 2))[None, :], (4, 1), name=f"branch{b}/expand")
             for d in range(depth):
-                h = tf.math.sin(h * float(b + d + 1), name=f"branch{b}/sin{d}")
-            outs.append(tf.reduce_sum(h, axis=0, name=f"branch{b}/reduce"))
+                h = tf.math.sin(h * float(d + 1), name=f"branch{b}/sin{d}")
+            outs.append(tf.reduce_sum(tf.reshape(h, (-1, 1024)), axis=0, name=f"branch{b}/reduce"))
         tf.add_n(outs, name="y")
         feeds = {"x:0": np.random.default_rng(2).standard_normal(elems, dtype=np.float32)}
         return ["y:0"], feeds

@@ -27,6 +27,8 @@ Examples
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -82,14 +84,12 @@ class MemoryProfile:
     schedule: Schedule
     instrument: str = "simulator"
     notes: tuple[str, ...] = ()
+    estimated_step_s: float = 0.0   # cost-model step time with intra-op parallelism (see step_time_estimate)
 
     @property
     def transient_peak_bytes(self) -> int:
         return self.peak_bytes - self.persistent_bytes
 
-    @property
-    def estimated_step_s(self) -> float:
-        return self.schedule.makespan_s
 
 
 @dataclass
@@ -118,6 +118,7 @@ def simulate(
     cost_device: costmodel.DeviceSpec = costmodel.DEFAULT_DEVICE,
     grappler: bool = True,
     config: config_pb2.ConfigProto | None = None,
+    cores: int | None = None,
 ) -> MemoryProfile:
     """Simulate one step of ``graph`` computing ``fetches`` and return its ``MemoryProfile``.
 
@@ -133,6 +134,7 @@ def simulate(
     inter_op_threads : threads of TF's inter-op pool to emulate
     grappler : simulate the graph as the session runs it, after Grappler's rewrites (``tfmem.grappler``)
     config : the ``ConfigProto`` the session will use (its rewrite options steer Grappler)
+    cores : compute cores for the step-time estimate (default: this machine's)
 
     Raises
     ------
@@ -151,16 +153,52 @@ def simulate(
     eg = ExecutionGraph.build(ir, fetch_names, feed_names)
     require_known(ir, _sized_tensors(eg))
     placement = Placement(device, host)
+    cores = cores or os.cpu_count() or 1
     durations = {u: _unit_time(eg, u, cost_device) for u in eg.units}
     if order is not None:
         sched = fixed([u for u in _units_in(eg, order)], durations.__getitem__)
     else:
         gpu = "GPU" in (device or "").upper()  # TF's GPU kernels all count as cheap: everything runs inline
-        expensive = {u: not gpu and (eg.is_region(u) or costmodel.is_expensive(ir[u], ir, cost_device))
-                     for u in eg.units}
+        expensive = expensive_of(eg, ir, cost_device, gpu)
         sched = emulate(eg.units, eg.unit_preds, eg.unit_succs, durations.__getitem__,
                         expensive.__getitem__, inter_op_threads)
-    return _Replay(eg, placement).run(sched)
+    profile = _Replay(eg, placement).run(sched)
+    step = step_time_estimate(eg, durations, expensive_of(eg, ir, cost_device, gpu=False), cores)
+    return dataclasses.replace(profile, estimated_step_s=step)
+
+
+def expensive_of(eg: ExecutionGraph, ir: GraphIR, device: costmodel.DeviceSpec, gpu: bool) -> dict[str, bool]:
+    """Per unit: would TF's executor treat it as expensive (hand it to another thread)?"""
+    return {u: not gpu and (eg.is_region(u) or costmodel.is_expensive(ir[u], ir, device)) for u in eg.units}
+
+
+def step_time_estimate(eg: ExecutionGraph, durations: dict[str, float], expensive: dict[str, bool],
+                       cores: int) -> float:
+    """Step time if big ops spread over ``cores`` (intra-op parallelism) and ops share the cores.
+
+    The larger of the critical path (big ops at ``cores``-fold speed, small ones on one core) and the total
+    work over ``cores``: limiting inter-op parallelism costs time only where it lengthens the critical path.
+    """
+    finish: dict[str, float] = {}
+    for u in _topological(eg):  # GraphDef order need not be topological
+        own = durations[u] / cores if expensive[u] else durations[u]
+        finish[u] = own + max((finish[p] for p in eg.unit_preds[u]), default=0.0)
+    critical = max(finish.values(), default=0.0)
+    return max(critical, sum(durations.values()) / cores)
+
+
+def _topological(eg: ExecutionGraph) -> list[str]:
+    pending = {u: len(eg.unit_preds[u]) for u in eg.units}
+    ready = [u for u in eg.units if pending[u] == 0]
+    order = []
+    while ready:
+        u = ready.pop()
+        order.append(u)
+        for s in eg.unit_succs[u]:
+            pending[s] -= 1
+            if pending[s] == 0:
+                ready.append(s)
+    return order
 
 
 def _sized_tensors(eg: ExecutionGraph) -> list[TensorRef]:

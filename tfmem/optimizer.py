@@ -21,6 +21,7 @@ from tfmem.memsim import MemoryProfile
 from tfmem.pipeline import Pass, PassContext, run_pipeline
 from tfmem.report import Report
 from tfmem.shapes import FeedShapes
+from tfmem.tags import strip_tags
 from tfmem.units import format_bytes, parse_bytes
 
 # Name of the attr that keeps Grappler from removing or bypassing an op a pass inserted (DESIGN.md).
@@ -75,6 +76,7 @@ def optimize(
     host: str | None = None,
     passes: str | Sequence[str | Pass] | None = "auto",
     check: bool = True,
+    inter_op_threads: int | None = None,
 ) -> Optimized:
     """Rewrite ``graph`` so that computing ``fetches`` needs less device memory, with identical results.
 
@@ -87,6 +89,8 @@ def optimize(
     device, host : device strings; default: ops stay where they are, ``host`` is where swapped tensors go
     passes : ``"auto"``, or a list of pass names such as ``["partition", "limit_parallelism"]``
     check : verify the graph after every pass
+    inter_op_threads : the inter-op thread pool the session will run with (default: TF's, one per core);
+        how much parallelism is safe to keep depends on it
 
     Raises
     ------
@@ -111,9 +115,11 @@ def optimize(
     fetch_list = [fetches] if isinstance(fetches, str) else [str(getattr(f, "name", f)) for f in fetches]
     parse_fetches(ir, fetch_list)  # fail early, with the fetch's name, on a typo
     ctx = PassContext(tuple(fetch_list), budget_bytes, device, host,
-                      {k: tuple(v) for k, v in (feed_shapes or {}).items()}, check=check)
+                      {k: tuple(v) for k, v in (feed_shapes or {}).items()}, check=check,
+                      inter_op_threads=inter_op_threads)
     before = ctx.simulate(ir)
     new_ir, reports = run_pipeline(ir, resolve_passes(passes), ctx)
+    new_ir = strip_tags(new_ir)
     after = ctx.simulate(new_ir) if any(r.changed for r in reports) else before
     report = Report(budget_bytes, before, after, reports)
     if budget_bytes is not None and after.peak_bytes > budget_bytes:

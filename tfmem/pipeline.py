@@ -7,6 +7,7 @@ graph. "Nothing to do" is ``changed=False``, not an exception. The pipeline wrap
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
@@ -54,12 +55,19 @@ class PassContext:
     simulator: Callable[..., MemoryProfile] | None = None
     check: bool = True
     seed: int = 0
+    inter_op_threads: int | None = None   # the session's inter-op pool; None = TF's default (one per core)
+
+    @property
+    def threads(self) -> int:
+        """Inter-op threads the session will use (TF's default is the number of cores)."""
+        return self.inter_op_threads or os.cpu_count() or 1
 
     def simulate(self, graph: GraphIR, **kwargs: object) -> MemoryProfile:
         """Simulate ``graph`` for this context's fetches, devices and feeds."""
         from tfmem.memsim import simulate
 
         sim = self.simulator or simulate
+        kwargs.setdefault("inter_op_threads", self.threads)
         return sim(graph, list(self.fetches), feed_shapes=self.feed_shapes or None, device=self.device,
                    host=self.host, **kwargs)
 

@@ -1,0 +1,154 @@
+"""Memory-aware topological orders of a graph's units, for the partition pass to choose among.
+
+Three strategies, each a pure function of an ``OrderingProblem``:
+
+* ``tf_natural`` -- the order TensorFlow's executor would use with one thread (``tfmem.schedule``);
+* ``depth_first`` -- a post-order walk from the fetches that finishes the heavier input first;
+* ``greedy_memory`` -- list scheduling that prefers the ready op freeing the most bytes net of what it
+  allocates, looking one step ahead at what that op makes ready.
+
+Every order keeps stateful and random ops in their original relative order (they are chained).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+
+from tensorflow.python.framework import op_def_registry
+
+from tfmem import costmodel
+from tfmem.execution import ALIAS_OPS, PERSISTENT_OUTPUT_OPS, ExecutionGraph
+from tfmem.ir import TensorRef
+from tfmem.schedule import emulate
+
+
+def is_stateful(op: str) -> bool:
+    """Whether TF declares ``op`` stateful (random ops, variable reads and updates, queues...)."""
+    op_def = op_def_registry.get(op)
+    return bool(op_def is not None and op_def.is_stateful)
+
+
+@dataclass(frozen=True)
+class OrderingProblem:
+    """The unit DAG of one step, plus the chain that pins stateful ops' relative order."""
+
+    eg: ExecutionGraph
+
+    @cached_property
+    def preds(self) -> dict[str, tuple[str, ...]]:
+        preds = {u: list(self.eg.unit_preds[u]) for u in self.eg.units}
+        previous = None
+        for u in self.eg.units:  # GraphDef order is TF's construction order for stateful ops
+            if any(is_stateful(self.eg.graph[n].op) for n in self.eg.members[u]):
+                if previous is not None and previous not in preds[u]:
+                    preds[u].append(previous)
+                previous = u
+        return {u: tuple(p) for u, p in preds.items()}
+
+    @cached_property
+    def succs(self) -> dict[str, tuple[str, ...]]:
+        succs: dict[str, list[str]] = {u: [] for u in self.eg.units}
+        for u in self.eg.units:
+            for p in self.preds[u]:
+                succs[p].append(u)
+        return {u: tuple(s) for u, s in succs.items()}
+
+    @cached_property
+    def out_bytes(self) -> dict[str, int]:
+        return {u: sum(self.tensor_bytes(t) for t in self.eg.outputs_of(u)) for u in self.eg.units}
+
+    @cached_property
+    def inputs(self) -> dict[str, tuple[TensorRef, ...]]:
+        out = {}
+        for u in self.eg.units:
+            inside = set(self.eg.members[u])
+            out[u] = tuple(dict.fromkeys(
+                t for n in self.eg.members[u] for t in self.eg.graph[n].inputs
+                if t.node not in inside and t.node in self.eg.unit_of
+            ))
+        return out
+
+    def tensor_bytes(self, t: TensorRef) -> int:
+        """Bytes a tensor adds to the device: 0 for aliases, constants and variable reads."""
+        node = self.eg.graph[t.node]
+        if node.op in ALIAS_OPS or node.op in PERSISTENT_OUTPUT_OPS or node.op == "ReadVariableOp":
+            return 0
+        return self.eg.graph.spec(t).nbytes or 0
+
+    @cached_property
+    def index(self) -> dict[str, int]:
+        return {u: i for i, u in enumerate(self.eg.units)}
+
+
+def tf_natural(problem: OrderingProblem) -> list[str]:
+    eg = problem.eg
+    time = {u: sum(costmodel.op_time_s(eg.graph[n], eg.graph) for n in eg.members[u]) for u in eg.units}
+    expensive = {u: eg.is_region(u) or costmodel.is_expensive(eg.graph[u], eg.graph) for u in eg.units}
+    return list(emulate(eg.units, problem.preds, problem.succs, time.__getitem__, expensive.__getitem__).order)
+
+
+def depth_first(problem: OrderingProblem) -> list[str]:
+    """Post-order from the sinks; among a unit's inputs, the one with the largest output goes first."""
+    order: list[str] = []
+    done: set[str] = set()
+    sinks = [u for u in problem.eg.units if not problem.succs[u]]
+    for root in sinks:
+        stack: list[tuple[str, bool]] = [(root, False)]
+        while stack:
+            unit, expanded = stack.pop()
+            if unit in done:
+                continue
+            if expanded:
+                done.add(unit)
+                order.append(unit)
+                continue
+            stack.append((unit, True))
+            preds = sorted((p for p in problem.preds[unit] if p not in done),
+                           key=lambda p: (problem.out_bytes[p], -problem.index[p]))
+            stack.extend((p, False) for p in preds)  # the largest is pushed last, so it runs first
+    return order
+
+
+def greedy_memory(problem: OrderingProblem) -> list[str]:
+    """List scheduling by net bytes freed (freed - allocated), with one step of lookahead."""
+    remaining = {t: 0 for u in problem.eg.units for t in problem.inputs[u]}
+    for u in problem.eg.units:
+        for t in problem.inputs[u]:
+            remaining[t] += 1
+    pending = {u: len(problem.preds[u]) for u in problem.eg.units}
+
+    def gain(u: str) -> int:
+        freed = sum(problem.tensor_bytes(t) for t in problem.inputs[u] if remaining[t] == 1)
+        return freed - problem.out_bytes[u]
+
+    def score(u: str) -> tuple[int, int]:
+        ahead = max((gain(s) for s in problem.succs[u] if pending[s] == 1), default=0)
+        return (-(gain(u) + max(ahead, 0)), problem.index[u])
+
+    heap = [(score(u), u) for u in problem.eg.units if pending[u] == 0]
+    heapq.heapify(heap)
+    order: list[str] = []
+    while heap:
+        key, unit = heapq.heappop(heap)
+        fresh = score(unit)
+        if fresh != key:  # scores drift as other readers run: re-queue with the current one
+            heapq.heappush(heap, (fresh, unit))
+            continue
+        order.append(unit)
+        for t in problem.inputs[unit]:
+            remaining[t] -= 1
+        for s in problem.succs[unit]:
+            pending[s] -= 1
+            if pending[s] == 0:
+                heapq.heappush(heap, (score(s), s))
+    return order
+
+
+STRATEGIES: dict[str, Callable[[OrderingProblem], list[str]]] = {
+    "tf_natural": tf_natural,
+    "depth_first": depth_first,
+    "greedy_memory": greedy_memory,
+}
