@@ -1,0 +1,144 @@
+"""partition and limit_parallelism: structure, same outputs, idempotence, and properties on random DAGs."""
+
+from __future__ import annotations
+
+import networkx as nx
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tfmem
+from passes.limit_parallelism import BARRIER_PREFIX, LimitParallelism
+from passes.ordering import STRATEGIES, OrderingProblem
+from passes.partition import PARTITION_ATTR, Partition
+from tfmem import examples
+from tfmem.execution import ExecutionGraph
+from tfmem.pipeline import PassContext
+from tfmem.verify import verify
+
+v1 = tf.compat.v1
+
+
+def _run(graph: tf.Graph | tf.compat.v1.GraphDef, fetches, feeds):
+    if isinstance(graph, tf.compat.v1.GraphDef):
+        g = tf.Graph()
+        with g.as_default():
+            tf.graph_util.import_graph_def(graph, name="")
+        graph = g
+    config = v1.ConfigProto(inter_op_parallelism_threads=4)
+    with v1.Session(graph=graph, config=config) as sess:
+        return sess.run(fetches, feeds)
+
+
+def _ctx(built, threads=8, budget=None):
+    return PassContext(tuple(built.fetches), budget, feed_shapes=built.feed_shapes, inter_op_threads=threads)
+
+
+@pytest.fixture(scope="module")
+def wide():
+    return examples.wide_branches(branches=4, elems=1 << 14, depth=2)
+
+
+def test_every_strategy_gives_a_topological_order(wide):
+    ir = tfmem.load(wide.graph, wide.feed_shapes)
+    eg = ExecutionGraph.build(ir, wide.fetches, wide.feed_shapes)
+    problem = OrderingProblem(eg)
+    for name, strategy in STRATEGIES.items():
+        order = strategy(problem)
+        assert sorted(order) == sorted(eg.units), name
+        position = {u: i for i, u in enumerate(order)}
+        assert all(position[p] < position[u] for u in eg.units for p in problem.preds[u]), name
+
+
+def test_partition_only_tags(wide):
+    ir = tfmem.load(wide.graph, wide.feed_shapes)
+    result = Partition().run(ir, _ctx(wide))
+    tagged = [n for n in result.graph.nodes if PARTITION_ATTR in n.attrs]
+    assert tagged and len(result.graph) == len(ir)
+    assert all(a.inputs == b.inputs and a.control_inputs == b.control_inputs
+               for a, b in zip(ir.nodes, result.graph.nodes, strict=True))
+    assert "wins" in " ".join(result.report.notes)
+
+
+def test_limit_parallelism_serialises_branches_and_keeps_outputs(wide):
+    ir = tfmem.load(wide.graph, wide.feed_shapes)
+    ctx = _ctx(wide)
+    result = LimitParallelism(k=1).run(Partition().run(ir, ctx).graph, ctx)
+    assert result.changed and result.report.control_edges_added > 0
+    barriers = [n for n in result.graph.nodes if n.name.startswith(BARRIER_PREFIX)]
+    assert barriers and all(n.op == "NoOp" and n.attr_bool("_grappler_do_not_remove") for n in barriers)
+    assert not any(PARTITION_ATTR in n.attrs for n in result.graph.nodes)
+    verify(result.graph)
+    before = _run(wide.graph, wide.fetches, wide.feeds)
+    after = _run(result.graph.to_graph_def(), wide.fetches, wide.feeds)
+    assert all(np.array_equal(a, b) for a, b in zip(before, after, strict=True))
+    assert ctx.simulate(result.graph).peak_bytes < ctx.simulate(ir).peak_bytes
+
+
+def test_optimize_with_both_passes_is_idempotent(wide):
+    once = tfmem.optimize(wide.graph, wide.fetches, passes=["partition", "limit_parallelism"],
+                          feed_shapes=wide.feed_shapes, inter_op_threads=8)
+    lp = once.report.passes[-1]
+    assert lp.details["k"] >= 1 and lp.control_edges_added > 0
+    twice = tfmem.optimize(once.graph, wide.fetches, passes=["partition", "limit_parallelism"],
+                           feed_shapes=wide.feed_shapes, inter_op_threads=8)
+    assert not twice.report.passes[-1].changed
+    assert twice.report.after.peak_bytes <= once.report.after.peak_bytes
+
+
+def test_budget_picks_the_largest_k_that_fits(wide):
+    ir = tfmem.load(wide.graph, wide.feed_shapes)
+    generous = LimitParallelism().run(Partition().run(ir, _ctx(wide)).graph, _ctx(wide, budget=1 << 40))
+    assert not generous.changed  # the unlimited graph already fits: nothing is given up
+
+
+@st.composite
+def random_dags(draw, max_nodes: int = 12):
+    n = draw(st.integers(3, max_nodes))
+    preds = [sorted(draw(st.sets(st.integers(0, i - 1), max_size=2))) if i else [] for i in range(n)]
+    sizes = draw(st.lists(st.sampled_from([256, 4096, 16384]), min_size=n, max_size=n))
+    return preds, sizes
+
+
+def _dag_graph(preds, sizes):
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, (max(sizes),), name="x")
+        nodes = []
+        for i, (ps, size) in enumerate(zip(preds, sizes, strict=True)):
+            base = x[:size] * float(i + 1)
+            terms = [tf.reduce_sum(nodes[p]) for p in ps]
+            nodes.append(tf.math.sin(base + tf.add_n(terms) if terms else base, name=f"n{i}"))
+        consumed = {p for ps in preds for p in ps}
+        sinks = [f"n{i}:0" for i in range(len(preds)) if i not in consumed]
+    feeds = {"x:0": np.random.default_rng(len(preds)).standard_normal(max(sizes)).astype(np.float32)}
+    return g, sinks, feeds
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_dags(), st.sampled_from([1, 2, 4]))
+def test_random_dags_stay_acyclic_equal_and_no_worse(dag, k):
+    g, sinks, feeds = _dag_graph(*dag)
+    shapes = {"x:0": feeds["x:0"].shape}
+    ir = tfmem.load(g, shapes)
+    ctx = PassContext(tuple(sinks), feed_shapes=shapes, inter_op_threads=4)
+    result = LimitParallelism(k=k).run(Partition().run(ir, ctx).graph, ctx)
+    verify(result.graph)
+    assert nx.is_directed_acyclic_graph(result.graph.nx)
+    if result.changed:
+        assert ctx.simulate(result.graph, grappler=False).peak_bytes <= ctx.simulate(ir, grappler=False).peak_bytes
+    before = _run(g, sinks, feeds)
+    after = _run(result.graph.to_graph_def(), sinks, feeds)
+    assert all(np.array_equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+def test_a_tight_budget_gets_a_limit_that_meets_it(wide):
+    ir = Partition().run(tfmem.load(wide.graph, wide.feed_shapes), _ctx(wide)).graph
+    unlimited = _ctx(wide).simulate(ir, grappler=False).peak_bytes
+    serial = LimitParallelism(k=1).run(ir, _ctx(wide))
+    serial_peak = serial.report.details["peak_after"]
+    budget = (unlimited + serial_peak) // 2
+    result = LimitParallelism().run(ir, _ctx(wide, budget=budget))
+    assert result.changed and result.report.details["peak_after"] <= budget
