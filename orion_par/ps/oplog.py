@@ -1,0 +1,191 @@
+"""The client's oplog (increments coalesced per row) and managed communication's row priorities.
+
+Between clocks, a worker's increments to one row are summed into a single delta, so a row is sent once
+however often it was updated.  Managed communication (Bösen, SoCC'15) sends part of the oplog before the
+clock boundary when there is bandwidth to spare; which rows go first is the policy:
+
+* ``"magnitude"``: largest relative change first, ``sum |delta| / sum |value|`` (Bösen's choice: rows whose
+  updates matter most to readers);
+* ``"consumption"``: the rows that will be read soonest first, estimated by the order in which this worker
+  first read each row during its previous clock (P3, SysML'19: layers consumed first are sent first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from orion_par.ps.tables import BadTableError, RowSet, Store, TableSpec, make_store
+
+Policy = Literal["magnitude", "consumption"]
+POLICIES: tuple[str, ...] = ("magnitude", "consumption")
+_TINY = 1e-12  # a row whose cached value is all zeros still gets a finite, very high priority
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Rows of one table taken from the oplog, ready to send."""
+
+    table: str
+    rows: np.ndarray
+    deltas: Any
+    nbytes: int
+
+
+class OpLog:
+    """Coalesced, not yet sent increments of one worker, per table.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> log = OpLog([TableSpec("t", 4, 2)])
+    >>> log.add("t", np.array([1, 3, 1]), np.ones((3, 2)))
+    >>> log.dirty("t").tolist(), log.read("t", np.array([1]))[0].tolist()
+    ([1, 3], [2.0, 2.0])
+    >>> [b.rows.tolist() for b in log.take_all()], log.dirty("t").tolist()
+    ([[1, 3]], [])
+    """
+
+    def __init__(self, specs: Iterable[TableSpec]) -> None:
+        self.specs = {s.name: s for s in specs}
+        self.deltas: dict[str, Store] = {n: make_store(s) for n, s in self.specs.items()}
+        self.dirty_rows: dict[str, RowSet] = {n: RowSet(s) for n, s in self.specs.items()}
+        self.coalesced = 0  # increments merged into a row that was already dirty
+
+    def add(self, table: str, rows: np.ndarray, deltas: Any) -> None:
+        already = int(np.count_nonzero(self.dirty_rows[table].contains(rows)))
+        self.coalesced += already + int(rows.size - np.unique(rows).size)
+        self.deltas[table].add(rows, deltas)
+        self.dirty_rows[table].add(rows)
+
+    def dirty(self, table: str) -> np.ndarray:
+        return self.dirty_rows[table].members()
+
+    def read(self, table: str, rows: np.ndarray) -> Any:
+        return self.deltas[table].read(rows)
+
+    def take(self, table: str, rows: np.ndarray) -> Batch:
+        """Remove ``rows`` from the oplog and return their deltas."""
+        store = self.deltas[table]
+        out = Batch(table, rows, store.read(rows), store.payload_bytes(rows))
+        store.zero(rows)
+        self.dirty_rows[table].discard(rows)
+        return out
+
+    def take_all(self) -> list[Batch]:
+        return [self.take(t, rows) for t in self.specs if (rows := self.dirty(t)).size]
+
+    def empty(self) -> bool:
+        return not any(self.dirty(t).size for t in self.specs)
+
+    def clear(self) -> None:
+        for t in self.specs:
+            self.deltas[t].zero(self.dirty(t))
+            self.dirty_rows[t].clear()
+
+
+class ConsumptionOrder:
+    """Position of each row's first read in the current clock; the previous clock's order predicts the next."""
+
+    def __init__(self) -> None:
+        self.current: dict[tuple[str, int], int] = {}
+        self.previous: dict[tuple[str, int], int] = {}
+
+    def record(self, table: str, rows: np.ndarray) -> None:
+        for r in rows.tolist():
+            self.current.setdefault((table, r), len(self.current))
+
+    def next_clock(self) -> None:
+        if self.current:
+            self.previous, self.current = self.current, {}
+
+    def positions(self, table: str, rows: np.ndarray) -> np.ndarray:
+        """Expected read position of each row (rows never read come last)."""
+        never = len(self.previous) + len(self.current) + 1
+        return np.array([self.previous.get((table, r), self.current.get((table, r), never)) for r in rows.tolist()],
+                        dtype=np.float64)
+
+
+def magnitude_scores(deltas: Store, values: Store, rows: np.ndarray) -> np.ndarray:
+    """``sum |delta| / sum |value|`` per row (Bösen's relative magnitude).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> spec = TableSpec("t", 2, 2)
+    >>> d, v = make_store(spec), make_store(spec)
+    >>> d.add(np.array([0, 1]), np.array([[1.0, 1.0], [1.0, 1.0]]))
+    >>> v.add(np.array([0, 1]), np.array([[10.0, 10.0], [1.0, 1.0]]))
+    >>> magnitude_scores(d, v, np.array([0, 1])).round(2).tolist()
+    [0.1, 1.0]
+    """
+    out: np.ndarray = deltas.abs_sums(rows) / np.maximum(values.abs_sums(rows), _TINY)
+    return out
+
+
+def select(candidates: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]], budget_bytes: int
+           ) -> list[tuple[str, np.ndarray]]:
+    """Highest-scoring rows (across tables) whose payload fits in ``budget_bytes``.
+
+    Parameters
+    ----------
+    candidates : mapping
+        ``table -> (rows, scores, bytes per row)``; higher score goes first, ties by table then row.
+    budget_bytes : int
+
+    Returns
+    -------
+    list of (table, rows)
+        Rows taken in priority order, grouped per table; a row that does not fit ends the selection,
+        so no lower-priority row overtakes a higher one.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> c = {"a": (np.array([0, 1]), np.array([1.0, 5.0]), np.array([10, 10])),
+    ...      "b": (np.array([7]), np.array([3.0]), np.array([10]))}
+    >>> [(t, r.tolist()) for t, r in select(c, budget_bytes=25)]
+    [('a', [1]), ('b', [7])]
+    """
+    if budget_bytes < 0:
+        raise BadTableError(f"select: budget_bytes={budget_bytes} must be >= 0.")
+    tables = sorted(candidates)
+    if not tables:
+        return []
+    rows = np.concatenate([candidates[t][0] for t in tables])
+    scores = np.concatenate([candidates[t][1] for t in tables])
+    nbytes = np.concatenate([candidates[t][2] for t in tables])
+    tix = np.concatenate([np.full(candidates[t][0].size, i) for i, t in enumerate(tables)])
+    order = np.lexsort((rows, tix, -scores))
+    fits = np.cumsum(nbytes[order]) <= budget_bytes
+    n = int(np.argmin(fits)) if not fits.all() else fits.size
+    chosen = order[:n]
+    return [(t, np.sort(rows[chosen[tix[chosen] == i]])) for i, t in enumerate(tables) if np.any(tix[chosen] == i)]
+
+
+def row_bytes(store: Store, rows: np.ndarray) -> np.ndarray:
+    """Bytes each row's delta takes on the wire."""
+    if store.spec.kind == "dense":
+        return np.full(rows.size, store.spec.row_bytes, dtype=np.int64)
+    return np.array([store.payload_bytes(rows[i:i + 1]) for i in range(rows.size)], dtype=np.int64)
+
+
+def priority_candidates(log: OpLog, values: Mapping[str, Store], policy: str, order: ConsumptionOrder
+                        ) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Scores of every dirty row under ``policy`` (see ``select``)."""
+    if policy not in POLICIES:
+        raise BadTableError(f"managed communication policy {policy!r} is unknown; use one of {POLICIES}.")
+    out = {}
+    for table in log.specs:
+        rows = log.dirty(table)
+        if not rows.size:
+            continue
+        if policy == "magnitude":
+            scores = magnitude_scores(log.deltas[table], values[table], rows)
+        else:
+            scores = -order.positions(table, rows)
+        out[table] = (rows, scores, row_bytes(log.deltas[table], rows))
+    return out
