@@ -1,0 +1,62 @@
+"""Benchmark: how long ``tfmem.optimize`` takes on a large graph (target: 20,000 nodes in under 10 s).
+
+Builds a statically unrolled RNN training step of about ``--nodes`` ops and times ``tfmem.load``,
+``tfmem.simulate`` and ``tfmem.optimize`` with the partition and limit_parallelism passes (which includes
+two Grappler-faithful simulations: before and after). Writes experiments/results/optimize_speed.*.
+
+    python -m experiments.optimize_speed               # ~20,000 nodes
+    python -m experiments.optimize_speed --tiny        # ~2,000 nodes, a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import tfmem  # noqa: E402
+from experiments._common import RESULTS, provenance, write  # noqa: E402
+from tfmem import examples  # noqa: E402
+
+NODES_PER_STEP = 47  # ops per unrolled step of examples.unrolled_rnn (forward, backward, loss)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.optimize_speed", description=__doc__)
+    parser.add_argument("--nodes", type=int, default=20_000, help="approximate graph size")
+    parser.add_argument("--tiny", action="store_true", help="about 2,000 nodes")
+    parser.add_argument("--out", default=str(RESULTS))
+    args = parser.parse_args(argv)
+    target = 2_000 if args.tiny else args.nodes
+    built = examples.unrolled_rnn(steps=max(2, target // NODES_PER_STEP), batch=8, hidden=64, inputs=32)
+    nodes = len(built.graph.as_graph_def().node)
+    timings = {}
+    t0 = time.perf_counter()
+    ir = tfmem.load(built.graph, built.feed_shapes)
+    timings["load_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    profile = tfmem.simulate(ir, built.fetches)
+    timings["simulate_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    opt = tfmem.optimize(built.graph, built.fetches, passes=["partition", "limit_parallelism"],
+                         feed_shapes=built.feed_shapes)
+    timings["optimize_s"] = time.perf_counter() - t0
+    result = provenance(argv, nodes=nodes, **timings, simulated_peak_bytes=profile.peak_bytes,
+                        passes=[{"name": p.name, "notes": list(p.notes)} for p in opt.report.passes])
+    md = (
+        "# tfmem.optimize speed\n\n"
+        f"Command: `{result['command']}` ({result['date']}, {result['machine']['cpus']} CPUs).\n\n"
+        "| graph nodes | load | simulate | optimize (partition + limit_parallelism) |\n|---:|---:|---:|---:|\n"
+        f"| {nodes} | {timings['load_s']:.2f} s | {timings['simulate_s']:.2f} s | {timings['optimize_s']:.2f} s |\n"
+    )
+    json_path, md_path = write("optimize_speed", result, md, Path(args.out))
+    print(md)
+    print(f"wrote {json_path} and {md_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
