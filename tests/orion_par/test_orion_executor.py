@@ -269,3 +269,43 @@ def test_negative_keys_are_rejected_because_they_alias():
 
     with pytest.raises(BadBodyError, match="negative indices"):
         body.run(workers=2)
+
+
+def test_row_values_docstring_and_early_return():
+    rng = np.random.default_rng(9)
+    keys = rng.integers(0, 10, 200)
+    vals = rng.random((200, 3))
+    out = DistArray(np.zeros((10, 3)))
+
+    @parallel_for(DistArray.from_coo(keys, vals))
+    def body(key, value):
+        """Accumulate the rows whose first entry is large enough."""
+        if value[0] < 0.1:
+            return
+        for c in range(3):
+            out[key[0], c] += value[c]
+
+    assert body.run(workers=2).compiled
+    expected = np.zeros((10, 3))
+    for k, v in zip(keys, vals, strict=True):
+        if v[0] >= 0.1:
+            expected[k] += v
+    assert np.allclose(out, expected)
+
+
+def test_data_parallel_arrays_are_merged_every_step():
+    rng = np.random.default_rng(10)
+    keys = np.stack([rng.integers(0, 20, 1000), rng.integers(0, 20, 1000)], axis=1)
+    data = DistArray.from_coo(keys, rng.random(1000))
+    per_user = DistArray(np.zeros(20))
+    total = DistArray(np.zeros(1))
+
+    @parallel_for(data, allow_data_parallel=True)
+    def body(key, value):
+        per_user[key[0]] += value
+        total[0] += value
+
+    assert body.plan.data_parallel == ("total",)
+    body.run(workers=2, epochs=2)
+    assert np.isclose(total[0], 2 * np.asarray(data).sum())
+    assert np.allclose(per_user, 2 * np.bincount(keys[:, 0], weights=np.asarray(data), minlength=20))
