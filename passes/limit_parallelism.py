@@ -49,7 +49,7 @@ class LimitParallelism:
             return PassResult(untagged, False, PassReport.empty(self.name, "one partition: nothing to limit"))
         threads = ctx.threads
         base = ctx.simulate(untagged, grappler=False, inter_op_threads=threads)
-        ks = [self.k] if isinstance(self.k, int) else _candidates(len(parts))
+        ks = [self.k] if isinstance(self.k, int) else _candidates(len(parts), threads)
         trials = [(k, *self._limited(untagged, eg, parts, k, ctx, threads)) for k in ks]
         k, new, edges, prof = self._choose(trials, base, ctx)
         if new is None:
@@ -98,9 +98,10 @@ class LimitParallelism:
         return min(fast, key=lambda t: (t[3].peak_bytes, -t[0]), default=(0, None, 0, base))
 
 
-def _candidates(partitions: int) -> list[int]:
+def _candidates(partitions: int, threads: int) -> list[int]:
+    """1, 2, 4, ... below the partition count; beyond the thread count a limit changes little."""
     ks, k = [], 1
-    while k < partitions:
+    while k < partitions and k <= threads:
         ks.append(k)
         k *= 2
     return ks

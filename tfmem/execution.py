@@ -116,12 +116,19 @@ class ExecutionGraph:
 
     def consumers(self, tensor: TensorRef) -> tuple[str, ...]:
         """Units (other than the producer's own) that read ``tensor`` in this step."""
-        own = self.unit_of.get(tensor.node)
-        out = dict.fromkeys(
-            self.unit_of[c] for c in self.graph.consumers.get(tensor, ()) if c in self.unit_of
-        )
-        out.pop(own, None)  # type: ignore[arg-type]
-        return tuple(out)
+        cached = self._consumers.get(tensor)
+        if cached is None:
+            own = self.unit_of.get(tensor.node)
+            out = dict.fromkeys(
+                self.unit_of[c] for c in self.graph.consumers.get(tensor, ()) if c in self.unit_of
+            )
+            out.pop(own, None)  # type: ignore[arg-type]
+            cached = self._consumers[tensor] = tuple(out)
+        return cached
+
+    @cached_property
+    def _consumers(self) -> dict[TensorRef, tuple[str, ...]]:
+        return {}  # filled lazily by consumers(): a frozen dataclass can still own a mutable cache
 
     def is_region(self, unit: str) -> bool:
         return unit.startswith("frame:")
@@ -129,8 +136,7 @@ class ExecutionGraph:
     def outputs_of(self, unit: str) -> list[TensorRef]:
         """Tensors a unit makes visible outside itself (all outputs of a plain op)."""
         if not self.is_region(unit):
-            node = self.graph[unit]
-            return [TensorRef(unit, i) for i in range(len(node.outputs))]
+            return self._plain_outputs[unit]
         inside = set(self.members[unit])
         return [
             TensorRef(n, i)
@@ -139,6 +145,11 @@ class ExecutionGraph:
             if TensorRef(n, i) in self.fetched
             or any(c not in inside for c in self.graph.consumers.get(TensorRef(n, i), ()))
         ]
+
+    @cached_property
+    def _plain_outputs(self) -> dict[str, list[TensorRef]]:
+        return {u: [TensorRef(u, i) for i in range(len(self.graph[u].outputs))]
+                for u in self.units if not self.is_region(u)}
 
     def internal_tensors(self, unit: str) -> list[TensorRef]:
         """Tensors that live and die inside a region (its per-iteration working set)."""

@@ -145,26 +145,52 @@ def simulate(
     if grappler:
         placed = with_default_device(to_graph_def(graph), device or DEFAULT_DEVICE)
         ir = annotate(runtime_graph_def(placed, fetch_names, config), feed_shapes)
-    elif isinstance(graph, GraphIR) and graph.annotated and not feed_shapes:
+    elif isinstance(graph, GraphIR) and graph.annotated:  # feed shapes were applied when it was annotated
         ir = graph
     else:
         ir = load(graph, feed_shapes)
     feed_names = list(feeds) + list(feed_shapes or {})
-    eg = ExecutionGraph.build(ir, fetch_names, feed_names)
-    require_known(ir, _sized_tensors(eg))
+    analysis = _analyse(ir, fetch_names, feed_names, cost_device)
+    eg, durations, expensive = analysis.eg, analysis.durations, analysis.expensive
     placement = Placement(device, host)
     cores = cores or os.cpu_count() or 1
-    durations = {u: _unit_time(eg, u, cost_device) for u in eg.units}
     if order is not None:
         sched = fixed([u for u in _units_in(eg, order)], durations.__getitem__)
     else:
         gpu = "GPU" in (device or "").upper()  # TF's GPU kernels all count as cheap: everything runs inline
-        expensive = expensive_of(eg, ir, cost_device, gpu)
         sched = emulate(eg.units, eg.unit_preds, eg.unit_succs, durations.__getitem__,
-                        expensive.__getitem__, inter_op_threads)
+                        (lambda u: False) if gpu else expensive.__getitem__, inter_op_threads)
     profile = _Replay(eg, placement).run(sched)
-    step = step_time_estimate(eg, durations, expensive_of(eg, ir, cost_device, gpu=False), cores)
+    step = step_time_estimate(eg, durations, expensive, cores)
     return dataclasses.replace(profile, estimated_step_s=step)
+
+
+@dataclass(frozen=True)
+class _Analysis:
+    ir: GraphIR                      # held so that the id() in the cache key stays this graph's
+    eg: ExecutionGraph
+    durations: dict[str, float]
+    expensive: dict[str, bool]
+
+
+_ANALYSES: dict[tuple[object, ...], _Analysis] = {}
+_ANALYSES_KEPT = 8
+
+
+def _analyse(ir: GraphIR, fetches: list[str], feeds: list[str], device: costmodel.DeviceSpec) -> _Analysis:
+    """The per-graph part of a simulation, cached: passes simulate one graph many times (orders, k values)."""
+    key = (id(ir), tuple(fetches), tuple(sorted(feeds)), device)
+    cached = _ANALYSES.get(key)
+    if cached is not None and cached.ir is ir:
+        return cached
+    eg = ExecutionGraph.build(ir, fetches, feeds)
+    require_known(ir, _sized_tensors(eg))
+    durations = {u: _unit_time(eg, u, device) for u in eg.units}
+    analysis = _Analysis(ir, eg, durations, expensive_of(eg, ir, device, gpu=False))
+    if len(_ANALYSES) >= _ANALYSES_KEPT:
+        _ANALYSES.pop(next(iter(_ANALYSES)))
+    _ANALYSES[key] = analysis
+    return analysis
 
 
 def expensive_of(eg: ExecutionGraph, ir: GraphIR, device: costmodel.DeviceSpec, gpu: bool) -> dict[str, bool]:
@@ -211,7 +237,8 @@ def _sized_tensors(eg: ExecutionGraph) -> list[TensorRef]:
 
 def _units_in(eg: ExecutionGraph, order: Sequence[str]) -> list[str]:
     units = list(dict.fromkeys(eg.unit_of[n] for n in order if n in eg.unit_of))
-    missing = [u for u in eg.units if u not in set(units)]
+    given = set(units)
+    missing = [u for u in eg.units if u not in given]
     if missing:
         from tfmem.errors import ScheduleError
         raise ScheduleError(f"order omits {len(missing)} executed op(s), e.g. {', '.join(missing[:5])}")
