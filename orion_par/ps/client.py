@@ -41,7 +41,8 @@ class Channel(Protocol):
 
     num_shards: int
 
-    def send_inc(self, client: PSClient, shard: int, batches: Sequence[Batch], flush_seq: int) -> None: ...
+    def send_inc(self, client: PSClient, shard: int, batches: Sequence[Batch], flush_seq: int, clock: int
+                 ) -> None: ...
 
     def send_tick(self, client: PSClient, shard: int) -> None: ...
 
@@ -59,11 +60,15 @@ class ClientOptions:
         SSP, everything waits for ``clock()``).
     burst_bytes : int, optional
         Token bucket depth (see ``TokenBucket``).
+    async_send : bool
+        ``clock()`` hands the oplog to a background sender (Bösen's communication thread) and returns at
+        once; reads still wait for whatever the staleness bound needs.  Default: send before returning.
     """
 
     bandwidth_bytes_per_s: float | None = None
     policy: str | None = None
     burst_bytes: int | None = None
+    async_send: bool = False
 
     def __post_init__(self) -> None:
         if self.policy is not None and self.policy not in POLICIES:
@@ -105,6 +110,10 @@ class PSClient:
             self.flush_seq = [0] * self.num_shards
             self.inbox: list[dict[int, Delivery]] = [{} for _ in range(self.num_shards)]
             self.next_seq = [1] * self.num_shards
+            old: _Outbox | None = getattr(self, "outbox", None)
+            if old is not None:
+                old.close()
+            self.outbox: _Outbox | None = _Outbox(self) if self.options.async_send else None
 
     @property
     def clock_now(self) -> int:
@@ -216,7 +225,10 @@ class PSClient:
         with self.lock:
             self._send(self.oplog.take_all(), early=False)
             for shard in range(self.num_shards):
-                self.channel.send_tick(self, shard)
+                if self.outbox is not None:
+                    self.outbox.put(("tick", shard, None, 0, 0))
+                else:
+                    self.channel.send_tick(self, shard)
             self.clock_ += 1
             self.stats.clocks += 1
             self.order.next_clock()
@@ -244,19 +256,90 @@ class PSClient:
             if not parts:
                 continue
             nbytes = sum(p.nbytes for p in parts)
-            if self.bucket is not None:
-                self.stats.throttled_s += self.bucket.take(nbytes)
             self.flush_seq[shard] += 1
             self.inflight[shard].append((self.flush_seq[shard], parts))
             for p in parts:
                 self.pending[p.table].add(p.rows, p.deltas)
-            self.channel.send_inc(self, shard, parts, self.flush_seq[shard])
+            if self.outbox is not None:
+                self.outbox.put(("inc", shard, parts, self.flush_seq[shard], self.clock_))
+            else:
+                self.transmit(shard, parts, self.flush_seq[shard], self.clock_)
             sent += nbytes
             self.stats.messages_sent += 1
         self.stats.bytes_sent += sent
         if early:
             self.stats.early_bytes += sent
         return sent
+
+
+    def transmit(self, shard: int, parts: list[Batch], flush_seq: int, clock: int) -> None:
+        """Spend the bandwidth budget on one message and hand it to the channel."""
+        if self.bucket is not None:
+            self.stats.throttled_s += self.bucket.take(sum(p.nbytes for p in parts))
+        self.channel.send_inc(self, shard, parts, flush_seq, clock)
+
+    def finish(self) -> None:
+        """Wait until everything handed to the background sender has been sent."""
+        if self.outbox is not None:
+            self.outbox.join()
+
+
+Message = tuple[str, int, Any, int, int]  # kind, shard, batches, flush_seq, clock
+
+
+class _Outbox:
+    """The background sender: messages leave in the order they were queued (the FIFO SSP relies on)."""
+
+    def __init__(self, client: PSClient) -> None:
+        self.client = client
+        self.queue: deque[Message] = deque()
+        self.cond = threading.Condition()
+        self.busy = False
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._loop, name="orion_par-ps-sender", daemon=True)
+        self.thread.start()
+
+    def put(self, msg: Message) -> None:
+        with self.cond:
+            if self.error is not None:
+                raise self.error
+            self.queue.append(msg)
+            self.cond.notify_all()
+
+    def join(self) -> None:
+        with self.cond:
+            self.cond.wait_for(lambda: (not self.queue and not self.busy) or self.error is not None)
+            if self.error is not None:
+                raise self.error
+
+    def close(self) -> None:
+        """Drop what is queued (a restore made it obsolete) and end the thread."""
+        with self.cond:
+            self.queue.clear()
+            self.queue.append(("stop", 0, None, 0, 0))
+            self.cond.notify_all()
+
+    def _loop(self) -> None:
+        while True:
+            with self.cond:
+                self.cond.wait_for(lambda: bool(self.queue))
+                kind, shard, parts, seq, clock = self.queue.popleft()
+                if kind == "stop":
+                    return
+                self.busy = True
+            try:
+                if kind == "inc":
+                    self.client.transmit(shard, parts, seq, clock)
+                else:
+                    self.client.channel.send_tick(self.client, shard)
+            except BaseException as e:  # noqa: BLE001 - raised in the worker's thread by put/join
+                with self.cond:
+                    self.error, self.busy = e, False
+                    self.cond.notify_all()
+                return
+            with self.cond:
+                self.busy = False
+                self.cond.notify_all()
 
 
 def _negate(deltas: Any) -> Any:

@@ -57,12 +57,12 @@ class LocalChannel:
         self.ps = ps
         self.num_shards = len(ps.hosts)
 
-    def send_inc(self, client: PSClient, shard: int, batches: Sequence[Batch], flush_seq: int) -> None:
+    def send_inc(self, client: PSClient, shard: int, batches: Sequence[Batch], flush_seq: int, clock: int) -> None:
         host = self.ps.hosts[shard]
         with host.cond:
             host.server.check(client.worker, client.generation)
             for b in batches:
-                host.server.inc(client.worker, b.table, b.rows, b.deltas, flush_seq=flush_seq, clock=client.clock_)
+                host.server.inc(client.worker, b.table, b.rows, b.deltas, flush_seq=flush_seq, clock=clock)
             if client.options.policy is not None:  # managed communication: push fresh rows between clocks
                 self.ps.push(host, only_news=True)
 
@@ -176,6 +176,7 @@ class LocalPS:
             for c in range(start, start + clocks):
                 out.append(program(client, w, c))
                 client.clock()
+            client.finish()
         except BaseException as e:  # noqa: BLE001 - re-raised by run()
             errors.append(e)
             self._abort()

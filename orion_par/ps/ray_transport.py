@@ -92,10 +92,9 @@ class RayChannel:
         self.num_shards = len(self.shards)
         self.ray = import_ray()
 
-    def send_inc(self, client: PSClient, shard: int, batches: Sequence[Batch], flush_seq: int) -> None:
+    def send_inc(self, client: PSClient, shard: int, batches: Sequence[Batch], flush_seq: int, clock: int) -> None:
         push = client.options.policy is not None
-        ref = self.shards[shard].inc.remote(client.worker, client.generation, list(batches), flush_seq,
-                                            client.clock_, push)
+        ref = self.shards[shard].inc.remote(client.worker, client.generation, list(batches), flush_seq, clock, push)
         self._receive(client, self.ray.get(ref))
 
     def send_tick(self, client: PSClient, shard: int) -> None:
@@ -144,6 +143,7 @@ class WorkerImpl:
             for c in range(start, stop):
                 out.append(program(client, client.worker, c))
                 client.clock()
+            client.finish()
         finally:
             if flusher is not None:
                 flusher.stop()

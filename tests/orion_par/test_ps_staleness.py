@@ -138,8 +138,8 @@ def test_no_stale_reads_local():
 
 
 def test_no_stale_reads_local_managed_communication():
-    # Early flushes and pushes between clocks must not break the bound either.
-    opts = ClientOptions(bandwidth_bytes_per_s=2e6, policy="magnitude")
+    # Early flushes, pushes between clocks and a background sender must not break the bound either.
+    opts = ClientOptions(bandwidth_bytes_per_s=2e6, policy="magnitude", async_send=True)
     logs, reads, _ = run_probe(lambda specs, n: LocalPS(specs, n, options=opts), 2000, seed=7)
     assert reads >= 2000
     for name, s in TABLES.items():
