@@ -77,7 +77,7 @@ def test_host_placed_ops_count_toward_host_peak():
                     host="/job:host/replica:0/task:0/device:CPU:0", grappler=False)
     assert prof.host_peak_bytes >= 1 << 20
     assert prof.peak_bytes >= 1 << 20   # the device receives a copy to reduce it
-    assert prof.peak_bytes < 2 << 20
+    assert prof.peak_bytes < (2 << 20) + 4096   # plus the handful of 256-byte constant chunks
 
 
 def test_v1_loop_and_function_do_not_crash():

@@ -51,17 +51,21 @@ class BFCAllocator:
     """Replays BFC allocation; ``in_use_bytes`` and ``peak_bytes`` match TF's ``get_memory_info``."""
 
     def __init__(self, limit_bytes: int = 1 << 50, allow_growth: bool = False) -> None:
-        # A GPU's BFC (and the testbed's device, which reserves its whole budget up front) holds one region
-        # of the whole memory; allow_growth starts at 2 MiB and doubles, as TF's CPU BFC does.
+        # The testbed's device reserves its budget up front: a first 2 MiB region, then one region of the rest
+        # (a GPU's BFC is one region of the whole memory). allow_growth starts at 2 MiB and doubles instead.
         self.limit_bytes = limit_bytes
         self.region_bytes = 0
-        self.next_region = INITIAL_REGION if allow_growth else limit_bytes
+        self.next_region = INITIAL_REGION
         self.bins: list[list[tuple[int, int]]] = [[] for _ in range(NUM_BINS)]  # sorted (size, ptr)
         self.free_chunks: dict[int, _Chunk] = {}
         self.in_use_bytes = 0
         self.peak_bytes = 0
         self._handles: dict[int, _Chunk] = {}
         self._next_handle = 0
+        if not allow_growth:  # TF's first region (2 MiB), then the rest in one: what the testbed reserves
+            self._extend(INITIAL_REGION)
+            self.next_region = limit_bytes - self.region_bytes
+            self._extend(self.next_region)
 
     def allocate(self, nbytes: int) -> int:
         """Allocate ``nbytes``; returns a handle for ``free``."""
@@ -94,19 +98,6 @@ class BFCAllocator:
             self._unbin(before)
             chunk = self._merge(before, chunk)
         self._bin_chunk(chunk)
-
-    def account_preallocated(self, nbytes: int) -> None:
-        """Count ``nbytes`` allocated before this step (variables, constants) as in use, packed exactly.
-
-        They were allocated at initialisation, when the regions were created; what matters for the step is
-        that they are in use and that region growth has already doubled past them.
-        """
-        self.in_use_bytes += nbytes
-        self.peak_bytes = max(self.peak_bytes, self.in_use_bytes)
-        grown = 0
-        while grown < nbytes:
-            grown += self.next_region
-            self.next_region *= 2
 
     def _find(self, size: int) -> _Chunk | None:
         for b in range(_bin(size), NUM_BINS):

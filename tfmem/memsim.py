@@ -279,9 +279,8 @@ class _Replay:
         buf = _Buffer(tensor, rounded_bytes(nbytes), domain, kind, held=tensor in self.eg.fetched)
         if domain == "device":
             self.device_log.append((True, buf))
-        if kind == "persistent":  # allocated at initialisation; packed exactly (see _allocate_persistent_and_fed)
+        if kind == "persistent":  # allocated at initialisation, before the step, and never freed
             self.persistent[domain] += buf.nbytes
-            return buf
         buf.handle = self.allocators[domain].allocate(nbytes)
         return buf
 
@@ -318,8 +317,6 @@ class _Replay:
                 elif node.op in RESOURCE_VARIABLE_OPS:
                     self.var_storage[n] = self._alloc(TensorRef(n, 0), _variable_bytes(node), self.domain[u],
                                                       "persistent")
-        for domain, nbytes in self.persistent.items():
-            self.allocators[domain].account_preallocated(nbytes)
         for ref in self.eg.fed:
             consumers = self.eg.consumers(ref)
             domain = self.domain[consumers[0]] if consumers else "device"

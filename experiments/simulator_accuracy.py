@@ -1,0 +1,78 @@
+"""How close the simulator's device peak is to the testbed's measured one (one inter-op thread).
+
+For each graph: the median measured peak over five runs (TF times ops and runs cheap ones inline, so ops near
+that threshold can change the order between runs), the simulator's peak and Grappler's estimate for a 12 GiB
+virtual GPU. Writes experiments/results/simulator_accuracy.*.
+
+    python -m experiments.simulator_accuracy           # eleven graphs, about a minute
+    python -m experiments.simulator_accuracy --tiny    # two small graphs
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from tqdm import tqdm  # noqa: E402
+
+import tfmem  # noqa: E402
+from experiments._common import RESULTS, provenance, write  # noqa: E402
+from tfmem import examples  # noqa: E402
+from tfmem.measure import grappler_peak  # noqa: E402
+from tfmem.testbed import Testbed  # noqa: E402
+from tfmem.units import format_bytes  # noqa: E402
+
+
+def graphs(tiny: bool) -> dict[str, examples.Built]:
+    if tiny:
+        return {"mlp": examples.mlp(batch=16, dims=(64, 256, 10)), "rnn": examples.unrolled_rnn(steps=4)}
+    return {
+        "mlp-sgd": examples.mlp(batch=64, dims=(784, 1024, 1024, 10)),
+        "mlp-adam": examples.mlp(batch=128, dims=(512, 1024, 1024, 1024, 10), optimizer="adam"),
+        "mlp-momentum-wide": examples.mlp(batch=128, dims=(512, 2048, 2048, 2048, 10), optimizer="momentum"),
+        "conv-residual-branches": examples.residual_convnet(),
+        "conv-residual-64px": examples.residual_convnet(channels=16, size=64),
+        "inception-towers": examples.inception_towers(),
+        "unet-skips": examples.unet(),
+        "wide-16-branches": examples.wide_branches(branches=16, elems=1 << 18),
+        "unrolled-rnn": examples.unrolled_rnn(),
+        "unrolled-rnn-adam": examples.unrolled_rnn(steps=24, hidden=384, optimizer="adam"),
+        "moe-16-experts": examples.moe_layer(experts=16, batch=128),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.simulator_accuracy", description=__doc__)
+    parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--out", default=str(RESULTS))
+    args = parser.parse_args(argv)
+    rows = []
+    with Testbed("4GiB", inter_op_threads=1, intra_op_threads=1) as tb:
+        for name, built in tqdm(graphs(args.tiny).items(), desc="graphs", disable=args.tiny):
+            runs = [tb.run(built.graph, built.fetches, built.feeds, steps=1).device_peak_bytes for _ in range(5)]
+            measured = int(statistics.median(runs))
+            simulated = tfmem.simulate(built.graph, built.fetches).peak_bytes
+            grappler = grappler_peak(built.graph, built.fetches, memory="12GiB")
+            rows.append({"graph": name, "measured_bytes": measured, "measured_runs": runs,
+                         "simulated_bytes": simulated, "grappler_bytes": grappler,
+                         "simulated_over_measured": simulated / measured})
+    result = provenance(argv, testbed_budget="4GiB", inter_op_threads=1, rows=rows)
+    lines = ["# Simulator vs testbed (device peak, one inter-op thread)", "",
+             f"Command: `{result['command']}` ({result['date']}). Measured: testbed, median of 5 runs.", "",
+             "| graph | measured (testbed) | simulated | sim / measured | Grappler estimate (12 GiB GPU) |",
+             "|---|---:|---:|---:|---:|"]
+    lines += [f"| {r['graph']} | {format_bytes(r['measured_bytes'])} | {format_bytes(r['simulated_bytes'])} | "
+              f"{r['simulated_over_measured']:.3f} | {format_bytes(r['grappler_bytes'])} |" for r in rows]
+    md = "\n".join(lines) + "\n"
+    json_path, md_path = write("simulator_accuracy", result, md, Path(args.out))
+    print(md)
+    print(f"wrote {json_path} and {md_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
