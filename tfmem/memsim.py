@@ -36,6 +36,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2
 
 from tfmem import costmodel
+from tfmem.analysis import analyse, step_time_estimate, units_in
 from tfmem.bfc import BFCAllocator, rounded_bytes
 from tfmem.devices import DEFAULT_DEVICE, Placement, with_default_device
 from tfmem.execution import (
@@ -51,7 +52,7 @@ from tfmem.ir import GraphIR, OpNode, TensorRef
 from tfmem.loading import GraphSource, load, to_graph_def
 from tfmem.opmemory import FORWARDING_OPS, temp_bytes
 from tfmem.schedule import Schedule, emulate, fixed
-from tfmem.shapes import FeedShapes, annotate, dtype_size, require_known
+from tfmem.shapes import FeedShapes, annotate, dtype_size
 
 
 @dataclass(frozen=True)
@@ -150,12 +151,12 @@ def simulate(
     else:
         ir = load(graph, feed_shapes)
     feed_names = list(feeds) + list(feed_shapes or {})
-    analysis = _analyse(ir, fetch_names, feed_names, cost_device)
+    analysis = analyse(ir, fetch_names, feed_names, cost_device)
     eg, durations, expensive = analysis.eg, analysis.durations, analysis.expensive
     placement = Placement(device, host)
     cores = cores or os.cpu_count() or 1
     if order is not None:
-        sched = fixed([u for u in _units_in(eg, order)], durations.__getitem__)
+        sched = fixed(units_in(eg, order), durations.__getitem__)
     else:
         gpu = "GPU" in (device or "").upper()  # TF's GPU kernels all count as cheap: everything runs inline
         sched = emulate(eg.units, eg.unit_preds, eg.unit_succs, durations.__getitem__,
@@ -163,90 +164,6 @@ def simulate(
     profile = _Replay(eg, placement).run(sched)
     step = step_time_estimate(eg, durations, expensive, cores)
     return dataclasses.replace(profile, estimated_step_s=step)
-
-
-@dataclass(frozen=True)
-class _Analysis:
-    ir: GraphIR                      # held so that the id() in the cache key stays this graph's
-    eg: ExecutionGraph
-    durations: dict[str, float]
-    expensive: dict[str, bool]
-
-
-_ANALYSES: dict[tuple[object, ...], _Analysis] = {}
-_ANALYSES_KEPT = 8
-
-
-def _analyse(ir: GraphIR, fetches: list[str], feeds: list[str], device: costmodel.DeviceSpec) -> _Analysis:
-    """The per-graph part of a simulation, cached: passes simulate one graph many times (orders, k values)."""
-    key = (id(ir), tuple(fetches), tuple(sorted(feeds)), device)
-    cached = _ANALYSES.get(key)
-    if cached is not None and cached.ir is ir:
-        return cached
-    eg = ExecutionGraph.build(ir, fetches, feeds)
-    require_known(ir, _sized_tensors(eg))
-    durations = {u: _unit_time(eg, u, device) for u in eg.units}
-    analysis = _Analysis(ir, eg, durations, expensive_of(eg, ir, device, gpu=False))
-    if len(_ANALYSES) >= _ANALYSES_KEPT:
-        _ANALYSES.pop(next(iter(_ANALYSES)))
-    _ANALYSES[key] = analysis
-    return analysis
-
-
-def expensive_of(eg: ExecutionGraph, ir: GraphIR, device: costmodel.DeviceSpec, gpu: bool) -> dict[str, bool]:
-    """Per unit: would TF's executor treat it as expensive (hand it to another thread)?"""
-    return {u: not gpu and (eg.is_region(u) or costmodel.is_expensive(ir[u], ir, device)) for u in eg.units}
-
-
-def step_time_estimate(eg: ExecutionGraph, durations: dict[str, float], expensive: dict[str, bool],
-                       cores: int) -> float:
-    """Step time if big ops spread over ``cores`` (intra-op parallelism) and ops share the cores.
-
-    The larger of the critical path (big ops at ``cores``-fold speed, small ones on one core) and the total
-    work over ``cores``: limiting inter-op parallelism costs time only where it lengthens the critical path.
-    """
-    finish: dict[str, float] = {}
-    for u in _topological(eg):  # GraphDef order need not be topological
-        own = durations[u] / cores if expensive[u] else durations[u]
-        finish[u] = own + max((finish[p] for p in eg.unit_preds[u]), default=0.0)
-    critical = max(finish.values(), default=0.0)
-    return max(critical, sum(durations.values()) / cores)
-
-
-def _topological(eg: ExecutionGraph) -> list[str]:
-    pending = {u: len(eg.unit_preds[u]) for u in eg.units}
-    ready = [u for u in eg.units if pending[u] == 0]
-    order = []
-    while ready:
-        u = ready.pop()
-        order.append(u)
-        for s in eg.unit_succs[u]:
-            pending[s] -= 1
-            if pending[s] == 0:
-                ready.append(s)
-    return order
-
-
-def _sized_tensors(eg: ExecutionGraph) -> list[TensorRef]:
-    out = []
-    for u in eg.units:
-        if not eg.is_region(u):
-            out.extend(t for t in eg.outputs_of(u) if eg.graph[t.node].op not in ALIAS_OPS)
-    return out
-
-
-def _units_in(eg: ExecutionGraph, order: Sequence[str]) -> list[str]:
-    units = list(dict.fromkeys(eg.unit_of[n] for n in order if n in eg.unit_of))
-    given = set(units)
-    missing = [u for u in eg.units if u not in given]
-    if missing:
-        from tfmem.errors import ScheduleError
-        raise ScheduleError(f"order omits {len(missing)} executed op(s), e.g. {', '.join(missing[:5])}")
-    return units
-
-
-def _unit_time(eg: ExecutionGraph, unit: str, device: costmodel.DeviceSpec) -> float:
-    return sum(costmodel.op_time_s(eg.graph[n], eg.graph, device) for n in eg.members[unit])
 
 
 class _Replay:
