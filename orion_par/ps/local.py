@@ -196,6 +196,12 @@ class LocalPS:
         """A copy of every table (dense: an array; sparse: ``{row: {column: value}}``)."""
         return {name: self.table(name, locked) for name in self.specs}
 
+    def initialize(self, name: str, values: Any) -> None:
+        """Set a table's starting values (between runs); every shard keeps the rows it owns."""
+        for host in self.hosts:
+            with host.cond:
+                host.server.load_table(name, values)
+
     def table(self, name: str, locked: bool = True) -> Any:
         """A copy of one table, merged over shards."""
         parts = []

@@ -249,6 +249,14 @@ class BoundedStalenessServer:
         self.generation += 1
         self._reset(state.clock)
 
+    def load_table(self, name: str, values: Any) -> None:
+        """Replace a table's contents (before workers start): a full dense array, or ``{row: {col: value}}``."""
+        store = self.stores[name]
+        if store.spec.kind == "dense" and np.shape(values) != (store.spec.num_rows, store.spec.width):
+            raise PSError(f"table {name!r}: initial values must have shape ({store.spec.num_rows}, "
+                          f"{store.spec.width}); got {np.shape(values)}.")
+        store.load(values)
+
     def table(self, name: str) -> Any:
         """A copy of one table's contents (dense: an array; sparse: ``{row: {column: value}}``)."""
         return self.stores[name].snapshot()

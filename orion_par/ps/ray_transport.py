@@ -83,6 +83,9 @@ class ShardImpl:
     def table(self, name: str) -> Any:
         return self.server.table(name)
 
+    def load_table(self, name: str, values: Any) -> None:
+        self.server.load_table(name, values)
+
 
 class RayChannel:
     """Moves a client's messages to shard actors (one blocking call at a time per message)."""
@@ -225,6 +228,10 @@ class RayPS:
                 self.workers[w] = self._new_worker(w)
                 self.restarts += 1
         self.ray.get([a.reset.remote(ckpt.clock, self.generation) for a in self.workers])
+
+    def initialize(self, name: str, values: Any) -> None:
+        """Set a table's starting values (between runs)."""
+        self.ray.get([s.load_table.remote(name, values) for s in self.shards])
 
     def table(self, name: str) -> Any:
         """A copy of one table, merged over shards."""
