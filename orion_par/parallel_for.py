@@ -153,7 +153,9 @@ class ParallelFor:
             keys = self._keys
             if plan.scheme is ParallelScheme.TWO_D_ORDERED:
                 check_sorted(keys)
-            sched = make_schedule(plan, keys, workers, time_partitions)
+            captured = self.captured()
+            space_bytes = sum(int(captured[n].nbytes) for n in plan.space_arrays if n in captured)
+            sched = make_schedule(plan, keys, workers, time_partitions, space_bytes)
             values = np.ascontiguousarray(np.asarray(self.data)[sched.perm])
             self._schedules[key] = (sched, BlockData(np.ascontiguousarray(keys[sched.perm]), values, {}))
         return self._schedules[key]
