@@ -37,8 +37,12 @@ class _State:
 
 
 def run_local(compiled: CompiledBody, data: BlockData, schedule: Schedule, epochs: int,
-              relaxed: Mapping[str, int], seed: int | None) -> list[float]:
-    """Run ``epochs`` epochs of ``schedule``; returns each worker's busy seconds."""
+              relaxed: Mapping[str, int], seed: int | None, cpu: list[float] | None = None) -> list[float]:
+    """Run ``epochs`` epochs of ``schedule``; returns each worker's busy seconds (wall time in blocks).
+
+    ``cpu``, if given, receives each worker's CPU seconds in blocks (busy time minus time the OS gave
+    the core to other processes).
+    """
     workers = schedule.num_workers
     private = _private_copies(data.params, relaxed, workers)
     base = {n: np.array(data.params[n], copy=True) for n in private}
@@ -54,9 +58,10 @@ def run_local(compiled: CompiledBody, data: BlockData, schedule: Schedule, epoch
     barrier = threading.Barrier(workers, action=merge) if need_barrier else None
     state = _State()
     busy = [0.0] * workers
+    cpu_s = [0.0] * workers
     threads = [
         threading.Thread(target=_worker, name=f"orion_par-worker-{w}",
-                         args=(w, compiled, data, schedule, epochs, private, every, barrier, state, busy, seed))
+                         args=(w, compiled, data, schedule, epochs, private, every, barrier, state, (busy, cpu_s), seed))
         for w in range(workers)
     ]
     for t in threads:
@@ -67,6 +72,8 @@ def run_local(compiled: CompiledBody, data: BlockData, schedule: Schedule, epoch
         raise state.error
     if private:
         merge()
+    if cpu is not None:
+        cpu[:] = cpu_s
     return busy
 
 
@@ -78,7 +85,7 @@ def _private_copies(params: Mapping[str, Any], relaxed: Mapping[str, int], worke
 
 def _worker(w: int, compiled: CompiledBody, data: BlockData, schedule: Schedule, epochs: int,
             private: Mapping[str, list[np.ndarray]], every: int | None, barrier: threading.Barrier | None,
-            state: _State, busy: list[float], seed: int | None) -> None:
+            state: _State, clocks: tuple[list[float], list[float]], seed: int | None) -> None:
     try:
         if seed is not None:
             compiled.seed(seed + w)
@@ -89,10 +96,11 @@ def _worker(w: int, compiled: CompiledBody, data: BlockData, schedule: Schedule,
                 task = mine.get(step)
                 if task is not None:
                     _wait_turn(task, epoch, schedule, state)
-                    t0 = time.perf_counter()
+                    t0, c0 = time.perf_counter(), time.thread_time()
                     start, stop = int(schedule.block_start[task.block]), int(schedule.block_stop[task.block])
                     compiled.block(data.keys, data.values, start, stop, *params)
-                    busy[w] += time.perf_counter() - t0
+                    clocks[0][w] += time.perf_counter() - t0
+                    clocks[1][w] += time.thread_time() - c0
                     with state.cond:
                         state.done[task.token] = state.done.get(task.token, 0) + 1
                         state.cond.notify_all()

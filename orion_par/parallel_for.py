@@ -37,6 +37,7 @@ class RunStats:
     elapsed_s: float
     busy_s: tuple[float, ...]
     compiled: bool
+    cpu_s: tuple[float, ...] = ()  # CPU seconds per worker in blocks (local backend)
 
     @property
     def records_per_s(self) -> float:
@@ -212,16 +213,17 @@ class ParallelFor:
         data.params = self._params(captured)
         check_bounds(plan.accesses, plan.key_names, data.keys, data.params)
         compiled = self.compiled_body(data.keys, data.values, data.params)
+        cpu: list[float] = []
         t0 = time.perf_counter()
         if backend == "local":
-            busy = run_local(compiled, data, sched, epochs, plan.relaxed, seed)
+            busy = run_local(compiled, data, sched, epochs, plan.relaxed, seed, cpu)
         else:
             from orion_par.ray_backend import run_ray
 
             busy = run_ray(compiled, data, sched, epochs, plan, seed, self._ray_pool)
         elapsed = time.perf_counter() - t0
         return RunStats(backend, str(plan.scheme), workers, epochs, int(sched.perm.size) * epochs, elapsed,
-                        tuple(busy), compiled.compiled)
+                        tuple(busy), compiled.compiled, tuple(cpu))
 
     def run_serial(self, order: np.ndarray | None = None, epochs: int = 1, *, seed: int | None = None) -> RunStats:
         """Run the compiled body serially in this thread, over ``order`` (default: data order).
