@@ -26,6 +26,7 @@ import numpy as np
 from tqdm import tqdm
 
 from experiments.ssp_vs_bsp import (
+    BURST_S,
     MF_FULL,
     MF_TINY,
     machine,
@@ -39,13 +40,17 @@ from experiments.ssp_vs_bsp import (
 from orion_par.ps import ClientOptions
 
 STALENESS = 2
+FLUSH_INTERVAL_S = 0.01  # the flusher wakes every 10 ms (its scoring costs CPU the workers need)
 
 
 def settings(link: float) -> dict[str, ClientOptions]:
-    return {"plain SSP": ClientOptions(bandwidth_bytes_per_s=link),
-            "plain SSP, async": ClientOptions(bandwidth_bytes_per_s=link, async_send=True),
-            "magnitude": ClientOptions(bandwidth_bytes_per_s=link, policy="magnitude"),
-            "consumption": ClientOptions(bandwidth_bytes_per_s=link, policy="consumption")}
+    burst = int(link * BURST_S)
+    return {"plain SSP": ClientOptions(bandwidth_bytes_per_s=link, burst_bytes=burst),
+            "plain SSP, async": ClientOptions(bandwidth_bytes_per_s=link, burst_bytes=burst, async_send=True),
+            "magnitude": ClientOptions(bandwidth_bytes_per_s=link, burst_bytes=burst, policy="magnitude",
+                                       flush_interval_s=FLUSH_INTERVAL_S),
+            "consumption": ClientOptions(bandwidth_bytes_per_s=link, burst_bytes=burst, policy="consumption",
+                                         flush_interval_s=FLUSH_INTERVAL_S)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--link-mbps", type=float, default=None, help="per-worker budget in MB/s")
     ap.add_argument("--target-frac", type=float, default=0.75)
     args = ap.parse_args(argv)
-    cfg = dict(MF_TINY if args.tiny else MF_FULL)
+    cfg = dict(MF_TINY if args.tiny else dict(MF_FULL, users=4000, items=500, chunks=8))
     cfg["link_mbps"] = args.link_mbps or (10.0 if args.tiny else 50.0)
     repeats = args.repeats or (1 if args.tiny else 3)
     problem = mf_problem(cfg)

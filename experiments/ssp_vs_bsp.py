@@ -35,11 +35,12 @@ from models.mf import init_factors, rmse, sgd_serial_numba, synthetic_ratings
 from orion_par.ps import ClientOptions, LocalPS, TableSpec
 
 STALENESS: tuple[int | None, ...] = (0, 1, 2, 4, None)
+BURST_S = 0.002  # the emulated link banks at most 2 ms of idle bandwidth
 MF_FULL = dict(users=2000, items=1000, ratings=1_200_000, rank=32, batches=6, epochs=10, lr=0.01, reg=0.02,
                workers=2, link_mbps=200.0)
 MF_TINY = dict(users=300, items=200, ratings=20_000, rank=8, batches=4, epochs=3, lr=0.03, reg=0.02,
                workers=2, link_mbps=20.0)
-LDA_FULL = dict(docs=1500, doc_len=80, vocab=1500, topics=20, batches=6, epochs=10, workers=2, link_mbps=50.0)
+LDA_FULL = dict(docs=3000, doc_len=80, vocab=1500, topics=20, batches=6, epochs=10, workers=2, link_mbps=50.0)
 LDA_TINY = dict(docs=100, doc_len=30, vocab=200, topics=5, batches=3, epochs=3, workers=2, link_mbps=20.0)
 
 
@@ -59,7 +60,12 @@ def shares(n: int, workers: int, batches: int, seed: int) -> list[list[np.ndarra
 
 
 class MFProgram:
-    """One clock of data-parallel SGD for matrix factorisation (tables ``W`` and ``H``)."""
+    """One clock of data-parallel SGD for matrix factorisation (tables ``W`` and ``H``).
+
+    A clock's mini-batch is processed in ``chunks`` pieces, each reading its rows, computing and sending
+    its increments, as a Bösen application does: between clocks there are updates to send early and
+    fresh rows to read.  Ratings are visited user by user, so a chunk's ``W`` rows are final once it ends.
+    """
 
     def __init__(self, keys: np.ndarray, values: np.ndarray, cfg: dict[str, Any], straggler: str) -> None:
         self.cfg, self.straggler = cfg, straggler
@@ -67,22 +73,27 @@ class MFProgram:
         for worker_batches in shares(keys.shape[0], cfg["workers"], cfg["batches"], seed=3):
             mine = []
             for idx in worker_batches:
-                users, u_local = np.unique(keys[idx, 0], return_inverse=True)
-                items, i_local = np.unique(keys[idx, 1], return_inverse=True)
-                local = np.ascontiguousarray(np.stack([u_local, i_local], axis=1).astype(np.int64))
-                mine.append((users, items, local, np.ascontiguousarray(values[idx])))
+                idx = idx[np.argsort(keys[idx, 0], kind="stable")]
+                chunks = []
+                for part in np.array_split(idx, cfg.get("chunks", 4)):
+                    users, u_local = np.unique(keys[part, 0], return_inverse=True)
+                    items, i_local = np.unique(keys[part, 1], return_inverse=True)
+                    local = np.ascontiguousarray(np.stack([u_local, i_local], axis=1).astype(np.int64))
+                    chunks.append((users, items, local, np.ascontiguousarray(values[part])))
+                mine.append(chunks)
             self.batches.append(mine)
 
     def __call__(self, client: Any, worker: int, clock: int) -> float:
-        users, items, local, vals = self.batches[worker][clock % self.cfg["batches"]]
-        W = client.get("W", users)
-        H = client.get("H", items)
-        W0, H0 = W.copy(), H.copy()
-        t0 = time.perf_counter()
-        sgd_serial_numba(local, vals, W, H, self.cfg["lr"], self.cfg["reg"])
-        compute = time.perf_counter() - t0
-        client.inc("W", users, W - W0)
-        client.inc("H", items, H - H0)
+        compute = 0.0
+        for users, items, local, vals in self.batches[worker][clock % self.cfg["batches"]]:
+            W = client.get("W", users)
+            H = client.get("H", items)
+            W0, H0 = W.copy(), H.copy()
+            t0 = time.perf_counter()
+            sgd_serial_numba(local, vals, W, H, self.cfg["lr"], self.cfg["reg"])
+            compute += time.perf_counter() - t0
+            client.inc("W", users, W - W0)
+            client.inc("H", items, H - H0)
         if slowed(self.straggler, worker, clock, self.cfg["workers"]):
             time.sleep(compute)  # the 2x straggler: its compute takes twice as long
         return compute
@@ -246,7 +257,7 @@ def _compare(problem: dict[str, Any], straggler: str, frac: float, repeats: int,
     runs: dict[str, list[dict[str, Any]]] = {}
     for _ in range(repeats):  # interleaved, so a slow spell of the shared machine hits every setting
         for s in STALENESS:
-            opts = ClientOptions(bandwidth_bytes_per_s=link, async_send=True)
+            opts = ClientOptions(bandwidth_bytes_per_s=link, burst_bytes=int(link * BURST_S), async_send=True)
             runs.setdefault("ASP" if s is None else f"s={s}", []).append(run_setting(problem, s, opts, straggler))
             bar.update(1)
     target = float(np.median([target_from(r, frac) for r in runs["s=0"]]))

@@ -80,11 +80,18 @@ class TokenBucket:
 
 
 class Flushable(Protocol):
-    def flush_some(self, budget_bytes: int) -> int: ...
+    def flush_some(self, budget_bytes: int, prepaid: bool = False) -> int: ...
+
+    def has_dirty(self) -> bool: ...
 
 
 class BackgroundFlusher:
-    """A thread that, every ``interval_s``, hands the bucket's spare bytes to ``client.flush_some``."""
+    """A thread that, while there are unsent updates, buys ``interval_s`` worth of link time and spends it.
+
+    It takes the tokens before it picks rows (outside the client's lock, so the worker never waits for
+    it), then hands that budget to ``client.flush_some``: the link carries early updates at the budget's
+    rate while the worker computes, and what the clock boundary must send shrinks.
+    """
 
     def __init__(self, client: Flushable, bucket: TokenBucket, interval_s: float = 0.002) -> None:
         self.client, self.bucket, self.interval_s = client, bucket, interval_s
@@ -98,10 +105,11 @@ class BackgroundFlusher:
 
     def _loop(self) -> None:
         try:
-            while not self.stop_event.wait(self.interval_s):
-                spare = self.bucket.available()
-                if spare > 0:
-                    self.client.flush_some(spare)
+            budget = max(1, int(self.bucket.rate * self.interval_s))
+            while not self.stop_event.wait(self.interval_s / 4):
+                if self.client.has_dirty():
+                    self.bucket.take(budget)
+                    self.client.flush_some(budget, prepaid=True)
         except BaseException as e:  # noqa: BLE001 - reported by stop()
             self.error = e
 

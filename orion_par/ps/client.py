@@ -60,6 +60,8 @@ class ClientOptions:
         SSP, everything waits for ``clock()``).
     burst_bytes : int, optional
         Token bucket depth (see ``TokenBucket``).
+    flush_interval_s : float
+        How often the managed-communication flusher looks for spare budget.
     async_send : bool
         ``clock()`` hands the oplog to a background sender (Bösen's communication thread) and returns at
         once; reads still wait for whatever the staleness bound needs.  Default: send before returning.
@@ -69,6 +71,7 @@ class ClientOptions:
     policy: str | None = None
     burst_bytes: int | None = None
     async_send: bool = False
+    flush_interval_s: float = 0.002
 
     def __post_init__(self) -> None:
         if self.policy is not None and self.policy not in POLICIES:
@@ -233,8 +236,15 @@ class PSClient:
             self.stats.clocks += 1
             self.order.next_clock()
 
-    def flush_some(self, budget_bytes: int) -> int:
-        """Managed communication: send the highest-priority dirty rows that fit in ``budget_bytes``."""
+    def has_dirty(self) -> bool:
+        """Whether the oplog holds unsent updates."""
+        return not self.oplog.empty()
+
+    def flush_some(self, budget_bytes: int, prepaid: bool = False) -> int:
+        """Managed communication: send the highest-priority dirty rows that fit in ``budget_bytes``.
+
+        ``prepaid``: the caller already took ``budget_bytes`` from the bandwidth budget.
+        """
         policy = self.options.policy
         if policy is None:
             return 0
@@ -243,9 +253,9 @@ class PSClient:
                 return 0
             chosen = select(priority_candidates(self.oplog, self.cache, policy, self.order), budget_bytes)
             batches = [self.oplog.take(t, rows) for t, rows in chosen]
-            return self._send(batches, early=True)
+            return self._send(batches, early=True, prepaid=prepaid)
 
-    def _send(self, batches: list[Batch], early: bool) -> int:
+    def _send(self, batches: list[Batch], early: bool, prepaid: bool = False) -> int:
         per_shard: list[list[Batch]] = [[] for _ in range(self.num_shards)]
         for b in batches:
             for shard, pos in split_by_shard(b.rows, self.num_shards):
@@ -261,9 +271,10 @@ class PSClient:
             for p in parts:
                 self.pending[p.table].add(p.rows, p.deltas)
             if self.outbox is not None:
-                self.outbox.put(("inc", shard, parts, self.flush_seq[shard], self.clock_))
+                self.outbox.put(("inc" if not prepaid else "inc-prepaid", shard, parts, self.flush_seq[shard],
+                                 self.clock_))
             else:
-                self.transmit(shard, parts, self.flush_seq[shard], self.clock_)
+                self.transmit(shard, parts, self.flush_seq[shard], self.clock_, prepaid)
             sent += nbytes
             self.stats.messages_sent += 1
         self.stats.bytes_sent += sent
@@ -272,9 +283,9 @@ class PSClient:
         return sent
 
 
-    def transmit(self, shard: int, parts: list[Batch], flush_seq: int, clock: int) -> None:
+    def transmit(self, shard: int, parts: list[Batch], flush_seq: int, clock: int, prepaid: bool = False) -> None:
         """Spend the bandwidth budget on one message and hand it to the channel."""
-        if self.bucket is not None:
+        if self.bucket is not None and not prepaid:
             self.stats.throttled_s += self.bucket.take(sum(p.nbytes for p in parts))
         self.channel.send_inc(self, shard, parts, flush_seq, clock)
 
@@ -328,8 +339,8 @@ class _Outbox:
                     return
                 self.busy = True
             try:
-                if kind == "inc":
-                    self.client.transmit(shard, parts, seq, clock)
+                if kind.startswith("inc"):
+                    self.client.transmit(shard, parts, seq, clock, prepaid=kind == "inc-prepaid")
                 else:
                     self.client.channel.send_tick(self.client, shard)
             except BaseException as e:  # noqa: BLE001 - raised in the worker's thread by put/join

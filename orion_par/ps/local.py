@@ -169,7 +169,7 @@ class LocalPS:
     def _worker(self, w: int, program: Program, clocks: int, out: list[Any], errors: list[BaseException]) -> None:
         client = self.clients[w]
         bucket = client.bucket
-        flusher = (BackgroundFlusher(client, bucket).start()
+        flusher = (BackgroundFlusher(client, bucket, client.options.flush_interval_s).start()
                    if client.options.policy is not None and bucket is not None else None)
         try:
             start = client.clock_now

@@ -139,7 +139,7 @@ class WorkerImpl:
         if client.clock_now != start:
             raise PSError(f"worker {client.worker} is at clock {client.clock_now}, asked to run from {start}.")
         bucket = client.bucket
-        flusher = (BackgroundFlusher(client, bucket).start()
+        flusher = (BackgroundFlusher(client, bucket, client.options.flush_interval_s).start()
                    if client.options.policy is not None and bucket is not None else None)
         out = []
         try:
