@@ -56,6 +56,7 @@ class PassContext:
     check: bool = True
     seed: int = 0
     inter_op_threads: int | None = None   # the session's inter-op pool; None = TF's default (one per core)
+    grappler: bool = True                 # simulate after Grappler's rewrites (what the session really runs)
 
     @property
     def threads(self) -> int:
@@ -68,6 +69,7 @@ class PassContext:
 
         sim = self.simulator or simulate
         kwargs.setdefault("inter_op_threads", self.threads)
+        kwargs.setdefault("grappler", self.grappler)
         return sim(graph, list(self.fetches), feed_shapes=self.feed_shapes or None, device=self.device,
                    host=self.host, **kwargs)
 
