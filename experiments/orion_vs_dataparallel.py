@@ -24,7 +24,10 @@ from models.mf import parallel_sgd
 from orion_par import DistArray
 from orion_par.ps import ClientOptions
 
-TARGETS = {"full": 0.3, "tiny": 0.95}
+# Near convergence: within 1% of the plateau serial-equivalent SGD reaches at lr=0.03 (0.1506 measured), where
+# the conflicting updates of data-parallel SGD show; at looser targets (e.g. 0.3) the two tie in whole epochs.
+TARGETS = {"full": 0.152, "tiny": 0.95}
+LR = {"full": 0.03, "tiny": 0.03}
 
 
 def orion_curve(problem: dict[str, Any], cfg: dict[str, Any]) -> dict[str, list[float]]:
@@ -49,8 +52,10 @@ def orion_curve(problem: dict[str, Any], cfg: dict[str, Any]) -> dict[str, list[
 
 def dp_curve(problem: dict[str, Any], cfg: dict[str, Any], staleness: int) -> dict[str, list[float]]:
     run = run_setting(problem, staleness, ClientOptions(), "none")
-    epoch = [c / cfg["batches"] for c in run["clock"]]
-    return {"epoch": epoch, "time_s": run["time_s"], "loss": run["loss"]}
+    # Whole epochs only, as for orion_par (a run there is at least one epoch), so epochs compare like for like.
+    keep = [i for i, c in enumerate(run["clock"]) if c % cfg["batches"] == 0]
+    return {"epoch": [run["clock"][i] // cfg["batches"] for i in keep], "time_s": [run["time_s"][i] for i in keep],
+            "loss": [run["loss"][i] for i in keep]}
 
 
 def first(curve: dict[str, list[float]], target: float, key: str) -> float | None:
@@ -65,8 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     ap.add_argument("--target", type=float, default=None)
+    ap.add_argument("--lr", type=float, default=None, help="SGD learning rate (default: ssp_vs_bsp's)")
     args = ap.parse_args(argv)
     cfg = dict(MF_TINY if args.tiny else MF_FULL)
+    cfg["lr"] = args.lr or LR["tiny" if args.tiny else "full"]
     cfg["epochs"] = 4 if args.tiny else 15
     target = args.target or TARGETS["tiny" if args.tiny else "full"]
     problem = mf_problem(cfg)
@@ -89,7 +96,9 @@ def main(argv: list[str] | None = None) -> int:
 def markdown(rec: dict[str, Any]) -> str:
     lines = ["# orion_vs_dataparallel", "", f"`{rec['command']}` on {rec['date']}, {rec['machine']['cpus']} CPUs "
              f"(load {rec['machine']['loadavg_start'][0]:.1f} at start); {rec['versions']}.", "",
-             f"MF, {rec['parameters']['workers']} workers, target training RMSE {rec['target_rmse']}.", "",
+             f"MF, {rec['parameters']['workers']} workers, lr {rec['parameters']['lr']}, target training RMSE "
+             f"{rec['target_rmse']} (near convergence; see TARGETS in the script). Epochs are whole epochs for "
+             "every method.", "",
              "| method | epochs to target | time to target (s) | final RMSE |", "|---|---|---|---|"]
     for label, row in rec["table"].items():
         e, t = row["epochs_to_target"], row["time_to_target_s"]
