@@ -10,11 +10,11 @@ Examples
 --------
 >>> bfc = BFCAllocator()
 >>> a = bfc.allocate(4 << 20)
->>> keep = bfc.allocate(1 << 20)     # keeps the freed 4 MiB from merging with the rest of the region
+>>> keep = bfc.allocate(4 << 20)     # keeps the freed 4 MiB from merging with the rest of the region
 >>> bfc.free(a)
 >>> b = bfc.allocate(3_200_000)      # reuses the free 4 MiB chunk whole: 3.2 MB is more than half of it
->>> bfc.in_use_bytes                  # 4 MiB + the 1 MiB kept
-5242880
+>>> bfc.in_use_bytes                  # 4 MiB + the 4 MiB kept
+8388608
 """
 
 from __future__ import annotations

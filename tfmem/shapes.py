@@ -144,8 +144,9 @@ def _specs_from_grappler(
                 f"feed_shapes gives {node.name}:0 the shape {shape}, which does not fit its declared shape {declared}"
             )
         full = tf.TensorShape(shape) if shape is not None else declared
-        if full.is_fully_defined():
-            _as_shape_only_const(node, full)
+        if not full.is_fully_defined():  # Grappler would drop even the known dimensions: import instead
+            return None
+        _as_shape_only_const(node, full)
     meta = meta_graph_pb2.MetaGraphDef()
     meta.graph_def.CopyFrom(patched)
     meta.collection_def["train_op"].node_list.value.extend(n.name for n in patched.node)
