@@ -58,7 +58,7 @@ def _orion_curve(corpus: Corpus, init: LdaState, label: str, epochs: int, worker
                  seed_base: int = 0) -> dict[str, Any]:
     state = init.copy()
     gibbs = parallel_gibbs(corpus, state)
-    gibbs.run(workers=2, epochs=0)  # compile outside the timing
+    gibbs.run(workers=workers or 1, epochs=0)  # compile and build the schedule outside the timing
     gibbs.run_serial(order=np.zeros(0, np.int64))
     out: dict[str, Any] = {"epoch": [0], "ll": [_ll(state)], "time_s": [0.0]}
     total = 0.0
