@@ -95,8 +95,8 @@ def _decision(p: Mapping[str, Any], summary: Mapping[str, tuple[str, list[int]]]
     if scheme is ParallelScheme.TWO_D:
         return (f"no single key field has distance 0 in every dependence ({blocking}), so 1d is out; each has 0 "
                 f"in {_name(names, s)} or {_name(names, t)}: 2d with space = {_name(names, s)} "
-                f"({', '.join(space) or 'nothing'} stay with their worker) and time = {_name(names, t)} "
-                f"({', '.join(time) or 'nothing'} rotate between workers).")
+                f"(rows that stay with their worker: {', '.join(space) or 'none'}) and time = {_name(names, t)} "
+                f"(rows that rotate between workers: {', '.join(time) or 'none'}).")
     return (f"ordered=True and the dependences ({blocking}) point forward in both {_name(names, s)} and "
             f"{_name(names, t)}: blocks run as a wavefront, block (i, j) after (i-1, j) and (i, j-1), which "
             "keeps the serial result (the data must be sorted by key).")
