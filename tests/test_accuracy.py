@@ -25,7 +25,7 @@ CASES = {
     "mlp-adam": lambda: examples.mlp(batch=128, dims=(512, 1024, 1024, 1024, 10), optimizer="adam"),
     "conv-residual-branches": lambda: examples.residual_convnet(batch=8, size=32, channels=32, blocks=3),
     "wide-16-branches": lambda: examples.wide_branches(branches=16, elems=1 << 18),
-    "unrolled-rnn": lambda: examples.unrolled_rnn(steps=16, batch=32, hidden=256),
+    "unrolled-rnn": lambda: examples.unrolled_rnn(steps=16, batch=64, hidden=512),
     "moe-fan-out": lambda: examples.moe_layer(experts=8, batch=256),
     "inception-towers": lambda: examples.inception_towers(),
     "unet-skips": lambda: examples.unet(),
