@@ -215,7 +215,12 @@ class ParallelFor:
         compiled = self.compiled_body(data.keys, data.values, data.params)
         cpu: list[float] = []
         t0 = time.perf_counter()
-        if backend == "local":
+        if backend == "local" and plan.data_parallel and workers > 1:
+            # Arrays no scheme can partition live in the parameter server (orion_par.ps), one table each.
+            from orion_par.ps.data_parallel import run_data_parallel
+
+            busy = run_data_parallel(compiled, data, sched, epochs, plan.relaxed, seed)
+        elif backend == "local":
             busy = run_local(compiled, data, sched, epochs, plan.relaxed, seed, cpu)
         else:
             from orion_par.ray_backend import run_ray

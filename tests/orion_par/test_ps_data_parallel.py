@@ -93,3 +93,25 @@ def test_table_specs_reject_scalars():
         table_specs({"x": np.float64(1.0)}, {"x": 1})
     with pytest.raises(BadTableError, match="max_delay"):
         table_specs({"x": np.zeros(3)}, {"x": 0})
+
+
+def test_parallel_for_run_sends_data_parallel_arrays_through_the_server(monkeypatch):
+    import orion_par.ps.data_parallel as dp
+
+    calls = []
+    real = dp.run_data_parallel
+    monkeypatch.setattr(dp, "run_data_parallel", lambda *a, **k: calls.append(a[4]) or real(*a, **k))
+    rng = np.random.default_rng(3)
+    keys = rng.integers(0, 16, (1500, 1))
+    counts = DistArray(np.zeros(16))
+    total = DistArray(np.zeros(1))
+
+    @parallel_for(DistArray.from_coo(keys, np.ones(1500)), allow_data_parallel=True)
+    def hist(key, value):
+        counts[key[0]] += value
+        total[0] += value
+
+    hist.run(workers=2, epochs=2)
+    assert calls and "total" in calls[0]            # the plan's relaxed arrays went to the server
+    assert total[0] == 3000.0
+    np.testing.assert_array_equal(counts, 2 * np.bincount(keys[:, 0], minlength=16))
