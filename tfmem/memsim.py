@@ -162,7 +162,8 @@ def simulate(
         sched = emulate(eg.units, eg.unit_preds, eg.unit_succs, durations.__getitem__,
                         (lambda u: False) if gpu else expensive.__getitem__, inter_op_threads)
     profile = _Replay(eg, placement).run(sched)
-    step = step_time_estimate(eg, durations, expensive, cores)
+    # A fixed order is one thread's schedule: its length is the estimate (and scoring orders stays cheap).
+    step = sched.makespan_s if order is not None else step_time_estimate(eg, durations, expensive, cores)
     return dataclasses.replace(profile, estimated_step_s=step)
 
 
