@@ -18,6 +18,7 @@ from typing import ClassVar
 
 from passes.partition import ORDER_ATTR, PARTITION_ATTR, Partition
 from tfmem.editor import GraphEditor
+from tfmem.errors import BadInputError
 from tfmem.execution import ExecutionGraph
 from tfmem.ir import GraphIR
 from tfmem.memsim import MemoryProfile
@@ -39,6 +40,10 @@ class LimitParallelism:
     name: ClassVar[str] = "limit_parallelism"
     k: int | str = "auto"
 
+    def __post_init__(self) -> None:
+        if self.k != "auto" and not (isinstance(self.k, int) and not isinstance(self.k, bool) and self.k >= 1):
+            raise BadInputError(f"limit_parallelism: k must be a positive int or 'auto', got {self.k!r}")
+
     def run(self, graph: GraphIR, ctx: PassContext) -> PassResult:
         if not any(PARTITION_ATTR in n.attrs for n in graph.nodes):
             graph = Partition().run(graph, ctx).graph
@@ -51,7 +56,8 @@ class LimitParallelism:
         base = ctx.simulate(untagged, grappler=False, inter_op_threads=threads)
         ks = [self.k] if isinstance(self.k, int) else _candidates(len(parts), threads)
         trials = [(k, *self._limited(untagged, eg, parts, k, ctx, threads)) for k in ks]
-        k, new, edges, prof = self._choose(trials, base, ctx)
+        # An explicit k is the user's decision; "auto" applies the budget / step-time rules.
+        k, new, edges, prof = trials[0] if self.k != "auto" else self._choose(trials, base, ctx)
         if new is None:
             note = f"no k beats the unlimited graph (peak {format_bytes(base.peak_bytes)}, {threads} threads)"
             return PassResult(untagged, False, PassReport.empty(self.name, note))
