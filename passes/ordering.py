@@ -13,13 +13,14 @@ Every order keeps stateful and random ops in their original relative order (they
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
 from tensorflow.python.framework import op_def_registry
 
 from tfmem import costmodel
+from tfmem.analysis import expensive_of, unit_time_s
 from tfmem.execution import ALIAS_OPS, PERSISTENT_OUTPUT_OPS, ExecutionGraph
 from tfmem.ir import TensorRef
 from tfmem.schedule import emulate
@@ -60,16 +61,9 @@ class OrderingProblem:
     def out_bytes(self) -> dict[str, int]:
         return {u: sum(self.tensor_bytes(t) for t in self.eg.outputs_of(u)) for u in self.eg.units}
 
-    @cached_property
-    def inputs(self) -> dict[str, tuple[TensorRef, ...]]:
-        out = {}
-        for u in self.eg.units:
-            inside = set(self.eg.members[u])
-            out[u] = tuple(dict.fromkeys(
-                t for n in self.eg.members[u] for t in self.eg.graph[n].inputs
-                if t.node not in inside and t.node in self.eg.unit_of
-            ))
-        return out
+    @property
+    def inputs(self) -> Mapping[str, tuple[TensorRef, ...]]:
+        return self.eg.unit_inputs
 
     def tensor_bytes(self, t: TensorRef) -> int:
         """Bytes a tensor adds to the device: 0 for aliases, constants and variable reads."""
@@ -84,9 +78,9 @@ class OrderingProblem:
 
 
 def tf_natural(problem: OrderingProblem) -> list[str]:
-    eg = problem.eg
-    time = {u: sum(costmodel.op_time_s(eg.graph[n], eg.graph) for n in eg.members[u]) for u in eg.units}
-    expensive = {u: eg.is_region(u) or costmodel.is_expensive(eg.graph[u], eg.graph) for u in eg.units}
+    eg, device = problem.eg, costmodel.DEFAULT_DEVICE
+    time = {u: unit_time_s(eg, u, device) for u in eg.units}
+    expensive = expensive_of(eg, eg.graph, device, gpu=False)
     return list(emulate(eg.units, problem.preds, problem.succs, time.__getitem__, expensive.__getitem__).order)
 
 

@@ -112,9 +112,3 @@ def is_expensive(node: OpNode, graph: GraphIR, device: DeviceSpec = DEFAULT_DEVI
     if node.op in FREE_OPS:
         return False
     return op_time_s(node, graph, device) - device.launch_overhead_s > EXPENSIVE_THRESHOLD_S
-
-
-def graph_time_s(graph: GraphIR, names: list[str] | None = None, device: DeviceSpec = DEFAULT_DEVICE) -> float:
-    """Serial compute time of the named nodes (all nodes when ``names`` is None)."""
-    nodes = graph.nodes if names is None else [graph[n] for n in names]
-    return sum(op_time_s(n, graph, device) for n in nodes)

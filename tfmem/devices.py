@@ -21,14 +21,6 @@ from tensorflow.core.framework import graph_pb2
 DEFAULT_DEVICE = "/device:CPU:0"
 
 
-@lru_cache(maxsize=4096)
-def canonical(device: str) -> str:
-    """TF's canonical spelling of a device string (``"/gpu:0"`` -> ``"/device:GPU:0"``); "" stays ""."""
-    if not device:
-        return ""
-    return str(tf.DeviceSpec.from_string(device).to_string())
-
-
 def same_device(a: str, b: str) -> bool:
     """True when ``a`` and ``b`` name the same device, fields absent in either being wildcards."""
     sa, sb = tf.DeviceSpec.from_string(a), tf.DeviceSpec.from_string(b)

@@ -9,6 +9,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
+def first_line(error: BaseException) -> str:
+    """The first non-empty line of an exception's message (TF's are long), or its type's name."""
+    lines = [ln.strip() for ln in str(error).strip().splitlines() if ln.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
 class TfmemError(Exception):
     """Base class of every error tfmem raises on purpose."""
 

@@ -130,6 +130,17 @@ class ExecutionGraph:
     def _consumers(self) -> dict[TensorRef, tuple[str, ...]]:
         return {}  # filled lazily by consumers(): a frozen dataclass can still own a mutable cache
 
+    @cached_property
+    def unit_inputs(self) -> Mapping[str, tuple[TensorRef, ...]]:
+        """Per unit, the tensors it reads from outside itself (fed tensors included), each once."""
+        out = {}
+        for u in self.units:
+            inside = set(self.members[u])
+            out[u] = tuple(dict.fromkeys(
+                t for n in self.members[u] for t in self.graph[n].inputs if t.node not in inside
+            ))
+        return out
+
     def is_region(self, unit: str) -> bool:
         return unit.startswith("frame:")
 

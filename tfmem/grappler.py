@@ -15,7 +15,7 @@ from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
 from tensorflow.python.grappler import cluster as gcluster
 from tensorflow.python.grappler import tf_optimizer
 
-from tfmem.errors import MalformedGraphError
+from tfmem.errors import MalformedGraphError, first_line
 from tfmem.ir import TensorRef
 
 _CLUSTER: gcluster.Cluster | None = None
@@ -59,5 +59,4 @@ def runtime_graph_def(
     try:
         return tf_optimizer.OptimizeGraph(config, meta, verbose=False, cluster=_cluster())
     except Exception as e:  # Grappler reports malformed graphs as InvalidArgumentError
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise MalformedGraphError(f"TensorFlow's optimizer rejected the graph: {first}") from None
+        raise MalformedGraphError(f"TensorFlow's optimizer rejected the graph: {first_line(e)}") from None

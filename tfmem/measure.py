@@ -14,7 +14,7 @@ from tensorflow.python.grappler import cluster as gcluster
 from tensorflow.python.grappler import item as gitem
 
 from tfmem.devices import same_device
-from tfmem.errors import MalformedGraphError
+from tfmem.errors import MalformedGraphError, first_line
 from tfmem.ir import TensorRef
 from tfmem.loading import GraphSource, to_graph_def
 from tfmem.units import parse_bytes
@@ -66,8 +66,7 @@ def grappler_peak(
         cluster = gcluster.Cluster(devices=devices)
         peaks = cluster.DeterminePeakMemoryUsage(gitem.Item(meta))
     except Exception as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise MalformedGraphError(f"Grappler could not estimate the graph's memory: {first}") from None
+        raise MalformedGraphError(f"Grappler could not estimate the graph's memory: {first_line(e)}") from None
     return int(max(peaks.get(target, (0, []))[0], 0))
 
 

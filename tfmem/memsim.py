@@ -182,13 +182,6 @@ class _Replay:
         self.peak_info: tuple[str, float, int] = ("", 0.0, 0)   # unit, time, length of the device log
         self.device_log: list[tuple[bool, _Buffer]] = []         # (allocated?, buffer), device domain only
         self.timeline: list[tuple[float, int, int, str]] = []
-        self.inputs = {u: self._unit_inputs(u) for u in eg.units}
-
-    def _unit_inputs(self, unit: str) -> list[TensorRef]:
-        inside = set(self.eg.members[unit])
-        return list(dict.fromkeys(
-            t for n in self.eg.members[unit] for t in self.graph[n].inputs if t.node not in inside
-        ))
 
     def _uses(self, tensor: TensorRef, domain: str) -> int:
         return sum(1 for c in self.eg.consumers(tensor) if self.domain[c] == domain)
@@ -290,7 +283,7 @@ class _Replay:
 
     def _end(self, unit: str) -> None:
         domain = self.domain[unit]
-        for t in self.inputs[unit]:
+        for t in self.eg.unit_inputs[unit]:
             buf = self.buffers.get((t, domain))
             if buf is None:
                 continue

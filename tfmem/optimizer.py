@@ -24,8 +24,6 @@ from tfmem.shapes import FeedShapes
 from tfmem.tags import strip_tags
 from tfmem.units import format_bytes, parse_bytes
 
-# Name of the attr that keeps Grappler from removing or bypassing an op a pass inserted (DESIGN.md).
-DO_NOT_REMOVE_ATTR = "_grappler_do_not_remove"
 # Above this many ops, running Grappler offline for the before/after simulations costs more than the passes
 # (about 12 s at 20,000 ops on one core); the report then simulates the graph as written and says so.
 GRAPPLER_SIMULATION_MAX_OPS = 10_000
@@ -141,7 +139,7 @@ def optimize(
     return Optimized(tf_graph, graph_def, session_config(), report, new_ir)
 
 
-def lower_bound_bytes(ir: GraphIR, ctx: PassContext, profile: MemoryProfile) -> tuple[int, str]:
+def lower_bound_bytes(ir: GraphIR, ctx: PassContext) -> tuple[int, str]:
     """A peak no plan can beat: the largest single-op working set (plus persistent bytes that must stay)."""
     eg = ExecutionGraph.build(ir, ctx.fetches, ctx.feed_shapes)
     op, working = largest_working_set(eg)
@@ -149,7 +147,7 @@ def lower_bound_bytes(ir: GraphIR, ctx: PassContext, profile: MemoryProfile) -> 
 
 
 def _infeasible(ir: GraphIR, ctx: PassContext, budget: int, after: MemoryProfile) -> InfeasibleBudgetError:
-    bound, op = lower_bound_bytes(ir, ctx, after)
+    bound, op = lower_bound_bytes(ir, ctx)
     top = ", ".join(f"{t.tensor} {format_bytes(t.nbytes)}" for t in after.live_at_peak[:3])
     return InfeasibleBudgetError(
         f"budget {format_bytes(budget)} unreachable: best peak found {format_bytes(after.peak_bytes)} "

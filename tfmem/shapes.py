@@ -15,7 +15,7 @@ from tensorflow.core.framework import graph_pb2, node_def_pb2
 from tensorflow.core.protobuf import meta_graph_pb2
 from tensorflow.python.grappler import item as gitem
 
-from tfmem.errors import BadInputError, MalformedGraphError, UnknownShapeError
+from tfmem.errors import BadInputError, MalformedGraphError, UnknownShapeError, first_line
 from tfmem.ir import GraphIR, OpNode, TensorRef, TensorSpec
 
 FeedShapes = Mapping[str, Sequence[int]]
@@ -196,7 +196,7 @@ def _import_with_feeds(base: GraphIR, gd: graph_pb2.GraphDef, feeds: dict[Tensor
         except ValueError as e:
             raise _import_error(e, feeds) from None
         except Exception as e:  # e.g. NotFoundError for ops not registered in this build of TensorFlow
-            raise MalformedGraphError(f"TensorFlow cannot import the graph: {_first_line(e)}") from None
+            raise MalformedGraphError(f"TensorFlow cannot import the graph: {first_line(e)}") from None
     return graph
 
 
@@ -218,16 +218,11 @@ def _output_dtype(node: OpNode, index: int) -> tf.DType:
 
 
 def _import_error(e: ValueError, feeds: Mapping[TensorRef, tuple[int, ...]]) -> Exception:
-    text = _first_line(e)
+    text = first_line(e)
     if feeds and ("shape" in text.lower() or "dimension" in text.lower()):
         shown = ", ".join(f"{k}={v}" for k, v in feeds.items())
         return BadInputError(f"feed_shapes ({shown}) do not fit the graph: {text}")
     return MalformedGraphError(f"TensorFlow cannot import the graph: {text}")
-
-
-def _first_line(e: BaseException) -> str:
-    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
-    return lines[0] if lines else type(e).__name__
 
 
 def require_known(graph: GraphIR, tensors: Iterable[TensorRef]) -> None:
