@@ -25,7 +25,7 @@ from tfmem.tags import strip_tags
 from tfmem.units import format_bytes, parse_bytes
 
 # Above this many ops, running Grappler offline for the before/after simulations costs more than the passes
-# (about 12 s at 20,000 ops on one core); the report then simulates the graph as written and says so.
+# (4.5-6 s per call at 20,000 ops here); the report then simulates the graph as written and says so.
 GRAPPLER_SIMULATION_MAX_OPS = 10_000
 
 
