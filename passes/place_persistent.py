@@ -1,0 +1,226 @@
+"""Keep persistent tensors (variables, optimizer slots, large constants) in host memory; visit the device per use.
+
+Weights idle most of the step: an MoE layer's experts wait for their turn, a deep net's first layers wait
+through the whole middle of the step. This pass places a variable, every op that touches its storage (reads,
+optimizer updates, initialisers: TensorFlow colocates them) and large constants on ``host``. Each group of
+device ops that read the value close together in time gets its own prefetch: a host ``Identity`` delayed by
+a control edge from the device op that ends one transfer-time earlier (``passes.transfer``), so a copy
+reaches the device just before it is used and is freed after. Gradients travel to the host, where the update
+runs beside its variable.
+
+Variables are moved largest first, in batches, re-simulating after each, and the pass stops as soon as the
+simulated peak meets the budget.
+
+Requires: a budget and a ``host`` device in the context (without either it changes nothing).
+Ensures: the same values are computed. Resource variables copy on write when a reader still holds the old
+value, so a delayed prefetch reads what the original read did; for reference variables (``VariableV2``),
+every update of the variable also waits for that variable's prefetches.
+
+Examples
+--------
+>>> from tfmem.examples import moe_layer
+>>> from tfmem.loading import load
+>>> from tfmem.pipeline import PassContext
+>>> built = moe_layer(experts=8)
+>>> ctx = PassContext(tuple(built.fetches), device_budget_bytes=1 << 20, host="/job:host/task:0/device:CPU:0")
+>>> result = PlacePersistent().run(load(built.graph), ctx)
+>>> result.changed, len(result.report.details["moved"]) > 8
+(True, True)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import tensorflow as tf
+
+from passes.timeline import StepTimeline
+from passes.transfer import add_prefetches, group_consumers, movable, plan_prefetches, trigger_candidates
+from tfmem import costmodel
+from tfmem.devices import Placement
+from tfmem.editor import GraphEditor
+from tfmem.execution import PERSISTENT_OUTPUT_OPS, ExecutionGraph
+from tfmem.ir import GraphIR, OpNode, TensorRef
+from tfmem.memsim import MemoryProfile
+from tfmem.pipeline import PassContext, PassReport, PassResult
+from tfmem.shapes import dtype_size
+from tfmem.units import format_bytes
+
+VARIABLE_OPS = frozenset({"VarHandleOp", "VariableV2", "Variable"})
+REF_VARIABLE_OPS = frozenset({"VariableV2", "Variable"})
+REF_READ_OPS = frozenset({"Identity", "RefIdentity", "IsVariableInitialized"})
+COLOCATION_ATTR = "_class"
+PREFETCH_TAG = "_tfmem_prefetch"
+
+
+@dataclass(frozen=True)
+class PersistentGroup:
+    """Variables that must live together (one op updates them all, e.g. Adam's var and slots) or one constant."""
+
+    roots: tuple[str, ...]             # the variable (or Const) nodes
+    members: tuple[str, ...]           # every node that moves to the host with them
+    nbytes: int
+    reads: tuple[TensorRef, ...]       # tensors made on the host that device ops read
+    ref: bool                          # reference variables: updates must wait for prefetches
+
+
+@dataclass(frozen=True)
+class PlacePersistent:
+    """Move variables and large constants to ``ctx.host`` until the simulated device peak meets the budget."""
+
+    name: ClassVar[str] = "place_persistent"
+    min_bytes: int = 64 * 1024
+    overshoot: float = 1.25
+    link: costmodel.DeviceSpec = field(default=costmodel.DEFAULT_DEVICE)
+
+    def run(self, graph: GraphIR, ctx: PassContext) -> PassResult:
+        if ctx.host is None:
+            return PassResult(graph, False, PassReport.empty(self.name, "no host device given (host=...)"))
+        budget = ctx.device_budget_bytes
+        if budget is None:
+            return PassResult(graph, False, PassReport.empty(
+                self.name, "no budget: host-resident weights cost transfers, so this runs only to meet a budget"))
+        profile = ctx.simulate(graph)
+        if profile.peak_bytes <= budget:
+            return PassResult(graph, False, PassReport.empty(self.name, "already within the budget"))
+        timeline = StepTimeline.build(graph, ctx.fetches, profile, ctx.feed_shapes)
+        groups = sorted(persistent_groups(graph, timeline.eg, Placement(ctx.device, ctx.host), self.min_bytes),
+                        key=lambda g: (-g.nbytes, g.roots))
+        start_peak, moved, current = profile.peak_bytes, 0, graph
+        while moved < len(groups) and profile.peak_bytes > budget:
+            excess, take = (profile.peak_bytes - budget) * self.overshoot, moved
+            covered = 0
+            while take < len(groups) and covered < excess:
+                covered += groups[take].nbytes
+                take += 1
+            trial = self._move(graph, groups[:take], timeline, ctx.host)
+            trial_profile = ctx.simulate(trial)
+            moved = take
+            if trial_profile.peak_bytes < profile.peak_bytes:
+                current, profile = trial, trial_profile
+        chosen = [g for g in groups[:moved]] if current is not graph else []
+        if not chosen:
+            return PassResult(graph, False, PassReport.empty(
+                self.name, f"moving variables to the host did not lower the peak ({format_bytes(start_peak)})"))
+        return PassResult(current, True, self._report(graph, current, chosen, start_peak, profile, budget))
+
+    def _move(self, graph: GraphIR, groups: list[PersistentGroup], timeline: StepTimeline, host: str) -> GraphIR:
+        editor = GraphEditor(graph)
+        all_usable = trigger_candidates(graph, timeline)
+        for group in groups:
+            usable, updates = all_usable, _ref_updates(graph, group, timeline) if group.ref else []
+            if updates:  # a prefetch must come before the in-place updates, so its trigger must too
+                first_update = min(timeline.rank[u] for u in updates)
+                usable = {u: ok and timeline.rank[u] < first_update for u, ok in all_usable.items()}
+            for name in group.members:
+                editor.set_device(name, host)
+            prefetch_names: list[str] = []
+            for t in group.reads:
+                consumers = [c for c in timeline.eg.consumers(t) if c not in group.members and c in timeline.rank]
+                if not consumers:
+                    continue
+                nbytes = graph.spec(t).nbytes or 0
+                groups_in_time = group_consumers(consumers, timeline, 2 * self.link.transfer_s(nbytes))
+                prefetches = plan_prefetches(groups_in_time, nbytes, timeline, self.link, usable, -1)
+                names = add_prefetches(editor, t, t, prefetches, host, f"{t.node}/tfmem_prefetch_{t.index}",
+                                       PREFETCH_TAG)
+                prefetch_names += names
+            for update in updates:
+                editor.add_control_inputs(update, prefetch_names)
+        return editor.finish()
+
+    def _report(self, before: GraphIR, after: GraphIR, chosen: list[PersistentGroup], start_peak: int,
+                profile: MemoryProfile, budget: int) -> PassReport:
+        added = len(after) - len(before)
+        moved_bytes = sum(g.nbytes for g in chosen)
+        met = "meets" if profile.peak_bytes <= budget else "still above"
+        per_step = sum((after.spec(TensorRef(n.name, 0)).nbytes or 0) for n in after.nodes
+                       if n.attr_bool(PREFETCH_TAG))
+        notes = (
+            f"{len(chosen)} variable groups / constants ({format_bytes(moved_bytes)}) now live on the host; "
+            f"{added} prefetches bring {format_bytes(per_step)} to the device per step",
+            f"simulated peak {format_bytes(start_peak)} -> {format_bytes(profile.peak_bytes)}, {met} the budget",
+        )
+        details: dict[str, object] = {"moved": [r for g in chosen for r in g.roots], "prefetches": added}
+        return PassReport(self.name, True, nodes_added=added, control_edges_added=added, bytes_moved=per_step,
+                          notes=notes, details=details)
+
+
+def persistent_groups(graph: GraphIR, eg: ExecutionGraph, placement: Placement, min_bytes: int) -> list[PersistentGroup]:
+    """Variables (with their readers, updaters and colocated ops) and large constants on the device."""
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    def union(a: str, b: str) -> None:
+        parent.setdefault(a, a)
+        parent.setdefault(b, b)
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[rb] = ra
+
+    variables = [n.name for n in graph.nodes if n.op in VARIABLE_OPS and n.name in eg.unit_of
+                 and placement.domain(n.device) == "device"]
+    for v in variables:
+        parent.setdefault(v, v)
+    var_set = set(variables)
+    touching: dict[str, set[str]] = {}   # variable -> ops that read its handle or ref, or are colocated with it
+    for node in graph.nodes:
+        touched = {t.node for t in node.inputs if t.node in var_set and t.index == 0}
+        touched |= {loc for loc in _colocated_with(node) if loc in var_set}
+        for v in touched:
+            touching.setdefault(v, set()).add(node.name)
+            for w in touched:
+                union(v, w)
+    clusters: dict[str, list[str]] = {}
+    for v in variables:
+        clusters.setdefault(find(v), []).append(v)
+    groups = []
+    for roots in clusters.values():
+        members = set(roots).union(*(touching.get(v, set()) for v in roots))
+        if any(eg.is_region(eg.unit_of.get(m, m)) for m in members):
+            continue  # a frame's ops cannot be split across devices here
+        nbytes = sum(_variable_bytes(graph[v]) if graph[v].op == "VarHandleOp" else graph[v].outputs[0].nbytes or 0
+                     for v in roots)
+        reads = tuple(
+            TensorRef(m, i) for m in sorted(members) if m in eg.unit_of and m not in roots
+            for i in range(len(graph[m].outputs))
+            if movable(graph, TensorRef(m, i)) and any(c not in members for c in eg.consumers(TensorRef(m, i)))
+        )
+        if nbytes >= min_bytes:
+            ref = any(graph[v].op in REF_VARIABLE_OPS for v in roots)
+            groups.append(PersistentGroup(tuple(sorted(roots)), tuple(sorted(members)), nbytes, reads, ref))
+    for node in graph.nodes:
+        if (node.op in PERSISTENT_OUTPUT_OPS and node.op not in VARIABLE_OPS and node.name in eg.unit_of
+                and placement.domain(node.device) == "device" and (node.outputs[0].nbytes or 0) >= min_bytes
+                and movable(graph, TensorRef(node.name, 0)) and node.name not in parent):
+            groups.append(PersistentGroup((node.name,), (node.name,), node.outputs[0].nbytes or 0,
+                                          (TensorRef(node.name, 0),), False))
+    return groups
+
+
+def _colocated_with(node: OpNode) -> list[str]:
+    value = node.attrs.get(COLOCATION_ATTR)
+    if value is None:
+        return []
+    return [s.decode()[5:] for s in value.list.s if s.startswith(b"loc:@")]
+
+
+def _ref_updates(graph: GraphIR, group: PersistentGroup, timeline: StepTimeline) -> list[str]:
+    """Ops of this step that write a reference variable of ``group`` in place (everything but its reads)."""
+    roots = set(group.roots)
+    return [m for m in group.members if m in timeline.rank and m not in roots
+            and any(t.node in roots for t in graph[m].inputs) and graph[m].op not in REF_READ_OPS]
+
+
+def _variable_bytes(node: OpNode) -> int:
+    shape = tf.TensorShape(node.attrs["shape"].shape) if "shape" in node.attrs else tf.TensorShape(None)
+    if not shape.is_fully_defined():
+        return 0
+    return math.prod(shape.as_list()) * dtype_size(tf.as_dtype(node.attrs["dtype"].type))

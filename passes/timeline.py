@@ -1,0 +1,107 @@
+"""When each op of *our* graph runs in a simulated step: the clock that swap and placement passes plan with.
+
+The simulator replays the graph the session runs, after Grappler's rewrites, so its schedule names the ops of
+that runtime graph. Most keep their names; some do not exist there (folded, fused, pruned). ``StepTimeline``
+maps the schedule back onto the graph a pass edits:
+
+* ``rank``: a topological order of our graph's units that follows the simulated start order. Control edges
+  that only point forward in it can never close a cycle, whatever else a pass adds in the same order.
+* ``start_s`` / ``end_s``: the simulated times; an op missing from the runtime graph inherits the latest end
+  of its predecessors (it would have run there, for free).
+
+Examples
+--------
+>>> import tensorflow as tf
+>>> from tfmem.memsim import simulate
+>>> from tfmem.shapes import annotate
+>>> g = tf.Graph()
+>>> with g.as_default():
+...     x = tf.compat.v1.placeholder(tf.float32, (256, 256), name="x")
+...     y = tf.matmul(x, x, name="y")
+...     z = tf.matmul(y, y, name="z")
+>>> ir = annotate(g.as_graph_def())
+>>> tl = StepTimeline.build(ir, ["z:0"], simulate(ir, ["z:0"]))
+>>> tl.rank["y"] < tl.rank["z"], tl.end_s["y"] <= tl.start_s["z"]
+(True, True)
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from tfmem.execution import ExecutionGraph
+from tfmem.ir import GraphIR
+from tfmem.memsim import MemoryProfile
+
+
+@dataclass(frozen=True)
+class StepTimeline:
+    """Simulated start/end times and a consistent rank for every unit of ``eg`` (see the module doc)."""
+
+    eg: ExecutionGraph
+    order: tuple[str, ...]               # units of our graph, topological, following the simulated schedule
+    rank: Mapping[str, int]
+    start_s: Mapping[str, float]
+    end_s: Mapping[str, float]
+    peak_time_s: float
+
+    @classmethod
+    def build(cls, graph: GraphIR, fetches: Iterable[str], profile: MemoryProfile,
+              feeds: Iterable[str] = ()) -> StepTimeline:
+        eg = ExecutionGraph.build(graph, list(fetches), feeds)
+        sched = profile.schedule
+        if sched is None:
+            raise ValueError("the profile has no schedule; simulate() always records one")
+        sim_rank = {u: i for i, u in enumerate(sched.order)}
+        sim_start = dict(zip(sched.order, sched.start_s, strict=True))
+        sim_end = dict(zip(sched.order, sched.end_s, strict=True))
+        # Kahn's algorithm, taking the ready unit the simulation started first; units the runtime graph lacks
+        # take their predecessors' position, so they run as soon as they are ready.
+        preds, succs = eg.unit_preds, eg.unit_succs
+        waiting = {u: len(preds[u]) for u in eg.units}
+        position = {u: float(sim_rank[u]) if u in sim_rank else -1.0 for u in eg.units}
+        ready = [(position[u], i, u) for i, u in enumerate(eg.units) if waiting[u] == 0]
+        heapq.heapify(ready)
+        order: list[str] = []
+        start: dict[str, float] = {}
+        end: dict[str, float] = {}
+        index = {u: i for i, u in enumerate(eg.units)}
+        while ready:
+            _, _, u = heapq.heappop(ready)
+            order.append(u)
+            ready_at = max((end[p] for p in preds[u]), default=0.0)
+            start[u] = sim_start.get(u, ready_at)
+            end[u] = sim_end.get(u, ready_at)
+            for s in succs[u]:
+                waiting[s] -= 1
+                if waiting[s] == 0:
+                    if s not in sim_rank:
+                        position[s] = max(position[p] for p in preds[s])
+                    heapq.heappush(ready, (position[s], index[s], s))
+        if len(order) != len(eg.units):
+            raise ValueError("the graph has a cycle outside v1 loop frames")
+        return cls(eg, tuple(order), {u: i for i, u in enumerate(order)}, start, end, profile.peak_time_s)
+
+    def first_after(self, unit: str) -> int:
+        return self.rank[unit] + 1
+
+    def trigger_for(self, consumer: str, lead_s: float, not_before: int, usable: Mapping[str, bool]) -> str | None:
+        """The latest unit ranked after ``not_before`` that ends ``lead_s`` before ``consumer`` starts.
+
+        That unit's end starts a prefetch for ``consumer`` early enough to hide a ``lead_s`` transfer;
+        ``usable`` filters out units that cannot carry a control edge (regions, constants). Falls back to
+        the unit just before ``consumer`` when none ends early enough, and None when nothing qualifies.
+        """
+        deadline = self.start_s[consumer] - lead_s
+        fallback = None
+        for r in range(self.rank[consumer] - 1, not_before, -1):
+            u = self.order[r]
+            if not usable.get(u, False):
+                continue
+            if fallback is None:
+                fallback = u
+            if self.end_s[u] <= deadline:
+                return u
+        return fallback

@@ -1,0 +1,118 @@
+"""Moving a tensor between device and host memory with graph ops: what swap and placement passes share.
+
+A tensor that lives in host memory reaches a device op through a *prefetch*: a host-side ``Identity`` whose
+control input (the *trigger*, a device op that finishes a transfer-time before the consumer starts) delays
+it. The delay must sit on the host side: TensorFlow's ``_Recv`` on the device is a root of the device's
+partition and pulls its tensor as soon as the sender has produced it, so a delay on the device side would
+bring the tensor back at once (DESIGN.md). Consumers close together in time share one prefetch; each group
+gets its own copy on the device, freed when the group's last op is done.
+
+Every op added here carries ``_grappler_do_not_remove`` (``GraphEditor``); otherwise Grappler's dependency
+optimizer bypasses device-crossing ``Identity`` ops and the transfer disappears.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
+
+from passes.timeline import StepTimeline
+from tfmem.costmodel import DeviceSpec
+from tfmem.editor import GraphEditor
+from tfmem.execution import PERSISTENT_OUTPUT_OPS, PLACEHOLDER_OPS, RESOURCE_VARIABLE_OPS
+from tfmem.ir import GraphIR, TensorRef
+
+# Tensors of these dtypes cannot be copied between devices as plain data.
+UNMOVABLE_DTYPES = frozenset({"resource", "variant", "string"})
+
+
+@dataclass(frozen=True)
+class Prefetch:
+    """One host-to-device copy: ``consumers`` read it; it starts when ``trigger`` ends."""
+
+    consumers: tuple[str, ...]
+    trigger: str | None
+    transfer_s: float
+    window_s: float        # simulated time between the trigger's end and the first consumer's start
+
+    @property
+    def exposed_s(self) -> float:
+        """Transfer time the simulated schedule does not cover (a cost model estimate)."""
+        return max(0.0, self.transfer_s - self.window_s)
+
+
+def movable(graph: GraphIR, tensor: TensorRef) -> bool:
+    """Whether ``tensor`` is plain data that a ``_Send``/``_Recv`` pair can copy."""
+    dtype = graph.spec(tensor).dtype
+    return dtype not in UNMOVABLE_DTYPES and not dtype.endswith("_ref")
+
+
+def trigger_candidates(graph: GraphIR, timeline: StepTimeline) -> dict[str, bool]:
+    """Units that may carry a trigger's control edge: plain ops that run in the step's order.
+
+    Constants, variables and placeholders run (or are ready) at the very start whatever waits for them, so
+    they time nothing; frames cannot take control edges from outside their body.
+    """
+    usable = {}
+    for u in timeline.order:
+        if timeline.eg.is_region(u):
+            usable[u] = False
+            continue
+        op = graph[u].op
+        usable[u] = op not in PERSISTENT_OUTPUT_OPS and op not in RESOURCE_VARIABLE_OPS and op not in PLACEHOLDER_OPS
+    return usable
+
+
+def group_consumers(consumers: Sequence[str], timeline: StepTimeline, split_gap_s: float) -> list[tuple[str, ...]]:
+    """Split consumers (in time order) wherever the device would sit idle with the copy for ``split_gap_s``."""
+    ordered = sorted(consumers, key=lambda c: (timeline.start_s[c], timeline.rank[c]))
+    groups: list[list[str]] = []
+    last_end = 0.0
+    for c in ordered:
+        if groups and timeline.start_s[c] - last_end <= split_gap_s:
+            groups[-1].append(c)
+            last_end = max(last_end, timeline.end_s[c])
+        else:
+            groups.append([c])
+            last_end = timeline.end_s[c]
+    return [tuple(g) for g in groups]
+
+
+def plan_prefetches(groups: Sequence[tuple[str, ...]], nbytes: int, timeline: StepTimeline, link: DeviceSpec,
+                    usable: Mapping[str, bool], not_before: int) -> list[Prefetch]:
+    """A trigger for each group: ranked after ``not_before`` and after the previous group."""
+    out = []
+    transfer = link.transfer_s(nbytes)
+    floor = not_before
+    for group in groups:
+        first = min(group, key=lambda c: timeline.rank[c])
+        trigger = timeline.trigger_for(first, transfer, floor, usable)
+        window = timeline.start_s[first] - timeline.end_s[trigger] if trigger else 0.0
+        out.append(Prefetch(group, trigger, transfer, max(window, 0.0)))
+        floor = max(floor, max(timeline.rank[c] for c in group))
+    return out
+
+
+def identity_attrs(graph: GraphIR, tensor: TensorRef, tag: str) -> dict[str, attr_value_pb2.AttrValue]:
+    """Attrs of an ``Identity`` that passes ``tensor`` on, tagged with ``tag`` (e.g. ``_tfmem_swap_in``)."""
+    dtype = tf.as_dtype(graph.spec(tensor).dtype)
+    return {"T": attr_value_pb2.AttrValue(type=dtype.as_datatype_enum), tag: attr_value_pb2.AttrValue(b=True)}
+
+
+def add_prefetches(editor: GraphEditor, source: TensorRef, original: TensorRef, prefetches: Sequence[Prefetch],
+                   host: str, name_prefix: str, tag: str) -> list[str]:
+    """Add one host ``Identity`` of ``source`` per prefetch; its consumers read it instead of ``original``."""
+    graph = editor.graph
+    spec = graph.spec(original)
+    names = []
+    for k, p in enumerate(prefetches):
+        name = editor.unique_name(f"{name_prefix}_{k}")
+        editor.add_op(name, "Identity", [source], [spec], control_inputs=[p.trigger] if p.trigger else [],
+                      device=host, attrs=identity_attrs(graph, original, tag))
+        for consumer in p.consumers:
+            editor.rewire(consumer, original, TensorRef(name, 0))
+        names.append(name)
+    return names
