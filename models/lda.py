@@ -90,11 +90,12 @@ class LdaState:
         z = rng.integers(0, num_topics, keys.shape[0])
         Z = np.full((corpus.doc_lengths.size, int(corpus.doc_lengths.max())), -1, np.int64)
         Z[keys[:, 0], keys[:, 2]] = z
-        ndk = np.zeros((corpus.doc_lengths.size, num_topics), np.int64)
-        nwk = np.zeros((corpus.vocab_size, num_topics), np.int64)
+        # int32 counts: half the bytes of int64 per row a token reads, so more of nwk stays in cache.
+        ndk = np.zeros((corpus.doc_lengths.size, num_topics), np.int32)
+        nwk = np.zeros((corpus.vocab_size, num_topics), np.int32)
         np.add.at(ndk, (keys[:, 0], z), 1)
         np.add.at(nwk, (keys[:, 1], z), 1)
-        nk = Buffer(np.bincount(z, minlength=num_topics).astype(np.int64), max_delay=max_delay)
+        nk = Buffer(np.bincount(z, minlength=num_topics).astype(np.int32), max_delay=max_delay)
         return cls(DistArray(Z), DistArray(ndk), DistArray(nwk), nk, corpus.alpha, corpus.beta)
 
     def copy(self) -> LdaState:
@@ -143,9 +144,11 @@ def parallel_gibbs(corpus: Corpus, state: LdaState) -> ParallelFor:
         nwk[w, old] -= 1
         nk[old] -= 1
         cdf = np.empty(K)
+        for k in range(K):  # no running sum in this loop, so the compiler can vectorise it
+            cdf[k] = (ndk[d, k] + alpha) * (nwk[w, k] + beta) / (nk[k] + vbeta)
         total = 0.0
         for k in range(K):
-            total += (ndk[d, k] + alpha) * (nwk[w, k] + beta) / (nk[k] + vbeta)
+            total += cdf[k]
             cdf[k] = total
         u = np.random.random() * total
         new = 0

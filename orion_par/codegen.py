@@ -1,5 +1,8 @@
 """Compile a loop body with numba (``nogil=True``) or, when numba cannot, keep it as plain Python.
 
+Compiled code follows numpy's rules for arithmetic errors (``error_model="numpy"``): dividing an array
+element by zero gives inf or nan, as it does in plain Python on numpy scalars, rather than raising.
+
 The body's source is copied into a generated module whose lines keep the user's line numbers (blank
 lines pad the top), with every captured array and number turned into a parameter: numba would freeze a
 global array as a constant, and a parameter is re-read at every run.  A second function runs the body
@@ -128,9 +131,13 @@ def _jit_module(source: str, injected: dict[str, Any], cache: bool) -> types.Mod
     key = (source + repr(sorted(injected)), cache)
     if key not in _LOADED:
         mod = load_module(source, injected)
-        jit = numba.njit(nogil=True, cache=cache)
+        # error_model="numpy": a division by zero gives inf/nan (integers: 0) as numpy does for array
+        # elements, instead of a check per division that raises ZeroDivisionError; that check also keeps
+        # LLVM from vectorising loops that divide (LDA's per-topic loop runs ~1.5x faster without it).
+        jit = numba.njit(nogil=True, cache=cache, error_model="numpy")
         # inline="always" puts the body into the block loop at numba IR level: no call per record.
-        mod.__dict__["_orion_body"] = numba.njit(nogil=True, cache=cache, inline="always")(mod.__dict__["_orion_body"])
+        mod.__dict__["_orion_body"] = numba.njit(nogil=True, cache=cache, inline="always",
+                                                 error_model="numpy")(mod.__dict__["_orion_body"])
         mod.__dict__["_orion_jit"] = (jit(mod.__dict__["_orion_block"]), jit(mod.__dict__["_orion_seed"]))
         _LOADED[key] = mod
     loaded: types.ModuleType = _LOADED[key]

@@ -96,14 +96,18 @@ def make_schedule(plan: Plan, keys: np.ndarray, num_workers: int, time_parts: in
     num_workers : int
     time_parts : int, optional
         Time partitions (2D) or sub-blocks per worker (other schemes); default ``2 * num_workers``, more
-        than the workers so a slow block delays its neighbours less.
+        than the workers so a slow block delays its neighbours less (an unordered 2D plan on one worker:
+        1, so that the run is the serial loop in data order).
     space_bytes : int
         Bytes of the arrays that stay with their space partition (2D): a block visits its records in
         finer space parts of about ``_CACHE_BYTES`` each.
     """
     if num_workers < 1:
         raise ValueError(f"workers must be >= 1; got {num_workers}")
-    t_parts = time_parts or 2 * num_workers
+    two_d = plan.scheme is ParallelScheme.TWO_D
+    # One worker on an unordered 2D plan: one block in data order, i.e. exactly the serial loop (nothing
+    # runs beside it, so rotation and cache-sized sub-blocks would only change the order).
+    t_parts = time_parts or (1 if two_d and num_workers == 1 else 2 * num_workers)
     if plan.scheme in (ParallelScheme.TWO_D, ParallelScheme.TWO_D_ORDERED) and t_parts < num_workers:
         raise ValueError(f"time_partitions ({t_parts}) must be >= workers ({num_workers}) for a 2D plan")
     n = keys.shape[0]
@@ -117,11 +121,11 @@ def make_schedule(plan: Plan, keys: np.ndarray, num_workers: int, time_parts: in
         # Each worker's space part is cut into `sub` finer parts and a block runs them one after
         # another, so the rows a stretch of records touches fit in a core's L2 cache.  Any order inside
         # a block is a serial order of an unordered loop, and serial_order() reports this one.
-        sub = int(np.clip(-(-space_bytes // (num_workers * _CACHE_BYTES)), 1, 64))
-        fine = partition_by_key(keys, plan.space_dim, num_workers * sub)  # type: ignore[arg-type]
+        sub = int(np.clip(-(-space_bytes // (num_workers * _CACHE_BYTES)), 1, 64)) if t_parts > 1 else 1
+        fine = partition_by_key(keys, plan.space_dim, num_workers * sub, prefer_ranges=True)  # type: ignore[arg-type]
         space = Partitioning(plan.space_dim, num_workers, fine.part % num_workers)
         within = fine.part // num_workers
-        time = partition_by_key(keys, plan.time_dim, t_parts)  # type: ignore[arg-type]
+        time = partition_by_key(keys, plan.time_dim, t_parts, prefer_ranges=True)  # type: ignore[arg-type]
         tasks = [Task(p, k, p * t_parts + (p + k) % t_parts, (p + k) % t_parts)
                  for p in range(num_workers) for k in range(t_parts)]
         steps, barrier = t_parts, False
@@ -140,7 +144,7 @@ def make_schedule(plan: Plan, keys: np.ndarray, num_workers: int, time_parts: in
 
 def _independent_parts(plan: Plan, keys: np.ndarray, num_workers: int) -> Partitioning:
     if plan.scheme is ParallelScheme.ONE_D:
-        return partition_by_key(keys, plan.space_dim, num_workers)  # type: ignore[arg-type]
+        return partition_by_key(keys, plan.space_dim, num_workers, prefer_ranges=True)  # type: ignore[arg-type]
     if plan.dependences:  # only records with identical keys conflict: keep them together
         return partition_by_whole_key(keys, num_workers)
     return partition_by_position(keys.shape[0], num_workers)

@@ -77,6 +77,24 @@ def test_compiled_equals_plain_python_serial():
     assert np.allclose(W, par[0], rtol=1e-12, atol=1e-12) and np.allclose(H, par[1], rtol=1e-12, atol=1e-12)
 
 
+def test_2d_on_one_worker_is_the_serial_loop_in_data_order():
+    rng = np.random.default_rng(5)
+    keys = np.stack([rng.integers(0, 30, 600), rng.integers(0, 20, 600)], axis=1)
+    sgd, W, H = _mf(keys, rng.random(600), 30, 20)
+    assert sgd.plan.scheme == "2d"
+    W0, H0 = W.copy(), H.copy()
+    sgd.run(workers=1, epochs=3)
+    got = W.copy(), H.copy()
+    W[:], H[:] = W0, H0
+    sgd.run_serial(epochs=3)  # data order
+    assert np.array_equal(W, got[0]) and np.array_equal(H, got[1])
+    assert np.array_equal(sgd.schedule(1).serial_order(), np.arange(600))
+    # Two workers keep data order inside each block (arrays this small make one cache-sized part per block).
+    sched = sgd.schedule(2)
+    for b in range(sched.block_start.size):
+        assert np.all(np.diff(sched.block_records(b)) > 0)
+
+
 def test_1d_equals_serial_in_data_order():
     rng = np.random.default_rng(2)
     keys = np.stack([rng.integers(0, 40, 800), rng.integers(0, 9, 800)], axis=1)
@@ -309,3 +327,21 @@ def test_data_parallel_arrays_are_merged_every_step():
     body.run(workers=2, epochs=2)
     assert np.isclose(total[0], 2 * np.asarray(data).sum())
     assert np.allclose(per_user, 2 * np.bincount(keys[:, 0], weights=np.asarray(data), minlength=20))
+
+
+def test_division_by_zero_follows_numpy_as_the_python_body_does():
+    data = DistArray.from_coo(np.arange(3), np.array([1.0, 0.0, -2.0]))
+    den = DistArray(np.zeros(3))
+    out = DistArray(np.zeros(3))
+
+    @parallel_for(data)
+    def ratio(key, value):
+        out[key[0]] = value / den[key[0]]
+
+    ratio.run(workers=1)
+    compiled = out.copy()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for r in range(3):
+            ratio((r,), np.asarray(data)[r])  # the plain Python body on the same numpy scalars
+    assert np.array_equal(compiled, out, equal_nan=True)
+    assert np.isinf(compiled[0]) and np.isnan(compiled[1]) and compiled[2] == -np.inf

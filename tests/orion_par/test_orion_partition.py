@@ -30,6 +30,27 @@ def test_contiguous_parts_are_ranges_in_order(keys, parts):
     assert np.all(np.diff(p.part[order]) >= 0)
 
 
+@settings(deadline=None)
+@given(keys_1d, st.integers(1, 6))
+def test_prefer_ranges_never_costs_more_than_one_percent_of_balance(keys, parts):
+    greedy = partition_by_key(keys, 0, parts)
+    p = partition_by_key(keys, 0, parts, prefer_ranges=True)
+    for value in np.unique(keys):
+        assert np.unique(p.part[keys[:, 0] == value]).size == 1
+    assert p.sizes.max() <= 1.01 * greedy.sizes.max()
+
+
+def test_prefer_ranges_gives_ranges_on_even_keys_and_greedy_parts_on_skewed_ones():
+    even = np.repeat(np.arange(1000), 20)[:, None]
+    p = partition_by_key(even, 0, 4, prefer_ranges=True)
+    assert np.all(np.diff(p.part) >= 0) and p.sizes.tolist() == [5000] * 4  # neighbours share a part
+    # Ranges cut [0]*10 [1]*10 | [2] [3] into 10 / 12; the greedy parts {0, 2} / {1, 3} are 11 / 11.
+    skewed = np.array([0] * 10 + [1] * 10 + [2] + [3])[:, None]
+    p = partition_by_key(skewed, 0, 2, prefer_ranges=True)
+    assert p.sizes.tolist() == [11, 11] and p.part[0] != p.part[10]
+
+
+@settings(deadline=None)  # the first call loads the compiled LPT from numba's cache
 @given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5)), min_size=1, max_size=100), st.integers(1, 4))
 def test_whole_key_partition_keeps_duplicates_together(pairs, parts):
     keys = np.array(pairs)
