@@ -3,8 +3,9 @@
 Each MoE layer (Shazeer et al. 2017; GShard's fixed-capacity dispatch) has ``experts`` FFNs, each with its
 own variables. A softmax gate picks each token's ``top_k`` experts and renormalises their weights. Dispatch is
 sparse and static-shaped: expert ``e`` takes the first ``capacity`` tokens routed to it (``tf.math.top_k`` over
-a routed-first score gives their indices), gathers just those rows, runs its FFN on ``(capacity, d_model)``
-and the weighted results are scattered back with one ``unsorted_segment_sum``. Tokens beyond an expert's
+a routed-first score gives their indices), selects just those rows (a one-hot ``(capacity, tokens)`` matmul,
+whose gradient has static shapes, unlike gather's), runs its FFN on ``(capacity, d_model)`` and the weighted
+results go back to their tokens through the transposed selection. Tokens beyond an expert's
 capacity are dropped by that expert (they keep their residual path), as in GShard and Switch Transformer.
 A load-balancing loss (Switch Transformer's ``experts * sum(fraction_routed * mean_gate)``) is added.
 
@@ -47,22 +48,23 @@ def moe_layer(x: tf.Tensor, experts: int, d_ff: int, top_k: int, capacity: int, 
     with v1.variable_scope(name):
         flat = tf.reshape(x, (tokens, d_model))
         gates = tf.nn.softmax(dense(flat, experts, "gate", seeds, bias=False))             # (T, E)
-        top_values, top_experts = tf.math.top_k(gates, k=top_k)                             # (T, k)
-        top_values = top_values / tf.reduce_sum(top_values, axis=1, keepdims=True)
-        chosen = tf.one_hot(top_experts, experts, dtype=tf.float32)                          # (T, k, E)
-        routed = tf.reduce_sum(chosen, axis=1)                                               # (T, E) 0/1
-        weight = tf.reduce_sum(chosen * top_values[:, :, None], axis=1)                      # (T, E)
+        _, top_experts = tf.math.top_k(gates, k=top_k)                                      # (T, k)
+        routed = tf.reduce_sum(tf.one_hot(top_experts, experts, dtype=tf.float32), axis=1)  # (T, E) 0/1
+        weight = gates * routed
+        weight = weight / tf.reduce_sum(weight, axis=1, keepdims=True)                      # top-k renormalised
         # Earlier tokens first: score = routed * (T - position); top_k of it lists routed tokens in order.
         order = tf.constant(np.arange(tokens, 0, -1, dtype=np.float32)[:, None], name="token_order")
-        score = tf.transpose(routed * order)                                                 # (E, T)
-        outputs, slots = [], []
+        scores = tf.unstack(routed * order, axis=1)                                          # E x (T,)
+        weights = tf.split(weight, experts, axis=1)                                          # E x (T, 1)
+        outputs = []
         for e in range(experts):
-            kept, index = tf.math.top_k(score[e], k=capacity, sorted=True, name=f"dispatch{e}")
-            keep = tf.cast(kept > 0.0, tf.float32) * tf.gather(weight[:, e], index)          # (C,)
-            h = feed_forward(tf.gather(flat, index), d_ff, f"expert{e}", seeds)              # (C, d_model)
-            outputs.append(h * keep[:, None])
-            slots.append(index)
-        combined = tf.math.unsorted_segment_sum(tf.concat(outputs, 0), tf.concat(slots, 0), tokens)
+            kept, index = tf.math.top_k(scores[e], k=capacity, sorted=True, name=f"dispatch{e}")
+            # (C, T) one-hot rows of the kept tokens. Matmuls rather than gather/scatter: their gradients
+            # (IndexedSlices, UnsortedSegmentSum) have shapes computed at run time, which no plan can size.
+            dispatch = tf.one_hot(index, tokens) * tf.cast(kept > 0.0, tf.float32)[:, None]
+            h = feed_forward(tf.matmul(dispatch, flat), d_ff, f"expert{e}", seeds)         # (C, d_model)
+            outputs.append(tf.matmul(dispatch, h * tf.matmul(dispatch, weights[e]), transpose_a=True))
+        combined = tf.add_n(outputs, name="combine")                                         # (T, d_model)
         fraction = tf.reduce_mean(routed, axis=0) / top_k
         balance = experts * tf.reduce_sum(fraction * tf.reduce_mean(gates, axis=0), name="balance_loss")
         return tf.reshape(combined, shape), balance

@@ -37,19 +37,21 @@ def attention(queries: tf.Tensor, memory: tf.Tensor, heads: int, name: str, seed
     sk = int(memory.shape[1])
     dh = d_model // heads
 
-    def split(t: tf.Tensor, s: int) -> tf.Tensor:   # (B, S, D) -> (B, H, S, Dh)
-        return tf.transpose(tf.reshape(t, (batch, s, heads, dh)), (0, 2, 1, 3))
+    def split(t: tf.Tensor, s: int) -> tf.Tensor:   # (B, S, D) -> (B, S, H, Dh)
+        return tf.reshape(t, (batch, s, heads, dh))
 
+    # einsum rather than transposes: Transpose's gradient permutes by InvertPermutation(perm), an op whose
+    # output shape inference cannot size, so the gradient tensors' sizes would be unknown to the simulator.
     with v1.variable_scope(name):
         q = split(dense(queries, d_model, "q", seeds), sq)
         k = split(dense(memory, d_model, "k", seeds), sk)
         v = split(dense(memory, d_model, "v", seeds), sk)
-        logits = tf.matmul(q, k, transpose_b=True) * (dh ** -0.5)
+        logits = tf.einsum("bqhd,bkhd->bhqk", q, k) * (dh ** -0.5)
         if causal:
             mask = np.triu(np.full((sq, sk), -1e9, np.float32), k=1)
             logits = logits + tf.constant(mask, name="causal_mask")
         weights = tf.nn.softmax(logits)
-        context = tf.reshape(tf.transpose(tf.matmul(weights, v), (0, 2, 1, 3)), (batch, sq, d_model))
+        context = tf.reshape(tf.einsum("bhqk,bkhd->bqhd", weights, v), (batch, sq, d_model))
         return dense(context, d_model, "out", seeds)
 
 
