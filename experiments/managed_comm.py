@@ -1,16 +1,27 @@
-"""Managed communication at a limited bandwidth budget: plain SSP vs magnitude and consumption-order priority.
+"""Managed communication at a limited bandwidth budget: plain SSP vs prioritised early sending (Bösen, P3).
 
-The same data-parallel MF as ``ssp_vs_bsp`` (no straggler), SSP with staleness 2, every worker's link
-limited to the same budget by a token bucket.  Settings:
+Data-parallel LDA (collapsed Gibbs) and MF (SGD) on ``orion_par.ps`` as in ``ssp_vs_bsp`` (emulated
+machines: a clock's compute takes ``clock_s``; no straggler), in Bösen's regime: a clock is one pass over
+a worker's share of the data, done in ``chunks`` pieces that each read their rows, compute and ``inc``
+their changes.  Every worker's
+link is limited by a token bucket with the same budget and depth in every setting, and every setting
+has Bösen's background communication thread (``clock()`` returns at once).  Settings:
 
-* ``plain SSP``: the oplog leaves at ``clock()`` (the worker waits for its budget there);
-* ``plain SSP, async``: the same, handed to a background sender (the clock returns at once);
-* ``magnitude``: between clocks a background flusher spends the spare budget on the rows with the largest
-  relative change ``sum |delta| / sum |value|`` (Bösen), the server pushes them on;
-* ``consumption``: the same, rows in the order this worker read them in its previous clock (P3).
+* ``plain SSP``: the oplog leaves at ``clock()``; the link idles while the worker computes, and the
+  clock-boundary burst is throttled by the budget, so the others see a clock's updates a clock or more late;
+* ``plain SSP, sync send``: the same, but the worker waits at ``clock()`` until its oplog is sent;
+* ``managed: magnitude``: between clocks a background flusher spends the budget the link would leave idle
+  on the rows with the largest relative change ``sum |delta| / sum |value|`` (Bösen); the server pushes
+  the changed rows to the other workers' caches, so reads between clocks see them;
+* ``managed: consumption``: the same, rows in the order this worker read them in its previous clock (P3);
+* ``managed: random``: the same, rows in random order (no prioritisation; what prioritisation adds).
 
-Time to a target RMSE (the one plain SSP reaches at ``target_frac`` of its clocks), bytes sent, and the
-share of them sent early.  Run: ``python -m experiments.managed_comm`` or ``--tiny``.
+The flusher is charged from the same bucket as the clock-boundary flush, for exactly the bytes it sends;
+a message costs its payload (row ids and values) only, in every mode.  Reported per setting: time until
+the server's model reaches a target loss (the one plain SSP reaches at ``target_frac`` of its clocks),
+the loss at each clock boundary, bytes sent in all and until the target, and the share sent early.
+
+Run: ``python -m experiments.managed_comm`` or ``--tiny``.
 """
 
 from __future__ import annotations
@@ -27,8 +38,10 @@ from tqdm import tqdm
 
 from experiments.ssp_vs_bsp import (
     BURST_S,
-    MF_FULL,
+    LDA_TINY,
     MF_TINY,
+    lda_problem,
+    loss_at_clock,
     machine,
     mf_problem,
     run_setting,
@@ -39,18 +52,61 @@ from experiments.ssp_vs_bsp import (
 )
 from orion_par.ps import ClientOptions
 
-STALENESS = 2
-FLUSH_INTERVAL_S = 0.01  # the flusher wakes every 10 ms (its scoring costs CPU the workers need)
+STALENESS = 1
+FLUSH_INTERVAL_S = 0.02  # the flusher sends 20 ms of link time at a time
+MF_MANAGED = dict(users=4000, items=500, ratings=1_200_000, rank=32, batches=1, chunks=8, epochs=10, lr=0.01,
+                  reg=0.02, workers=4, clock_s=0.2, link_mbps=8.0)
+LDA_MANAGED = dict(docs=3000, doc_len=80, vocab=1500, topics=20, batches=1, chunks=8, epochs=10, workers=4,
+                   clock_s=0.2, link_mbps=2.0)
+TINY = {"lda": dict(LDA_TINY, batches=1, chunks=4, epochs=4, clock_s=0.02, link_mbps=1.0),
+        "mf": dict(MF_TINY, batches=1, chunks=4, epochs=4, clock_s=0.02, link_mbps=2.0)}
+FULL = {"lda": LDA_MANAGED, "mf": MF_MANAGED}
+PROBLEMS = {"lda": lda_problem, "mf": mf_problem}
 
 
 def settings(link: float) -> dict[str, ClientOptions]:
-    burst = int(link * BURST_S)
-    return {"plain SSP": ClientOptions(bandwidth_bytes_per_s=link, burst_bytes=burst),
-            "plain SSP, async": ClientOptions(bandwidth_bytes_per_s=link, burst_bytes=burst, async_send=True),
-            "magnitude": ClientOptions(bandwidth_bytes_per_s=link, burst_bytes=burst, policy="magnitude",
-                                       flush_interval_s=FLUSH_INTERVAL_S),
-            "consumption": ClientOptions(bandwidth_bytes_per_s=link, burst_bytes=burst, policy="consumption",
-                                         flush_interval_s=FLUSH_INTERVAL_S)}
+    common = dict(bandwidth_bytes_per_s=link, burst_bytes=int(link * BURST_S))
+    managed = dict(common, async_send=True, flush_interval_s=FLUSH_INTERVAL_S)
+    return {"plain SSP": ClientOptions(**common, async_send=True),
+            "plain SSP, sync send": ClientOptions(**common),
+            "managed: magnitude": ClientOptions(**managed, policy="magnitude"),
+            "managed: consumption": ClientOptions(**managed, policy="consumption"),
+            "managed: random": ClientOptions(**managed, policy="random")}
+
+
+def bytes_until(run: dict[str, Any], t: float | None) -> int | None:
+    """Bytes all workers had sent when the server's model reached the target (None if it never did)."""
+    if t is None:
+        return None
+    before = [b for s, b in run["sent"] if s <= t]
+    return before[-1] if before else 0
+
+
+def summarise(runs: dict[str, list[dict[str, Any]]], target: float, lower: bool) -> dict[str, Any]:
+    table = {}
+    for label, rs in runs.items():
+        times = [time_to(r, target, lower) for r in rs]
+        done = [t for t in times if t is not None]
+        to_target = [bytes_until(r, t) for r, t in zip(rs, times, strict=True)]
+        clocks = rs[0]["clocks"]
+        table[label] = {"time_to_target_s": float(np.median(done)) if len(done) == len(times) else None,
+                        "times_s": times, "final_loss": float(np.median([r["loss"][-1] for r in rs])),
+                        "loss_at_clock": [round(float(np.median([loss_at_clock(r, c) for r in rs])), 4)
+                                          for c in range(1, clocks + 1)],
+                        "bytes_sent": int(np.median([r["bytes_sent"] for r in rs])),
+                        "bytes_to_target": (int(np.median([b for b in to_target if b is not None]))
+                                            if all(b is not None for b in to_target) else None),
+                        "early_share": float(np.median([r["early_bytes"] / r["bytes_sent"] for r in rs])),
+                        "messages_sent": int(np.median([r["messages_sent"] for r in rs])),
+                        "s_per_clock": float(np.median([r["elapsed_s"] / clocks for r in rs])),
+                        "cpu_s": float(np.median([r["cpu_s"] for r in rs])),
+                        "overruns": [r["overruns"] for r in rs], "blocked_s": rs[0]["blocked_s"],
+                        "throttled_s": rs[0]["throttled_s"], "staleness_hist": rs[0]["staleness_hist"]}
+    base = table["plain SSP"]["time_to_target_s"]
+    for row in table.values():
+        t = row["time_to_target_s"]
+        row["sooner_than_plain_pct"] = round(100 * (1 - t / base), 1) if base and t else None
+    return table
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,55 +117,65 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--link-mbps", type=float, default=None, help="per-worker budget in MB/s")
     ap.add_argument("--target-frac", type=float, default=0.75)
     args = ap.parse_args(argv)
-    cfg = dict(MF_TINY if args.tiny else dict(MF_FULL, users=4000, items=500, chunks=8))
-    cfg["link_mbps"] = args.link_mbps or (10.0 if args.tiny else 50.0)
     repeats = args.repeats or (1 if args.tiny else 3)
-    problem = mf_problem(cfg)
-    run_setting(dict(problem, cfg=dict(cfg, epochs=1)), STALENESS, ClientOptions(), "none")  # compile first
-    runs: dict[str, list[dict[str, Any]]] = {}
-    opts = settings(cfg["link_mbps"] * 1e6)
-    with tqdm(total=repeats * len(opts), desc="managed_comm", disable=None) as bar:
-        for _ in range(repeats):  # interleaved: a slow spell of the shared machine hits every setting
-            for label, o in opts.items():
-                runs.setdefault(label, []).append(run_setting(problem, STALENESS, o, "none"))
-                bar.update(1)
-    target = float(np.median([target_from(r, args.target_frac) for r in runs["plain SSP"]]))
-    table = {}
-    for label, rs in runs.items():
-        times = [time_to(r, target, True) for r in rs]
-        done = [t for t in times if t is not None]
-        table[label] = {"time_to_target_s": float(np.median(done)) if len(done) == len(times) else None,
-                        "times_s": times, "final_rmse": float(np.median([r["loss"][-1] for r in rs])),
-                        "bytes_sent": rs[0]["bytes_sent"], "early_bytes": rs[0]["early_bytes"],
-                        "staleness_hist": rs[0]["staleness_hist"], "blocked_s": rs[0]["blocked_s"]}
-    base = table["plain SSP"]["time_to_target_s"]
-    for row in table.values():
-        t = row["time_to_target_s"]
-        row["sooner_than_plain_pct"] = round(100 * (1 - t / base), 1) if base and t else None
-    record = {"command": "python -m experiments.managed_comm " + " ".join(argv or sys.argv[1:]),
-              "date": datetime.datetime.now().isoformat(timespec="seconds"), "versions": versions(),
-              "machine": dict(machine(), loadavg_end=os.getloadavg()), "tiny": args.tiny,
-              "parameters": dict(cfg, staleness=STALENESS, repeats=repeats, target_frac=args.target_frac),
-              "target_rmse": target, "table": table, "curves": {k: v[0] for k, v in runs.items()}}
+    cases = TINY if args.tiny else FULL
+    record: dict[str, Any] = {
+        "command": "python -m experiments.managed_comm " + " ".join(argv or sys.argv[1:]),
+        "date": datetime.datetime.now().isoformat(timespec="seconds"), "versions": versions(), "machine": machine(),
+        "tiny": args.tiny, "parameters": {"staleness": STALENESS, "repeats": repeats, "target_frac": args.target_frac,
+                                          "flush_interval_s": FLUSH_INTERVAL_S, "burst_s": BURST_S},
+        "results": {}}
+    with tqdm(total=repeats * len(cases) * 5, desc="managed_comm", disable=None) as bar:
+        for name, base in cases.items():
+            cfg = dict(base, link_mbps=args.link_mbps or base["link_mbps"])
+            record["parameters"][name] = cfg
+            record["results"][name] = _compare(PROBLEMS[name](cfg), repeats, args.target_frac, bar)
+    record["machine"]["loadavg_end"] = os.getloadavg()
     write(Path(args.out), "managed_comm", record, markdown(record))
     return 0
+
+
+def _compare(problem: dict[str, Any], repeats: int, frac: float, bar: Any) -> dict[str, Any]:
+    cfg = problem["cfg"]
+    run_setting(dict(problem, cfg=dict(cfg, epochs=1, clock_s=None)), STALENESS, ClientOptions(), "none")  # compile
+    runs: dict[str, list[dict[str, Any]]] = {}
+    opts = settings(cfg["link_mbps"] * 1e6)
+    for _ in range(repeats):  # interleaved: a slow spell of the shared machine hits every setting
+        for label, o in opts.items():
+            runs.setdefault(label, []).append(run_setting(problem, STALENESS, o, "none"))
+            bar.update(1)
+    target = float(np.median([target_from(r, frac) for r in runs["plain SSP"]]))
+    return {"target": target, "table": summarise(runs, target, problem["lower_is_better"]),
+            "curves": {k: {f: v[0][f] for f in ("clock", "time_s", "loss")} for k, v in runs.items()}}
 
 
 def markdown(rec: dict[str, Any]) -> str:
     p = rec["parameters"]
     lines = ["# managed_comm", "", f"`{rec['command']}` on {rec['date']}, {rec['machine']['cpus']} CPUs "
              f"(load {rec['machine']['loadavg_start'][0]:.1f} at start); {rec['versions']}.", "",
-             f"Data-parallel MF on `orion_par.ps`, {p['workers']} workers, staleness {p['staleness']}, link budget "
-             f"{p['link_mbps']} MB/s per worker. Target RMSE {rec['target_rmse']:.4f} (plain SSP at "
-             f"{p['target_frac']:.0%} of its clocks); median of {p['repeats']} interleaved runs.", "",
-             "| setting | time to target (s) | sooner than plain SSP | final RMSE | bytes sent | sent early |",
-             "|---|---|---|---|---|---|"]
-    for label, row in rec["table"].items():
-        t = row["time_to_target_s"]
-        early = row["early_bytes"] / row["bytes_sent"] if row["bytes_sent"] else 0.0
-        lines.append(f"| {label} | {'not reached' if t is None else f'{t:.2f}'} | "
-                     f"{'-' if row['sooner_than_plain_pct'] is None else str(row['sooner_than_plain_pct']) + '%'} | "
-                     f"{row['final_rmse']:.4f} | {row['bytes_sent']} | {early:.0%} |")
+             f"Data-parallel LDA (log-likelihood per token, higher is better) and MF (training RMSE) on "
+             f"`orion_par.ps`, staleness {p['staleness']}, every worker's link limited by a token bucket with the "
+             f"same budget and a depth of {p['burst_s'] * 1e3:g} ms in every setting; all settings but 'sync send' "
+             f"have a background sender. Target: the loss plain SSP reaches at {p['target_frac']:.0%} of its clocks, "
+             f"reached on the server's model; median of {p['repeats']} interleaved runs. See the script's docstring "
+             "for the settings.", ""]
+    for name, res in rec["results"].items():
+        c = p[name]
+        lines += [f"## {name}: {c['workers']} emulated machines, a clock's compute {c['clock_s']} s (one pass over a "
+                  f"worker's share, {c['chunks']} chunks), budget {c['link_mbps']} MB/s per worker; target "
+                  f"{res['target']:.4f}", "",
+                  "| setting | time to target (s) | sooner than plain SSP | loss after clocks 2, 4, 6 | final loss "
+                  "| MB sent | MB to target | sent early | s per clock | CPU s |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for label, row in res["table"].items():
+            t, pct, b = row["time_to_target_s"], row["sooner_than_plain_pct"], row["bytes_to_target"]
+            at = row["loss_at_clock"]
+            lines.append(f"| {label} | {'not reached' if t is None else f'{t:.2f}'} | "
+                         f"{'-' if pct is None else f'{pct}%'} | "
+                         f"{', '.join(f'{at[i]:.3f}' for i in (1, 3, 5) if i < len(at))} | {row['final_loss']:.4f} | "
+                         f"{row['bytes_sent'] / 1e6:.1f} | {'-' if b is None else f'{b / 1e6:.1f}'} | "
+                         f"{row['early_share']:.0%} | {row['s_per_clock']:.3f} | {row['cpu_s']:.1f} |")
+        lines.append("")
     return "\n".join(lines) + "\n"
 
 

@@ -1,9 +1,9 @@
 """An emulated limited link (token bucket on bytes sent) and managed communication's background flusher.
 
-The bucket fills at ``rate_bytes_per_s`` up to ``burst_bytes``.  A clock-boundary flush must send its
-whole oplog, so it waits for tokens; the background flusher only spends tokens that are already there,
-between clocks, on the highest-priority rows -- so a budget the plain SSP worker leaves idle while it
-computes is what managed communication spends.
+The bucket fills at ``rate_bytes_per_s`` up to ``burst_bytes``; a message is delivered once the link has
+carried its last byte.  A clock-boundary flush must send its whole oplog, so it waits its transmission
+time; the background flusher spends, between clocks, link time the plain SSP worker leaves idle while it
+computes, on the highest-priority rows.  Both are charged from the same bucket, byte for byte.
 """
 
 from __future__ import annotations
@@ -60,23 +60,26 @@ class TokenBucket:
                 return True
             return False
 
-    def take(self, nbytes: int) -> float:
-        """Wait until ``nbytes`` may be sent and take them; returns the seconds waited.
+    def refund(self, nbytes: int) -> None:
+        """Give back ``nbytes`` taken but not sent (never beyond a full bucket)."""
+        with self.lock:
+            self._refill()
+            self.tokens = min(self.burst, self.tokens + nbytes)
 
-        A message larger than the burst waits for a full bucket and leaves it in debt, so the average
-        rate still never exceeds ``rate_bytes_per_s``.
+    def take(self, nbytes: int) -> float:
+        """Send ``nbytes``: wait until the link has carried them, and return the seconds waited.
+
+        The message is queued behind whatever the link still owes (tokens below zero), so a message of
+        ``n`` bytes beyond the bucket's tokens waits ``n / rate`` -- its transmission time -- and two
+        senders sharing the bucket share the rate.  Nothing arrives before its last byte has been sent.
         """
-        waited = 0.0
-        while True:
-            with self.lock:
-                self._refill()
-                need = min(float(nbytes), self.burst)
-                if self.tokens >= need:
-                    self.tokens -= nbytes
-                    return waited
-                sleep = (need - self.tokens) / self.rate
-            time.sleep(sleep)
-            waited += sleep
+        with self.lock:
+            self._refill()
+            self.tokens -= nbytes
+            wait = max(0.0, -self.tokens / self.rate)
+        if wait:
+            time.sleep(wait)
+        return wait
 
 
 class Flushable(Protocol):
@@ -84,13 +87,19 @@ class Flushable(Protocol):
 
     def has_dirty(self) -> bool: ...
 
+    def link_idle(self) -> bool: ...
+
+    def sends_in_background(self) -> bool: ...
+
 
 class BackgroundFlusher:
-    """A thread that, while there are unsent updates, buys ``interval_s`` worth of link time and spends it.
+    """A thread that, while there are unsent updates and the link is idle, sends ``interval_s`` worth of them.
 
-    It takes the tokens before it picks rows (outside the client's lock, so the worker never waits for
-    it), then hands that budget to ``client.flush_some``: the link carries early updates at the budget's
-    rate while the worker computes, and what the clock boundary must send shrinks.
+    With a background sender (``async_send``) it picks the rows and queues them like any message: the
+    sender pays for them from the bucket and delivers them after their transmission time, behind the
+    clock-boundary flushes.  Without one it buys the link time first (outside the client's lock, so the
+    worker never waits for it), picks rows that fit, and refunds what they did not use.  Either way
+    managed communication is charged exactly the bytes it sends, from the same bucket as every flush.
     """
 
     def __init__(self, client: Flushable, bucket: TokenBucket, interval_s: float = 0.002) -> None:
@@ -106,10 +115,15 @@ class BackgroundFlusher:
     def _loop(self) -> None:
         try:
             budget = max(1, int(self.bucket.rate * self.interval_s))
+            background = self.client.sends_in_background()
             while not self.stop_event.wait(self.interval_s / 4):
-                if self.client.has_dirty():
+                if not self.client.has_dirty() or not self.client.link_idle():
+                    continue
+                if background:
+                    self.client.flush_some(budget)
+                else:
                     self.bucket.take(budget)
-                    self.client.flush_some(budget, prepaid=True)
+                    self.bucket.refund(budget - self.client.flush_some(budget, prepaid=True))
         except BaseException as e:  # noqa: BLE001 - reported by stop()
             self.error = e
 

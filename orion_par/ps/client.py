@@ -55,7 +55,7 @@ class ClientOptions:
 
     bandwidth_bytes_per_s : float, optional
         Emulated link budget (``None``: unlimited).
-    policy : {"magnitude", "consumption"}, optional
+    policy : {"magnitude", "consumption", "random"}, optional
         Managed communication: spend spare budget between clocks on these rows first (``None``: plain
         SSP, everything waits for ``clock()``).
     burst_bytes : int, optional
@@ -240,6 +240,14 @@ class PSClient:
         """Whether the oplog holds unsent updates."""
         return not self.oplog.empty()
 
+    def sends_in_background(self) -> bool:
+        """Whether messages leave through the background sender (``async_send``)."""
+        return self.outbox is not None
+
+    def link_idle(self) -> bool:
+        """Whether nothing is waiting for the link (always true without a background sender)."""
+        return self.outbox is None or self.outbox.idle()
+
     def flush_some(self, budget_bytes: int, prepaid: bool = False) -> int:
         """Managed communication: send the highest-priority dirty rows that fit in ``budget_bytes``.
 
@@ -316,6 +324,10 @@ class _Outbox:
                 raise self.error
             self.queue.append(msg)
             self.cond.notify_all()
+
+    def idle(self) -> bool:
+        with self.cond:
+            return not self.queue and not self.busy
 
     def join(self) -> None:
         with self.cond:

@@ -36,12 +36,16 @@ class Checkpoint:
 
 @dataclass
 class RunResult:
-    """What ``run`` did: wall time, per-worker stats, and table snapshots taken as the min clock rose."""
+    """What ``run`` did: wall time, per-worker stats, table snapshots, and bytes sent over time.
+
+    ``sent`` holds ``(seconds since the start, bytes all workers had sent)`` at each wall-time snapshot.
+    """
 
     elapsed_s: float
     stats: list[WorkerStats]
     snapshots: list[tuple[int, float, dict[str, Any]]] = field(default_factory=list)
     results: list[list[Any]] = field(default_factory=list)
+    sent: list[tuple[float, int]] = field(default_factory=list)
 
 
 class _Host:
@@ -64,7 +68,7 @@ class LocalChannel:
             for b in batches:
                 host.server.inc(client.worker, b.table, b.rows, b.deltas, flush_seq=flush_seq, clock=clock)
             if client.options.policy is not None:  # managed communication: push fresh rows between clocks
-                self.ps.push(host, only_news=True)
+                self.ps.push(host, only_news=True, skip=client.worker)  # the sender reads its own writes already
 
     def send_tick(self, client: PSClient, shard: int) -> None:
         host = self.ps.hosts[shard]
@@ -131,40 +135,60 @@ class LocalPS:
         self.clients = [PSClient(w, self.specs, self.channel, options) for w in range(num_workers)]
         self.snapshot_every: int | None = None
         self.snapshots: list[tuple[int, float, dict[str, Any]]] = []
+        self.sent: list[tuple[float, int]] = []
         self.t0 = time.perf_counter()
 
     def client(self, worker: int) -> PSClient:
         """Worker ``worker``'s client (``get``, ``inc``, ``clock``)."""
         return self.clients[worker]
 
-    def push(self, host: _Host, only_news: bool) -> None:
+    def push(self, host: _Host, only_news: bool, skip: int | None = None) -> None:
         for c in self.clients:
-            if not only_news or host.server.has_news(c.worker):
+            if c.worker != skip and (not only_news or host.server.has_news(c.worker)):
                 c.receive(host.server.deliver(c.worker))
 
     def on_advance(self, min_clock: int) -> None:
         if self.snapshot_every and min_clock % self.snapshot_every == 0:
             self.snapshots.append((min_clock, time.perf_counter() - self.t0, self.tables(locked=False)))
 
-    def run(self, program: Program, clocks: int, *, snapshot_every: int | None = None) -> RunResult:
+    def run(self, program: Program, clocks: int, *, snapshot_every: int | None = None,
+            snapshot_every_s: float | None = None) -> RunResult:
         """Run ``program(client, worker, clock)`` then ``client.clock()``, ``clocks`` times per worker thread.
 
-        ``snapshot_every=k`` copies the tables each time the min clock reaches a multiple of ``k``
-        (with the seconds since the run started), for time-to-target curves.
+        ``snapshot_every=k`` copies the tables each time the min clock reaches a multiple of ``k``;
+        ``snapshot_every_s=dt`` copies them every ``dt`` seconds of wall time as well (the server's model
+        as a reader would find it then, between clocks included).  Each snapshot is ``(min clock, seconds
+        since the run started, tables)``, sorted by time, for time-to-target curves.
         """
-        self.snapshot_every, self.snapshots, self.t0 = snapshot_every, [], time.perf_counter()
+        self.snapshot_every, self.snapshots, self.sent, self.t0 = snapshot_every, [], [], time.perf_counter()
         results: list[list[Any]] = [[] for _ in range(self.num_workers)]
         errors: list[BaseException] = []
         threads = [threading.Thread(target=self._worker, args=(w, program, clocks, results[w], errors),
                                     name=f"orion_par-ps-worker-{w}") for w in range(self.num_workers)]
+        done = threading.Event()
+        monitor = (threading.Thread(target=self._monitor, args=(snapshot_every_s, done), name="orion_par-ps-monitor")
+                   if snapshot_every_s else None)
         for t in threads:
             t.start()
+        if monitor is not None:
+            monitor.start()
         for t in threads:
             t.join()
+        done.set()
+        if monitor is not None:
+            monitor.join()
         if errors:
             raise errors[0]
         elapsed = time.perf_counter() - self.t0
-        return RunResult(elapsed, [c.stats for c in self.clients], list(self.snapshots), results)
+        snapshots = sorted(self.snapshots, key=lambda snap: snap[1])
+        return RunResult(elapsed, [c.stats for c in self.clients], snapshots, results, self.sent)
+
+    def _monitor(self, every_s: float, done: threading.Event) -> None:
+        while not done.wait(every_s):
+            clock = self.hosts[0].server.min_clock
+            now = time.perf_counter() - self.t0
+            self.sent.append((now, sum(c.stats.bytes_sent for c in self.clients)))
+            self.snapshots.append((clock, now, self.tables()))
 
     def _worker(self, w: int, program: Program, clocks: int, out: list[Any], errors: list[BaseException]) -> None:
         client = self.clients[w]

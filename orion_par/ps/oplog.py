@@ -7,7 +7,8 @@ clock boundary when there is bandwidth to spare; which rows go first is the poli
 * ``"magnitude"``: largest relative change first, ``sum |delta| / sum |value|`` (Bösen's choice: rows whose
   updates matter most to readers);
 * ``"consumption"``: the rows that will be read soonest first, estimated by the order in which this worker
-  first read each row during its previous clock (P3, SysML'19: layers consumed first are sent first).
+  first read each row during its previous clock (P3, SysML'19: layers consumed first are sent first);
+* ``"random"``: no priority, dirty rows in random order (Bösen's baseline for prioritisation).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ import numpy as np
 
 from orion_par.ps.tables import BadTableError, RowSet, Store, TableSpec, make_store
 
-Policy = Literal["magnitude", "consumption"]
-POLICIES: tuple[str, ...] = ("magnitude", "consumption")
+Policy = Literal["magnitude", "consumption", "random"]
+POLICIES: tuple[str, ...] = ("magnitude", "consumption", "random")
 _TINY = 1e-12  # a row whose cached value is all zeros still gets a finite, very high priority
 
 
@@ -54,6 +55,7 @@ class OpLog:
         self.deltas: dict[str, Store] = {n: make_store(s) for n, s in self.specs.items()}
         self.dirty_rows: dict[str, RowSet] = {n: RowSet(s) for n, s in self.specs.items()}
         self.coalesced = 0  # increments merged into a row that was already dirty
+        self.rng = np.random.default_rng(0)  # the "random" policy's order
 
     def add(self, table: str, rows: np.ndarray, deltas: Any) -> None:
         already = int(np.count_nonzero(self.dirty_rows[table].contains(rows)))
@@ -185,6 +187,8 @@ def priority_candidates(log: OpLog, values: Mapping[str, Store], policy: str, or
             continue
         if policy == "magnitude":
             scores = magnitude_scores(log.deltas[table], values[table], rows)
+        elif policy == "random":
+            scores = log.rng.random(rows.size)
         else:
             scores = -order.positions(table, rows)
         out[table] = (rows, scores, row_bytes(log.deltas[table], rows))
