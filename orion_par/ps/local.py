@@ -185,10 +185,12 @@ class LocalPS:
 
     def _monitor(self, every_s: float, done: threading.Event) -> None:
         while not done.wait(every_s):
-            clock = self.hosts[0].server.min_clock
-            now = time.perf_counter() - self.t0
+            with self.hosts[0].cond:  # shard 0's min clock and its advance snapshots stay in time order
+                clock = self.hosts[0].server.min_clock
+                now = time.perf_counter() - self.t0
+                tables = self.tables()
             self.sent.append((now, sum(c.stats.bytes_sent for c in self.clients)))
-            self.snapshots.append((clock, now, self.tables()))
+            self.snapshots.append((clock, now, tables))
 
     def _worker(self, w: int, program: Program, clocks: int, out: list[Any], errors: list[BaseException]) -> None:
         client = self.clients[w]

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from orion_par.ps import ClientOptions, LocalPS, PSError, RolledBack, TableSpec
+from orion_par.ps import ClientOptions, LocalPS, PSError, RolledBack, TableSpec, TokenBucket
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +138,49 @@ def test_managed_communication_sends_between_clocks(make):
     np.testing.assert_array_equal(ps.table("w"), np.full((8, 2), 9.0))  # 3 clocks x (1 + 2)
     assert all(s.early_bytes > 0 for s in result.stats)
     assert all(s.bytes_sent == 3 * 8 * TableSpec("w", 8, 2).row_bytes for s in result.stats)
+
+
+class CountingBucket(TokenBucket):
+    """A token bucket that remembers the bytes it was charged net of refunds."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.charged = 0
+
+    def take(self, nbytes):
+        self.charged += nbytes
+        return super().take(nbytes)
+
+    def refund(self, nbytes):
+        self.charged -= nbytes
+        super().refund(nbytes)
+
+
+@pytest.mark.parametrize("policy", [None, "magnitude", "random"])
+@pytest.mark.parametrize("async_send", [False, True])
+def test_every_mode_is_charged_exactly_the_bytes_it_sends(policy, async_send):
+    # Plain SSP and managed communication share one bucket per worker; neither pays for bytes it does not send.
+    opts = ClientOptions(bandwidth_bytes_per_s=2e5, policy=policy, async_send=async_send)
+    ps = LocalPS([TableSpec("w", 8, 2, staleness=1)], 2, options=opts)
+    for c in ps.clients:
+        c.bucket = CountingBucket(2e5, c.bucket.burst)
+    result = ps.run(managed_program, clocks=3)
+    for c, s in zip(ps.clients, result.stats, strict=True):
+        assert c.bucket.charged == s.bytes_sent == 3 * 8 * TableSpec("w", 8, 2).row_bytes
+    np.testing.assert_array_equal(ps.table("w"), np.full((8, 2), 9.0))
+
+
+def test_wall_time_snapshots_and_bytes_over_time():
+    opts = ClientOptions(bandwidth_bytes_per_s=1e6, policy="magnitude", async_send=True)
+    ps = LocalPS([TableSpec("w", 8, 2, staleness=1)], 2, options=opts)
+    result = ps.run(managed_program, clocks=3, snapshot_every=1, snapshot_every_s=0.01)
+    times = [t for _, t, _ in result.snapshots]
+    assert times == sorted(times) and len(result.snapshots) > 3  # 3 clock snapshots plus the timed ones
+    clocks = [c for c, _, _ in result.snapshots]
+    assert clocks == sorted(clocks)  # the server's min clock never goes back
+    sent = [b for _, b in result.sent]
+    assert sent == sorted(sent) and sent[-1] <= sum(s.bytes_sent for s in result.stats)
+    assert all(set(tables) == {"w"} for _, _, tables in result.snapshots)
 
 
 def test_bad_input_errors():
