@@ -13,9 +13,20 @@ def test_mf_convergence_tiny(tmp_path):
     assert {"serial", "orion_par 1w", "orion_par 2w", "surprise SVD"} <= set(res["curves"])
     serial = res["curves"]["serial"]["rmse"]
     assert serial[-1] < serial[0]
+    assert res["checks"]["orion_par_1w_bitwise_equals_serial"] is True
+    assert res["curves"]["orion_par 1w"]["rmse"] == serial
+    study = res["shuffle_study"][0]
+    assert len(study["rmse_serial"]) == len(study["rmse_orion_par_2w"]) == 2  # two orders, both methods
     assert res["command"].startswith("python -m experiments.mf_convergence")
     assert (tmp_path / "mf_convergence.md").read_text().startswith("# mf_convergence")
     assert (tmp_path / "mf_convergence.png").stat().st_size > 0
+
+
+def test_mf_throughput_only_tiny(tmp_path):
+    assert mf_convergence.main(["--tiny", "--throughput-only", "--repeats", "3", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "mf_throughput.json").read_text())
+    assert len(res["throughput"]["orion_par_2w"]["times_s"]) == 3 and len(res["throughput"]["loadavg_1min"]) == 4
+    assert (tmp_path / "mf_throughput.md").read_text().startswith("# mf_throughput")
 
 
 def test_lda_convergence_tiny(tmp_path):
