@@ -37,3 +37,11 @@ def test_lda_convergence_tiny(tmp_path):
     assert ll[-1] > ll[0]
     assert "within_2x_of_tomotopy" in res["checks"]
     assert (tmp_path / "lda_convergence.png").stat().st_size > 0
+
+
+def test_lda_throughput_only_tiny(tmp_path):
+    assert lda_convergence.main(["--tiny", "--throughput-only", "--repeats", "2", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "lda_throughput.json").read_text())
+    t = res["throughput"][0]
+    assert len(t["orion_par_2w"]["times_s"]) == 2 and len(t["loadavg_1min"]) == 3
+    assert "within_2x_of_tomotopy" in res["checks"]
