@@ -128,10 +128,10 @@ class SwapActivations:
         eg = timeline.eg
         placement = Placement(ctx.device, ctx.host)
         on_device = {u: not eg.is_region(u) and placement.domain(graph[u].device) == "device" for u in eg.units}
-        peak_rank = _peak_rank(timeline, profile)
+        at_peak = peak_rank(timeline, profile)
         usable = trigger_candidates(graph, timeline)
         out = []
-        for u in timeline.order[:peak_rank + 1]:
+        for u in timeline.order[:at_peak + 1]:
             if not on_device[u] or graph[u].attr_bool(SWAP_IN_ATTR):
                 continue
             for i, spec in enumerate(graph[u].outputs):
@@ -143,14 +143,14 @@ class SwapActivations:
                 consumers = eg.consumers(t)
                 if not consumers or not all(on_device.get(c, False) for c in consumers):
                     continue  # read by a frame or on another device: leave it alone
-                early = [c for c in consumers if timeline.rank[c] <= peak_rank]
-                late = [c for c in consumers if timeline.rank[c] > peak_rank]
+                early = [c for c in consumers if timeline.rank[c] <= at_peak]
+                late = [c for c in consumers if timeline.rank[c] > at_peak]
                 if not late or profile.peak_unit in early:
                     continue
                 idle_from = max([timeline.end_s[u]] + [timeline.end_s[c] for c in early])
                 transfer = self.link.transfer_s(nbytes)
                 groups = group_consumers(late, timeline, split_gap_s=2 * transfer)
-                prefetches = plan_prefetches(groups, nbytes, timeline, self.link, usable, peak_rank)
+                prefetches = plan_prefetches(groups, nbytes, timeline, self.link, usable, at_peak)
                 if any(p.trigger is None for p in prefetches):
                     continue
                 idle = timeline.start_s[min(late, key=lambda c: timeline.start_s[c])] - idle_from
@@ -158,7 +158,7 @@ class SwapActivations:
         return out
 
 
-def _peak_rank(timeline: StepTimeline, profile: MemoryProfile) -> int:
+def peak_rank(timeline: StepTimeline, profile: MemoryProfile) -> int:
     """Rank of the unit running at the simulated peak (the latest started by then, if the runtime renamed it)."""
     if profile.peak_unit in timeline.rank:
         return timeline.rank[profile.peak_unit]

@@ -84,24 +84,29 @@ class StepTimeline:
             raise ValueError("the graph has a cycle outside v1 loop frames")
         return cls(eg, tuple(order), {u: i for i, u in enumerate(order)}, start, end, profile.peak_time_s)
 
-    def first_after(self, unit: str) -> int:
-        return self.rank[unit] + 1
-
     def trigger_for(self, consumer: str, lead_s: float, not_before: int, usable: Mapping[str, bool]) -> str | None:
-        """The latest unit ranked after ``not_before`` that ends ``lead_s`` before ``consumer`` starts.
+        """The unit (ranked between ``not_before`` and ``consumer``) whose end best starts a prefetch.
 
-        That unit's end starts a prefetch for ``consumer`` early enough to hide a ``lead_s`` transfer;
-        ``usable`` filters out units that cannot carry a control edge (regions, constants). Falls back to
-        the unit just before ``consumer`` when none ends early enough, and None when nothing qualifies.
+        Best is the last to end at least ``lead_s`` before ``consumer`` starts, so a ``lead_s`` transfer is
+        hidden. When that would hold the copy on the device for more than another ``lead_s`` (a long op
+        runs in between), the first unit to end after that point wins instead: a little transfer time is
+        exposed rather than memory held. ``usable`` filters out units that cannot carry a control edge.
+        Returns None when no unit qualifies.
         """
-        deadline = self.start_s[consumer] - lead_s
-        fallback = None
+        start = self.start_s[consumer]
+        deadline = start - lead_s
+        early: str | None = None   # ends by the deadline, as late as possible
+        late: str | None = None    # ends after the deadline (but before the consumer), as early as possible
         for r in range(self.rank[consumer] - 1, not_before, -1):
             u = self.order[r]
             if not usable.get(u, False):
                 continue
-            if fallback is None:
-                fallback = u
-            if self.end_s[u] <= deadline:
-                return u
-        return fallback
+            end = self.end_s[u]
+            if end <= deadline:
+                if early is None or end > self.end_s[early]:
+                    early = u
+            elif end <= start and (late is None or end < self.end_s[late]):
+                late = u
+        if early is not None and (late is None or deadline - self.end_s[early] <= lead_s):
+            return early
+        return late

@@ -11,8 +11,8 @@ from types import MappingProxyType
 from tfmem.ir import GraphIR, OpNode
 
 TAG_PREFIX = "_tfmem_"
-# verify() checks the swap tags in the final graph; all three let a reader see what each Identity is for.
-KEPT_TAGS = frozenset({"_tfmem_swap_in", "_tfmem_swap_out", "_tfmem_prefetch"})
+# verify() checks the swap tags in the final graph; all of them let a reader see what each Identity is for.
+KEPT_TAGS = frozenset({"_tfmem_swap_in", "_tfmem_swap_out", "_tfmem_prefetch", "_tfmem_recompute"})
 
 
 def strip_tags(graph: GraphIR) -> GraphIR:

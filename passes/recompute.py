@@ -1,0 +1,206 @@
+"""Recompute activations instead of keeping them: free a tensor after its early uses, rebuild it for the late ones.
+
+For a tensor idle at the simulated device peak, the pass clones the few ops that produce it from tensors
+that stay on the device anyway (variables, feeds, constants, or activations that a later op still reads),
+and makes its later readers use the clone. The clones wait for a control edge from the op that runs just
+before their first reader, so they run late, and the original tensor dies after its early uses. Candidates
+are ranked by bytes freed per second of recomputation (cost model); the pass stops as soon as the
+simulated peak meets the budget.
+
+Never cloned: stateful ops (random number generators, variable reads and updates, queues), ops inside v1
+control-flow frames, and ops with reference inputs, so every clone computes bit-identical values.
+
+Requires: a budget. Ensures: the same values are computed; clones carry ``_grappler_do_not_remove`` and a
+control input (which also keeps Grappler's duplicate elimination from merging them with the originals).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from tensorflow.core.framework import attr_value_pb2
+from tensorflow.python.framework import op_def_registry
+
+from passes.swap_activations import peak_rank, shares_persistent_buffer
+from passes.timeline import StepTimeline
+from passes.transfer import group_consumers, trigger_candidates
+from tfmem import costmodel
+from tfmem.devices import Placement
+from tfmem.editor import GraphEditor
+from tfmem.execution import PERSISTENT_OUTPUT_OPS, PLACEHOLDER_OPS
+from tfmem.ir import GraphIR, TensorRef
+from tfmem.memsim import MemoryProfile
+from tfmem.pipeline import PassContext, PassReport, PassResult
+from tfmem.units import format_bytes
+
+RECOMPUTE_TAG = "_tfmem_recompute"
+# Ops whose kernels keep state or talk to other devices, beyond what the op registry marks as stateful.
+NEVER_CLONED = frozenset({"_Send", "_Recv", "_HostSend", "_HostRecv", "NoOp", "ControlTrigger"})
+
+
+@dataclass(frozen=True)
+class RecomputePlan:
+    tensor: TensorRef
+    nbytes: int
+    chain: tuple[str, ...]            # ops to clone, producers first
+    groups: tuple[tuple[tuple[str, ...], str], ...]   # (late readers, trigger) per clone set
+    compute_s: float                  # cost-model time of one clone set
+
+    @property
+    def score(self) -> float:
+        return self.nbytes / max(self.compute_s * len(self.groups), 1e-9)
+
+
+def is_recomputable(graph: GraphIR, name: str) -> bool:
+    """Whether ``name`` can run a second time with the same result (stateless, no refs, not a source)."""
+    node = graph[name]
+    if node.op in NEVER_CLONED or node.op in PERSISTENT_OUTPUT_OPS or node.op in PLACEHOLDER_OPS:
+        return False
+    op_def = op_def_registry.get(node.op)
+    if op_def is None or op_def.is_stateful:
+        return False
+    return not any(graph.spec(t).dtype.endswith("_ref") or graph.spec(t).dtype == "resource" for t in node.inputs)
+
+
+@dataclass(frozen=True)
+class Recompute:
+    """Recompute idle activations until the simulated device peak meets ``ctx.device_budget_bytes``."""
+
+    name: ClassVar[str] = "recompute"
+    min_bytes: int = 64 * 1024
+    max_chain: int = 4                 # at most this many ops cloned per tensor
+    max_rounds: int = 12
+    overshoot: float = 1.25
+    cost_device: costmodel.DeviceSpec = field(default=costmodel.DEFAULT_DEVICE)
+
+    def run(self, graph: GraphIR, ctx: PassContext) -> PassResult:
+        budget = ctx.device_budget_bytes
+        if budget is None:
+            return PassResult(graph, False, PassReport.empty(
+                self.name, "no budget: recomputation costs compute time, so it runs only to meet a budget"))
+        profile = ctx.simulate(graph)
+        if profile.peak_bytes <= budget:
+            return PassResult(graph, False, PassReport.empty(self.name, "already within the budget"))
+        start_peak, current, done = profile.peak_bytes, graph, []
+        tried: set[TensorRef] = set()
+        for _ in range(self.max_rounds):
+            timeline = StepTimeline.build(current, ctx.fetches, profile, ctx.feed_shapes)
+            plans = sorted(self.candidates(current, ctx, timeline, profile, tried), key=lambda p: -p.score)
+            batch, covered = [], 0
+            for p in plans:
+                if covered >= (profile.peak_bytes - budget) * self.overshoot:
+                    break
+                batch.append(p)
+                covered += p.nbytes
+            if not batch:
+                break
+            tried.update(p.tensor for p in batch)
+            trial = apply_recompute(current, batch)
+            trial_profile = ctx.simulate(trial)
+            if trial_profile.peak_bytes >= profile.peak_bytes:
+                continue
+            current, profile = trial, trial_profile
+            done.extend(batch)
+            if profile.peak_bytes <= budget:
+                break
+        if not done:
+            return PassResult(graph, False, PassReport.empty(
+                self.name, f"no idle activation at the peak is cheap to recompute (peak {format_bytes(start_peak)})"))
+        cost = sum(p.compute_s * len(p.groups) for p in done)
+        met = "meets" if profile.peak_bytes <= budget else "still above"
+        notes = (f"recomputes {len(done)} tensors ({format_bytes(sum(p.nbytes for p in done))}) with "
+                 f"{sum(len(p.chain) * len(p.groups) for p in done)} cloned ops, {cost * 1e3:.1f} ms of compute "
+                 f"per step (cost model); simulated peak {format_bytes(start_peak)} -> "
+                 f"{format_bytes(profile.peak_bytes)}, {met} the budget",)
+        details: dict[str, object] = {"recomputed": [(str(p.tensor), p.nbytes, list(p.chain)) for p in done],
+                                      "compute_s": cost}
+        added = len(current) - len(graph)
+        return PassResult(current, True, PassReport(self.name, True, nodes_added=added,
+                                                    control_edges_added=sum(len(p.groups) for p in done),
+                                                    notes=notes, details=details))
+
+    def candidates(self, graph: GraphIR, ctx: PassContext, timeline: StepTimeline, profile: MemoryProfile,
+                   exclude: set[TensorRef]) -> list[RecomputePlan]:
+        """Tensors idle at the peak that a short chain of stateless ops can rebuild for their late readers."""
+        eg = timeline.eg
+        placement = Placement(ctx.device, ctx.host)
+        on_device = {u: not eg.is_region(u) and placement.domain(graph[u].device) == "device" for u in eg.units}
+        at_peak = peak_rank(timeline, profile)
+        usable = trigger_candidates(graph, timeline)
+        out = []
+        for u in timeline.order[:at_peak + 1]:
+            if not on_device[u] or not is_recomputable(graph, u):
+                continue
+            for i, spec in enumerate(graph[u].outputs):
+                t = TensorRef(u, i)
+                nbytes = spec.nbytes or 0
+                if (nbytes < self.min_bytes or t in eg.fetched or t in eg.fed or t in exclude
+                        or shares_persistent_buffer(graph, t)):
+                    continue
+                readers = eg.consumers(t)
+                if not readers or not all(on_device.get(c, False) for c in readers):
+                    continue
+                early = [c for c in readers if timeline.rank[c] <= at_peak]
+                late = [c for c in readers if timeline.rank[c] > at_peak]
+                if not late or profile.peak_unit in early:
+                    continue
+                first_late = min(timeline.rank[c] for c in late)
+                chain = self._chain(graph, timeline, u, first_late)
+                if chain is None:
+                    continue
+                groups = []
+                for group in group_consumers(late, timeline, split_gap_s=0.0):
+                    first = min(group, key=lambda c: timeline.rank[c])
+                    trigger = timeline.trigger_for(first, 0.0, at_peak, usable)
+                    if trigger is None:
+                        break
+                    groups.append((group, trigger))
+                else:
+                    compute = sum(costmodel.op_time_s(graph[n], graph, self.cost_device) for n in chain)
+                    out.append(RecomputePlan(t, nbytes, chain, tuple(groups), compute))
+        return out
+
+    def _chain(self, graph: GraphIR, timeline: StepTimeline, producer: str, first_late: int) -> tuple[str, ...] | None:
+        """Ops to clone so ``producer`` can run again at rank ``first_late`` without keeping new tensors alive."""
+        eg = timeline.eg
+        chain: list[str] = []
+
+        def available(s: TensorRef) -> bool:
+            if s in eg.fed or shares_persistent_buffer(graph, s) or s.node not in eg.unit_of:
+                return True
+            return any(timeline.rank[c] >= first_late for c in eg.consumers(s) if c not in chain)
+
+        def visit(name: str) -> bool:
+            if name in chain:
+                return True
+            if len(chain) >= self.max_chain or not is_recomputable(graph, name) or eg.is_region(eg.unit_of[name]):
+                return False
+            for s in graph[name].inputs:
+                if not available(s) and not visit(s.node):
+                    return False
+            chain.append(name)
+            return True
+
+        return tuple(chain) if visit(producer) else None
+
+
+def apply_recompute(graph: GraphIR, plans: list[RecomputePlan]) -> GraphIR:
+    """Clone each plan's chain once per reader group and point those readers at the clone."""
+    editor = GraphEditor(graph)
+    for plan in plans:
+        for k, (readers, trigger) in enumerate(plan.groups):
+            clones: dict[str, str] = {}
+            for name in plan.chain:
+                node = graph[name]
+                clone = editor.unique_name(f"{name}/tfmem_recompute_{k}")
+                inputs = [TensorRef(clones[t.node], t.index) if t.node in clones else t for t in node.inputs]
+                attrs = dict(node.attrs)
+                attrs[RECOMPUTE_TAG] = attr_value_pb2.AttrValue(b=True)
+                attrs.pop("_class", None)
+                editor.add_op(clone, node.op, inputs, node.outputs, control_inputs=[trigger], device=node.device,
+                              attrs=attrs)
+                clones[name] = clone
+            for reader in readers:
+                editor.rewire(reader, plan.tensor, TensorRef(clones[plan.tensor.node], plan.tensor.index))
+    return editor.finish()
