@@ -1,0 +1,362 @@
+"""Benchmark: the largest model that trains under a fixed testbed budget, vanilla TensorFlow vs tfmem.
+
+For a family (``moe``: experts per MoE layer; ``resnet16``/``resnet32``: ResNet depth at batch 16/32, searched
+over blocks per stage, depth = 9n+2; ``deepspeech``: sequence length of the unrolled recurrence) and a testbed
+budget, galloping (x2) then bisection finds the largest size that runs one training step without running out
+of memory:
+
+* vanilla: the builder's graph, unplaced, so every op runs on the capped device (``tfmem.testbed.DEVICE``);
+* tfmem: ``tfmem.optimize(graph, fetches, budget=plan_fraction * budget, device=DEVICE, host=HOST,
+  passes=...)``, then ``Testbed.run(opt.graph, ...)``. ``InfeasibleBudgetError`` means "tfmem refuses" and
+  counts as not fitting.
+
+Every probe is recorded: status (ok / oom / refused / error), measured device and host peak, median step time
+and throughput (samples/s), simulated peaks, and optimize's verdict and time. The summary gives each side's
+largest size, the ratio tfmem/vanilla, and each side's throughput at its largest size. At vanilla's largest
+size both sides run, and the losses they return are compared (the passes must not change results).
+Writes ``experiments/results/max_size_<family>.json`` and ``.md``.
+
+The search assumes that fitting is monotone in the size; each probe builds a fresh graph, so a full run
+of a family takes minutes. ``--tiny`` runs small models under a small budget, as a smoke test.
+
+    python -m experiments.max_size                                # every family, full size
+    python -m experiments.max_size moe --budget 64MiB --passes auto
+    python -m experiments.max_size resnet16 --set width=16 --max-size 40
+    python -m experiments.max_size deepspeech --tiny              # CI smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from tqdm import tqdm  # noqa: E402
+
+import tfmem  # noqa: E402
+from experiments._common import RESULTS, provenance, write  # noqa: E402
+from models import deepspeech, moe_transformer, resnet  # noqa: E402
+from tfmem.examples import Built  # noqa: E402
+from tfmem.testbed import DEVICE, HOST, Testbed  # noqa: E402
+from tfmem.units import format_bytes, parse_bytes  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Family:
+    """A model family searched over one integer size; ``kwargs`` are the builder's other arguments."""
+
+    name: str
+    size_name: str                       # what the searched integer is
+    builder: Callable[..., Built]
+    size_arg: Callable[[int], dict[str, Any]]   # size -> builder keyword(s)
+    label: Callable[[int], int]          # the figure reported for a size (e.g. the ResNet's depth)
+    label_name: str
+    budget: str
+    start: int
+    minimum: int
+    maximum: int
+    resolution: int = 1                  # stop bisecting when the bracket is this narrow
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def build(self, size: int) -> Built:
+        return self.builder(**self.kwargs, **self.size_arg(size))
+
+    @property
+    def batch(self) -> int:
+        return int(self.kwargs["batch"])
+
+
+def _resnet(name: str, batch: int, tiny: bool) -> Family:
+    kwargs = ({"batch": batch // 4, "image": 8, "width": 2, "classes": 10} if tiny
+              else {"batch": batch, "image": 32, "width": 8, "classes": 10})
+    return Family(name, "bottleneck blocks per stage", resnet.build, lambda n: {"depth": resnet.depth_of(n)},
+                  resnet.depth_of, "depth", "12MiB" if tiny else "96MiB", 1, 1, 8 if tiny else 200, 1, kwargs)
+
+
+def families(tiny: bool) -> dict[str, Family]:
+    """The families, at full size or (``tiny``) small enough for a smoke run.
+
+    Examples
+    --------
+    >>> sorted(families(tiny=True))
+    ['deepspeech', 'moe', 'resnet16', 'resnet32']
+    >>> families(tiny=False)["resnet16"].label(6)     # 6 blocks per stage: ResNet-56
+    56
+    """
+    moe_kwargs = ({"layers": 1, "d_model": 32, "d_ff": 256, "heads": 2, "seq": 16, "batch": 4, "vocab": 64}
+                  if tiny else
+                  {"layers": 2, "d_model": 128, "d_ff": 1024, "heads": 4, "seq": 64, "batch": 8, "vocab": 256})
+    ds_kwargs = ({"batch": 8, "freq": 16, "conv_layers": 0, "rnn_layers": 1, "hidden": 64, "cell": "rnn"} if tiny
+                 else {"batch": 32, "freq": 32, "rnn_layers": 1, "hidden": 512, "cell": "rnn"})
+    return {
+        "moe": Family("moe", "experts per MoE layer", moe_transformer.build, lambda e: {"experts": e},
+                      lambda e: e, "experts", "2MiB" if tiny else "48MiB", 2, 2, 16 if tiny else 512, 1,
+                      {"top_k": 2, **moe_kwargs}),
+        "resnet16": _resnet("resnet16", 16, tiny),
+        "resnet32": _resnet("resnet32", 32, tiny),
+        "deepspeech": Family("deepspeech", "frames (sequence length)", deepspeech.build,
+                             lambda t: {"seq_len": t}, lambda t: t, "seq_len", "4MiB" if tiny else "128MiB",
+                             16, 2, 64 if tiny else 2048, 2 if tiny else 4, ds_kwargs),
+    }
+
+
+def search_largest(fits: Callable[[int], bool], start: int, minimum: int, maximum: int,
+                   resolution: int = 1) -> tuple[int | None, int | None]:
+    """The largest size in ``[minimum, maximum]`` for which ``fits`` holds, by galloping then bisection.
+
+    Doubles from ``start`` while sizes fit (halves while they do not), then bisects the bracket until it is at
+    most ``resolution`` wide. Assumes ``fits`` is monotone (true up to some size, false above).
+
+    Returns
+    -------
+    (largest size that fits or None, smallest size seen not to fit or None)
+
+    Raises
+    ------
+    BadInputError
+        If not ``1 <= minimum <= start <= maximum`` or ``resolution < 1``.
+
+    Examples
+    --------
+    >>> tried = []
+    >>> def fits(size):
+    ...     tried.append(size)
+    ...     return size <= 37
+    >>> search_largest(fits, start=4, minimum=1, maximum=1000)
+    (37, 38)
+    >>> tried
+    [4, 8, 16, 32, 64, 48, 40, 36, 38, 37]
+    >>> search_largest(lambda s: s <= 5, start=16, minimum=2, maximum=64), search_largest(bool, 2, 1, 9)
+    ((5, 6), (9, None))
+    """
+    if not (1 <= minimum <= start <= maximum) or resolution < 1:
+        raise tfmem.BadInputError(f"max_size: need 1 <= minimum <= start <= maximum and resolution >= 1; got "
+                                  f"minimum={minimum}, start={start}, maximum={maximum}, resolution={resolution}")
+    lo, hi = (start, None) if fits(start) else (None, start)
+    while lo is not None and hi is None and lo < maximum:       # gallop up
+        size = min(2 * lo, maximum)
+        lo, hi = (size, hi) if fits(size) else (lo, size)
+    while hi is not None and lo is None and hi > minimum:       # gallop down
+        size = max(hi // 2, minimum)
+        lo, hi = (size, hi) if fits(size) else (lo, size)
+    while lo is not None and hi is not None and hi - lo > resolution:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo, hi
+
+
+@dataclass
+class Prober:
+    """Runs and records probes of one family on one testbed; each (mode, size) is probed once."""
+
+    family: Family
+    testbed: Testbed
+    budget_bytes: int
+    passes: str | list[str] | None
+    plan_fraction: float
+    steps: int
+    progress: tqdm
+    rows: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
+
+    def fits(self, mode: str, size: int) -> bool:
+        if (mode, size) not in self.rows:
+            self.progress.set_postfix_str(f"{mode} {self.family.label_name}={self.family.label(size)}")
+            self.rows[(mode, size)] = self.probe(mode, size)
+            self.progress.update()
+        return self.rows[(mode, size)]["status"] == "ok"
+
+    def probe(self, mode: str, size: int) -> dict[str, Any]:
+        built = self.family.build(size)
+        row: dict[str, Any] = {"mode": mode, "size": size, self.family.label_name: self.family.label(size),
+                               "params": built.params, "ops": len(built.graph.get_operations())}
+        graph = built.graph
+        if mode == "tfmem":
+            start = time.perf_counter()
+            try:
+                opt = tfmem.optimize(built.graph, built.fetches, budget=int(self.plan_fraction * self.budget_bytes),
+                                     feed_shapes=built.feed_shapes, device=DEVICE, host=HOST, passes=self.passes)
+            except tfmem.InfeasibleBudgetError as e:
+                return {**row, "status": "refused", "optimize_s": time.perf_counter() - start,
+                        "simulated_peak_bytes": e.best_peak_bytes, "lower_bound_bytes": e.lower_bound_bytes,
+                        "error": tfmem.errors.first_line(e)}
+            except tfmem.TfmemError as e:
+                return {**row, "status": "error", "error": f"{type(e).__name__}: {tfmem.errors.first_line(e)}"}
+            row.update(optimize_s=time.perf_counter() - start, simulated_before_bytes=opt.report.before.peak_bytes,
+                       simulated_peak_bytes=opt.report.after.peak_bytes,
+                       passes_changed=[r.name for r in opt.report.passes if r.changed])
+            graph = opt.graph
+        try:
+            result = self.testbed.run(graph, built.fetches, built.feeds, steps=self.steps)
+        except tfmem.TestbedError as e:
+            return {**row, "status": "error", "error": tfmem.errors.first_line(e)}
+        if result.oom:
+            return {**row, "status": "oom", "error": result.error}
+        step_s = float(result.step_time_s or 0.0)
+        return {**row, "status": "ok", "device_peak_bytes": result.device_peak_bytes,
+                "host_peak_bytes": result.host_peak_bytes, "step_time_s": step_s,
+                "samples_per_s": self.family.batch / step_s if step_s else None,
+                "loss": float(result.outputs["loss:0"])}
+
+
+def run_family(family: Family, budget: str, passes: str | list[str] | None, plan_fraction: float, steps: int,
+               maximum: int, quiet: bool) -> dict[str, Any]:
+    """Search ``family`` for vanilla then tfmem under ``budget``; the summary and every probe."""
+    budget_bytes = parse_bytes(budget, what="budget")
+    with Testbed(budget) as tb, tqdm(desc=f"max_size {family.name}", unit="probe", disable=quiet) as bar:
+        prober = Prober(family, tb, budget_bytes, passes, plan_fraction, steps, bar)
+        vanilla = search_largest(lambda s: prober.fits("vanilla", s), family.start, family.minimum, maximum,
+                                 family.resolution)
+        start = min(max(vanilla[0] or family.start, family.start), maximum)
+        tuned = search_largest(lambda s: prober.fits("tfmem", s), start, family.minimum, maximum,
+                               family.resolution)
+        if vanilla[0] is not None:
+            prober.fits("tfmem", vanilla[0])   # both sides at vanilla's largest: compare results
+    rows = sorted(prober.rows.values(), key=lambda r: (r["mode"], r["size"]))
+    return {"family": family.name, "size_name": family.size_name, "label_name": family.label_name,
+            "testbed_budget": budget, "testbed_budget_bytes": budget_bytes,
+            "plan_budget_bytes": int(plan_fraction * budget_bytes), "passes": passes, "steps": steps,
+            "builder": f"{family.builder.__module__}.build", "builder_kwargs": family.kwargs,
+            "search": {"minimum": family.minimum, "start": family.start, "maximum": maximum,
+                       "resolution": family.resolution},
+            "summary": summarise(family, prober.rows, vanilla, tuned), "probes": rows}
+
+
+def summarise(family: Family, rows: dict[tuple[str, int], dict[str, Any]], vanilla: tuple[int | None, int | None],
+              tuned: tuple[int | None, int | None]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for mode, (lo, hi) in (("vanilla", vanilla), ("tfmem", tuned)):
+        best = rows.get((mode, lo)) if lo is not None else None
+        out[mode] = {"largest_size": lo, f"largest_{family.label_name}": family.label(lo) if lo else None,
+                     "first_failing_size": hi, "failing_status": rows[(mode, hi)]["status"] if hi else None,
+                     "params": best and best["params"], "device_peak_bytes": best and best["device_peak_bytes"],
+                     "step_time_s": best and best["step_time_s"], "samples_per_s": best and best["samples_per_s"]}
+    v, t = out["vanilla"], out["tfmem"]
+    out["ratio"] = t[f"largest_{family.label_name}"] / v[f"largest_{family.label_name}"] \
+        if v["largest_size"] and t["largest_size"] else None
+    out["slowdown"] = v["samples_per_s"] / t["samples_per_s"] if v["samples_per_s"] and t["samples_per_s"] else None
+    same = rows.get(("tfmem", vanilla[0])) if vanilla[0] is not None else None
+    base = rows.get(("vanilla", vanilla[0])) if vanilla[0] is not None else None
+    out["same_loss_at_vanilla_largest"] = (same["loss"] == base["loss"]) if same and base and \
+        same["status"] == "ok" else None
+    out["tfmem_refusals"] = sum(r["status"] == "refused" for r in rows.values())
+    out["errors"] = sum(r["status"] == "error" for r in rows.values())
+    return out
+
+
+def _fmt(value: Any, kind: str = "") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    if kind == "bytes":
+        return format_bytes(int(value))
+    if kind == "s":
+        return f"{value * 1e3:.0f} ms" if value < 1 else f"{value:.2f} s"
+    return f"{value:,.1f}" if isinstance(value, float) else f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def markdown(result: dict[str, Any]) -> str:
+    label, s = result["label_name"], result["summary"]
+    v, t = s["vanilla"], s["tfmem"]
+    ratio = f"{s['ratio']:.2f}x" if s["ratio"] else "-"
+    slowdown = f"{s['slowdown']:.2f}x" if s["slowdown"] else "-"
+    lines = [
+        f"# Largest {result['family']} ({result['size_name']}) under a {result['testbed_budget']} testbed budget",
+        "",
+        f"Command: `{result['command']}` ({result['date']}). Builder: `{result['builder']}` with "
+        f"`{result['builder_kwargs']}`. tfmem plans for {format_bytes(result['plan_budget_bytes'])} with passes "
+        f"`{result['passes']}`. Peaks: testbed (measured); throughput: samples/s over {result['steps']} timed "
+        "step(s) on the testbed (CPU).",
+        "",
+        f"| | largest {label} | params | device peak | step time | samples/s | first failure |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for mode, row in (("vanilla", v), ("tfmem", t)):
+        fail = f"{row['first_failing_size']} ({row['failing_status']})" if row["first_failing_size"] else "-"
+        lines.append(f"| {mode} | {_fmt(row[f'largest_{label}'])} | {_fmt(row['params'])} | "
+                     f"{_fmt(row['device_peak_bytes'], 'bytes')} | {_fmt(row['step_time_s'], 's')} | "
+                     f"{_fmt(row['samples_per_s'])} | {fail} |")
+    lines += ["", f"Ratio tfmem/vanilla: **{ratio}**; throughput slowdown at each side's largest: {slowdown}; "
+              f"same loss at vanilla's largest: {_fmt(s['same_loss_at_vanilla_largest'])}; "
+              f"tfmem refusals: {s['tfmem_refusals']}; errors: {s['errors']}.", "",
+              "## Probes", "",
+              f"| mode | size | {label} | status | device peak | sim peak | step time | samples/s | optimize |",
+              "|---|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for r in result["probes"]:
+        lines.append(f"| {r['mode']} | {r['size']} | {r[label]} | {r['status']} | "
+                     f"{_fmt(r.get('device_peak_bytes'), 'bytes')} | {_fmt(r.get('simulated_peak_bytes'), 'bytes')} | "
+                     f"{_fmt(r.get('step_time_s'), 's')} | {_fmt(r.get('samples_per_s'))} | "
+                     f"{_fmt(r.get('optimize_s'), 's')} |")
+    errors = [r for r in result["probes"] if r.get("error")]
+    if errors:
+        lines += ["", "Why probes failed (first line):", ""]
+        lines += [f"- {r['mode']} {label}={r[label]}: {r['status']}: {r['error']}" for r in errors]
+    return "\n".join(lines) + "\n"
+
+
+def _passes(text: str) -> str | list[str] | None:
+    if text == "auto":
+        return "auto"
+    if text in ("none", ""):
+        return None
+    return [p.strip() for p in text.split(",") if p.strip()]
+
+
+def _override(family: Family, items: list[str]) -> Family:
+    kwargs = dict(family.kwargs)
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise tfmem.BadInputError(f"max_size: --set takes key=value, got {item!r}")
+        try:
+            kwargs[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            kwargs[key] = value          # a bare word, e.g. cell=gru
+    return dataclasses.replace(family, kwargs=kwargs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.max_size", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("families", nargs="*", help="moe, resnet16, resnet32, deepspeech (default: all)")
+    parser.add_argument("--tiny", action="store_true", help="small models and budget: a smoke run")
+    parser.add_argument("--budget", help="testbed device budget, e.g. 64MiB (default: the family's)")
+    parser.add_argument("--passes", default="auto", help="'auto', 'none' or a comma-separated list of passes")
+    parser.add_argument("--plan-fraction", type=float, default=0.9,
+                        help="tfmem plans for this fraction of the budget, leaving room for the allocator")
+    parser.add_argument("--steps", type=int, help="timed steps per probe (default 2, tiny 1)")
+    parser.add_argument("--max-size", type=int, help="largest size to try (default: the family's)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a builder argument, e.g. --set width=16 (repeatable)")
+    parser.add_argument("--out", default=str(RESULTS), help="directory for the results files")
+    args = parser.parse_args(argv)
+    known = families(args.tiny)
+    unknown = [f for f in args.families if f not in known]
+    if unknown:
+        parser.error(f"unknown family {unknown[0]!r}; choose from {', '.join(known)}")
+    if not 0.0 < args.plan_fraction <= 1.0:
+        parser.error(f"--plan-fraction must be in (0, 1], got {args.plan_fraction}")
+    for name in args.families or list(known):
+        family = _override(known[name], args.set)
+        maximum = args.max_size or family.maximum
+        if maximum < family.start:
+            parser.error(f"--max-size must be >= {family.start} for {name}")
+        result = run_family(family, args.budget or family.budget, _passes(args.passes), args.plan_fraction,
+                            args.steps or (1 if args.tiny else 2), maximum, quiet=args.tiny)
+        result = provenance(argv, **result)
+        json_path, md_path = write(f"max_size_{name}", result, markdown(result), Path(args.out))
+        print(markdown(result))
+        print(f"wrote {json_path} and {md_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
