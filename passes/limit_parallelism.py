@@ -1,11 +1,18 @@
 """Enforce the partition order with control edges so that at most ``k`` partitions run at once.
 
-Partition ``i + k`` may not start until partition ``i`` has finished: a ``NoOp`` barrier waits for the last
-ops of partition ``i`` and the first ops of partition ``i + k`` that allocate memory wait for the barrier.
-Edges already implied by the graph are skipped, and edges only ever point forward along the partition
-order, which is topological, so no cycle can appear. ``k="auto"`` simulates the candidates with the
-executor's thread count: with a budget it takes the largest ``k`` that fits (the least speed lost);
-without one, the lowest peak whose estimated step time stays within 10% of the original's.
+Partition ``i + k`` may not start until partitions ``0..i`` have finished: a ``NoOp`` barrier waits for the
+last ops of partition ``i`` (and for barrier ``i - 1``), and every op of partition ``i + k`` that allocates
+memory and does not already wait for another such op of its partition waits for the barrier. Edges already
+implied by the graph are skipped, and edges only ever point forward along the partition order, which is
+topological, so no cycle can appear.
+
+While partitions ``i..i+k-1`` run, the live bytes are at most what was live when partition ``i`` started plus
+everything the ``k`` partitions allocate (``OrderFootprint.slice_bound``), however TF's threads interleave
+them. ``k="auto"`` uses that bound and a critical-path step-time estimate to rank the candidates, and the
+simulator (with the executor's thread count) to accept one: with a budget, the largest ``k`` that fits (the
+least speed lost); without one, the lowest bound whose estimated step time stays within 10% of the
+original's, if it lowers the simulated peak by at least ``MIN_GAIN``. No candidate whose simulated peak is
+above the input graph's is ever returned.
 
 Requires: ``_tfmem_partition``/``_tfmem_order`` tags (runs ``partition`` itself when they are missing).
 Ensures: the same values are computed; only control edges and ``NoOp`` barriers are added; tags are removed.
@@ -13,10 +20,14 @@ Ensures: the same values are computed; only control edges and ``NoOp`` barriers 
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
 from passes.partition import ORDER_ATTR, PARTITION_ATTR, Partition
+from tfmem import costmodel
+from tfmem.analysis import Analysis, OrderFootprint, analyse, order_footprint
 from tfmem.editor import GraphEditor
 from tfmem.errors import BadInputError
 from tfmem.execution import ExecutionGraph
@@ -34,8 +45,18 @@ MIN_GAIN = 0.10
 
 
 @dataclass(frozen=True)
+class _Plan:
+    k: int
+    bound_bytes: int          # worst-case peak over any interleaving (footprint bound + resident bytes)
+    step_s: float             # critical-path estimate with the barriers
+    graph: GraphIR | None = None
+    edges: int = 0
+    profile: MemoryProfile | None = None
+
+
+@dataclass(frozen=True)
 class LimitParallelism:
-    """Allow at most ``k`` partitions in flight (``k="auto"`` chooses from simulation)."""
+    """Allow at most ``k`` partitions in flight (``k="auto"`` chooses from the bound and the simulator)."""
 
     name: ClassVar[str] = "limit_parallelism"
     k: int | str = "auto"
@@ -47,61 +68,75 @@ class LimitParallelism:
     def run(self, graph: GraphIR, ctx: PassContext) -> PassResult:
         if not any(PARTITION_ATTR in n.attrs for n in graph.nodes):
             graph = Partition().run(graph, ctx).graph
-        eg = ExecutionGraph.build(graph, ctx.fetches, ctx.feed_shapes)
-        parts = _partitions(graph, eg)
         untagged = strip_tags(graph)
+        eg = ExecutionGraph.build(untagged, ctx.fetches, ctx.feed_shapes)
+        parts = _partitions(graph, eg)
         if len(parts) < 2:
             return PassResult(untagged, False, PassReport.empty(self.name, "one partition: nothing to limit"))
         threads = ctx.threads
         base = ctx.simulate(untagged, grappler=False, inter_op_threads=threads)
+        analysis = analyse(untagged, list(ctx.fetches), list(ctx.feed_shapes), costmodel.DEFAULT_DEVICE)
+        shape = _Shape.of(analysis.eg, parts)
+        resident = base.persistent_bytes + sum(untagged.spec(t).nbytes or 0 for t in analysis.eg.fed)
+        base_step = shape.step_s(analysis, None)
         ks = [self.k] if isinstance(self.k, int) else _candidates(len(parts), threads)
-        trials = [(k, *self._limited(untagged, eg, parts, k, ctx, threads)) for k in ks]
+        plans = [_Plan(k, resident + shape.bound(k), shape.step_s(analysis, k)) for k in ks]
+
+        def realise(plan: _Plan) -> _Plan:
+            new, edges = _limited(untagged, analysis.eg, parts, shape, plan.k)
+            prof = ctx.simulate(new, grappler=False, inter_op_threads=threads)
+            return _Plan(plan.k, plan.bound_bytes, plan.step_s, new, edges, prof)
+
         # An explicit k is the user's decision; "auto" applies the budget / step-time rules.
-        k, new, edges, prof = trials[0] if self.k != "auto" else self._choose(trials, base, ctx)
-        if new is None:
+        tried, chosen = _choose(plans, base, base_step, ctx.device_budget_bytes, realise) if self.k == "auto" \
+            else ([realise(plans[0])], None)
+        chosen = chosen if self.k == "auto" else tried[0]
+        tried_note = "tried: " + ", ".join(
+            f"k={p.k} bound {format_bytes(p.bound_bytes)}"
+            + (f" simulated {format_bytes(p.profile.peak_bytes)}" if p.profile else "") for p in tried or plans)
+        if chosen is None or chosen.graph is None or chosen.profile is None:
             note = f"no k beats the unlimited graph (peak {format_bytes(base.peak_bytes)}, {threads} threads)"
-            return PassResult(untagged, False, PassReport.empty(self.name, note))
+            return PassResult(untagged, False, PassReport(self.name, notes=(note, tried_note)))
         notes = (
-            f"k={k} of {len(parts)} partitions in flight ({threads} inter-op threads)",
-            f"simulated peak {format_bytes(base.peak_bytes)} -> {format_bytes(prof.peak_bytes)}, "
-            f"estimated step {base.estimated_step_s * 1e3:.2f} -> {prof.estimated_step_s * 1e3:.2f} ms",
-            "tried: " + ", ".join(f"k={t[0]} {format_bytes(t[3].peak_bytes)}" for t in trials),
+            f"k={chosen.k} of {len(parts)} partitions in flight ({threads} inter-op threads)",
+            f"simulated peak {format_bytes(base.peak_bytes)} -> {format_bytes(chosen.profile.peak_bytes)} "
+            f"(at most {format_bytes(chosen.bound_bytes)} however the partitions interleave), "
+            f"estimated step {base_step * 1e3:.2f} -> {chosen.step_s * 1e3:.2f} ms",
+            tried_note,
         )
-        report = PassReport(self.name, changed=True, nodes_added=len(new) - len(untagged),
-                            control_edges_added=edges, notes=notes,
-                            details={"k": k, "peak_before": base.peak_bytes, "peak_after": prof.peak_bytes})
-        return PassResult(new, True, report)
+        report = PassReport(self.name, changed=True, nodes_added=len(chosen.graph) - len(untagged),
+                            control_edges_added=chosen.edges, notes=notes,
+                            details={"k": chosen.k, "peak_before": base.peak_bytes,
+                                     "peak_after": chosen.profile.peak_bytes, "bound": chosen.bound_bytes})
+        return PassResult(chosen.graph, True, report)
 
-    def _limited(self, graph: GraphIR, eg: ExecutionGraph, parts: list[list[str]], k: int, ctx: PassContext,
-                 threads: int) -> tuple[GraphIR, int, MemoryProfile]:
-        editor = GraphEditor(graph)
-        reach = _Reachability(eg, {u: i for i, u in enumerate(u for part in parts for u in part)})
-        for i in range(len(parts) - k):
-            exits = _exits(eg, parts[i])
-            entries = [u for u in _entries(eg, parts[i + k]) if not reach.implied(exits, u)]
-            if not exits or not entries:
-                continue
-            barrier = editor.add_noop(f"{BARRIER_PREFIX}{i}", control_inputs=[_node(eg, u, last=True) for u in exits])
-            for u in entries:
-                editor.add_control_inputs(_node(eg, u, last=False), [barrier.name])
-                reach.add_edge(exits, u)
-        new = editor.finish()
-        return new, editor.control_edges_added, ctx.simulate(new, grappler=False, inter_op_threads=threads)
 
-    def _choose(self, trials: list[tuple[int, GraphIR, int, MemoryProfile]], base: MemoryProfile,
-                ctx: PassContext) -> tuple[int, GraphIR | None, int, MemoryProfile]:
-        budget = ctx.device_budget_bytes
-        useful = [t for t in trials if t[3].peak_bytes < base.peak_bytes]
-        if budget is not None:
-            if base.peak_bytes <= budget:  # unlimited parallelism already fits: give nothing up
-                return 0, None, 0, base
-            fitting = [t for t in useful if t[3].peak_bytes <= budget]
-            if fitting:
-                return max(fitting, key=lambda t: t[0])
-            return min(useful, key=lambda t: (t[3].peak_bytes, -t[0]), default=(0, None, 0, base))
-        fast = [t for t in useful if t[3].estimated_step_s <= SLOWDOWN_ALLOWED * base.estimated_step_s
-                and t[3].peak_bytes <= (1 - MIN_GAIN) * base.peak_bytes]
-        return min(fast, key=lambda t: (t[3].peak_bytes, -t[0]), default=(0, None, 0, base))
+def _choose(plans: list[_Plan], base: MemoryProfile, base_step: float, budget: int | None,
+            realise: Callable[[_Plan], _Plan]) -> tuple[list[_Plan], _Plan | None]:
+    """Simulate candidates lazily, best first; return those simulated and the one chosen (or None)."""
+    tried: list[_Plan] = []
+
+    def attempt(plan: _Plan) -> _Plan:
+        done = next((t for t in tried if t.k == plan.k), None) or realise(plan)
+        if done not in tried:
+            tried.append(done)
+        return done
+
+    if budget is not None:
+        if base.peak_bytes <= budget:  # unlimited parallelism already fits: give nothing up
+            return tried, None
+        for plan in sorted(plans, key=lambda p: -p.k):  # the largest k that surely fits and simulates within
+            if plan.bound_bytes <= budget and attempt(plan).profile.peak_bytes <= budget:  # type: ignore[union-attr]
+                return tried, tried[-1]
+        safest = attempt(min(plans, key=lambda p: (p.bound_bytes, p.k)))  # best effort: the lowest bound
+        return tried, safest if safest.profile.peak_bytes < base.peak_bytes else None  # type: ignore[union-attr]
+    for plan in sorted(plans, key=lambda p: (p.bound_bytes, p.k)):
+        if plan.step_s > SLOWDOWN_ALLOWED * base_step:
+            continue
+        done = attempt(plan)
+        if done.profile.peak_bytes <= (1 - MIN_GAIN) * base.peak_bytes:  # type: ignore[union-attr]
+            return tried, done
+    return tried, None
 
 
 def _candidates(partitions: int, threads: int) -> list[int]:
@@ -122,6 +157,68 @@ def _partitions(graph: GraphIR, eg: ExecutionGraph) -> list[list[str]]:
     return [[u for _, u in sorted(tagged[p])] for p in sorted(tagged)]
 
 
+@dataclass(frozen=True)
+class _Shape:
+    """Per partition: its gated ops (those that wait for the barrier) and its exits; and the footprint bound."""
+
+    parts: list[list[str]]
+    gates: list[list[str]]
+    exits: list[list[str]]
+    window: list[tuple[int, int]]   # (first, one past last) order position of each partition
+    footprint: OrderFootprint
+
+    @classmethod
+    def of(cls, eg: ExecutionGraph, parts: list[list[str]]) -> _Shape:
+        order = [u for part in parts for u in part]
+        fp = order_footprint(eg, order)
+        window, at = [], 0
+        for part in parts:
+            window.append((at, at + len(part)))
+            at += len(part)
+        return cls(parts, [_gates(eg, p) for p in parts], [_exits(eg, p) for p in parts], window, fp)
+
+    def bound(self, k: int) -> int:
+        """Transient bytes live at most while any ``k`` consecutive partitions run together."""
+        n = len(self.parts)
+        return max(self.footprint.slice_bound(self.window[i][0], self.window[min(i + k, n) - 1][1]) for i in range(n))
+
+    def step_s(self, analysis: Analysis, k: int | None) -> float:
+        """Critical-path step estimate (``tfmem.analysis.step_time_estimate``) with the barriers for ``k``."""
+        eg, cores = analysis.eg, os.cpu_count() or 1
+        finish: dict[str, float] = {}
+        barrier: list[float] = []
+        for i, part in enumerate(self.parts):
+            gate_s = barrier[i - k] if k is not None and i >= k else 0.0
+            gated = set(self.gates[i]) if k is not None and i >= k else set()
+            for u in part:  # the partition order is topological
+                ready = max((finish[p] for p in eg.unit_preds[u]), default=0.0)
+                own = analysis.durations[u] / cores if analysis.expensive[u] else analysis.durations[u]
+                finish[u] = max(ready, gate_s if u in gated else 0.0) + own
+            barrier.append(max([finish[u] for u in self.exits[i]] + barrier[-1:], default=0.0))
+        return max(max(finish.values(), default=0.0), sum(analysis.durations.values()) / cores)
+
+
+def _limited(graph: GraphIR, eg: ExecutionGraph, parts: list[list[str]], shape: _Shape, k: int) -> tuple[GraphIR, int]:
+    editor = GraphEditor(graph)
+    position = {u: i for i, u in enumerate(u for part in parts for u in part)}
+    reach = _Reachability(eg, position)
+    previous: str | None = None
+    for i in range(len(parts) - k):
+        exits = shape.exits[i]
+        sources = exits + ([previous] if previous else [])
+        gates = [u for u in shape.gates[i + k] if not reach.implied(sources, u)]
+        if not exits or not gates:
+            continue
+        barrier = editor.add_noop(f"{BARRIER_PREFIX}{i}", control_inputs=[_node(eg, u, last=True) for u in exits]
+                                  + ([previous] if previous else []))
+        reach.add_node(barrier.name, sources, position[parts[i][-1]] + 0.5)
+        for u in gates:
+            editor.add_control_inputs(_node(eg, u, last=False), [barrier.name])
+            reach.add_edge([barrier.name], u)
+        previous = barrier.name
+    return editor.finish(), editor.control_edges_added
+
+
 def _allocates(eg: ExecutionGraph, unit: str) -> bool:
     return not eg.is_region(unit) and any((s.nbytes or 0) > 0 for s in eg.graph[unit].outputs) \
         and eg.graph[unit].op not in _NO_GATE
@@ -130,9 +227,16 @@ def _allocates(eg: ExecutionGraph, unit: str) -> bool:
 _NO_GATE = frozenset({"Const", "VarHandleOp", "VariableV2", "Placeholder", "ReadVariableOp", "Identity", "NoOp"})
 
 
-def _entries(eg: ExecutionGraph, part: list[str]) -> list[str]:
-    members = set(part)
-    return [u for u in part if _allocates(eg, u) and not any(p in members for p in eg.unit_preds[u])]
+def _gates(eg: ExecutionGraph, part: list[str]) -> list[str]:
+    """Ops of ``part`` that must wait for the barrier: those that allocate and wait for no other such op."""
+    members, covered, gates = set(part), set(), []
+    for u in part:  # along the order, which is topological
+        if any(p in covered for p in eg.unit_preds[u] if p in members):
+            covered.add(u)
+        elif _allocates(eg, u):
+            gates.append(u)
+            covered.add(u)
+    return gates
 
 
 def _exits(eg: ExecutionGraph, part: list[str]) -> list[str]:
@@ -145,11 +249,15 @@ def _node(eg: ExecutionGraph, unit: str, last: bool) -> str:
 
 
 class _Reachability:
-    """Answers "does ``unit`` already wait for all of ``exits``?" over the graph plus the edges added."""
+    """Answers "does ``unit`` already wait for all of ``sources``?" over the graph plus the barriers added."""
 
     def __init__(self, eg: ExecutionGraph, position: dict[str, int]) -> None:
-        self.preds = {u: set(p) for u, p in eg.unit_preds.items()}
-        self.position = position
+        self.preds: dict[str, set[str]] = {u: set(p) for u, p in eg.unit_preds.items()}
+        self.position: dict[str, float] = dict(position)
+
+    def add_node(self, name: str, sources: list[str], position: float) -> None:
+        self.preds[name] = set(sources)
+        self.position[name] = position
 
     def add_edge(self, sources: list[str], target: str) -> None:
         self.preds[target].update(sources)

@@ -8,19 +8,20 @@ Three strategies, each a pure function of an ``OrderingProblem``:
   allocates, looking one step ahead at what that op makes ready.
 
 Every order keeps stateful and random ops in their original relative order (they are chained).
+``refine`` then improves the best of them by local search around its peak.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
 from tensorflow.python.framework import op_def_registry
 
 from tfmem import costmodel
-from tfmem.analysis import expensive_of, unit_time_s
+from tfmem.analysis import OrderFootprint, expensive_of, order_footprint, unit_time_s
 from tfmem.execution import ALIAS_OPS, PERSISTENT_OUTPUT_OPS, ExecutionGraph
 from tfmem.ir import TensorRef
 from tfmem.schedule import emulate
@@ -146,3 +147,50 @@ STRATEGIES: dict[str, Callable[[OrderingProblem], list[str]]] = {
     "depth_first": depth_first,
     "greedy_memory": greedy_memory,
 }
+
+
+def refine(problem: OrderingProblem, order: list[str], max_evals: int = 200) -> tuple[list[str], OrderFootprint]:
+    """Peak-directed local search: move one unit at a time around the estimated peak while the peak falls.
+
+    The moves: the unit at the peak goes to where the least is live within its window (between its last
+    predecessor and first successor); a unit just before the peak that allocates runs after it instead; a
+    unit just after it (one that may free what is live there) runs before it. Each candidate is scored with
+    ``tfmem.analysis.order_footprint``, at most ``max_evals`` times; the first improvement is kept.
+    """
+    best, best_fp = list(order), order_footprint(problem.eg, order)
+    evals = 1
+    while evals < max_evals:
+        improved = False
+        for src, dst in _moves(problem, best, best_fp):
+            candidate = best[:src] + best[src + 1:]
+            candidate.insert(dst, best[src])
+            fp = order_footprint(problem.eg, candidate)
+            evals += 1
+            if fp.peak_bytes < best_fp.peak_bytes:
+                best, best_fp, improved = candidate, fp, True
+                break
+            if evals >= max_evals:
+                break
+        if not improved:
+            break
+    return best, best_fp
+
+
+def _moves(problem: OrderingProblem, order: list[str], fp: OrderFootprint, width: int = 16) -> Iterator[tuple[int, int]]:
+    """(from, to) positions of single-unit moves that keep ``order`` topological, most promising first."""
+    n, pos = len(order), {u: i for i, u in enumerate(order)}
+    peak = max(range(n), key=lambda i: fp.carried[i] + fp.alloc[i])
+
+    def window(i: int) -> tuple[int, int]:
+        u = order[i]
+        return (max((pos[q] for q in problem.preds[u]), default=-1) + 1,
+                min((pos[s] for s in problem.succs[u]), default=n) - 1)
+
+    lo, hi = window(peak)
+    yield from ((peak, t) for t in sorted((t for t in range(lo, hi + 1) if t != peak), key=fp.carried.__getitem__)[:4])
+    for i in range(peak - 1, max(peak - width, 0) - 1, -1):  # a producer before the peak: after it instead
+        if fp.alloc[i] > 0 and window(i)[1] >= peak:
+            yield i, peak
+    for i in range(peak + 1, min(peak + width, n - 1) + 1):  # a reader after the peak: before it instead
+        if window(i)[0] <= peak:
+            yield i, peak

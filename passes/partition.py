@@ -1,10 +1,14 @@
 """Choose a memory-aware order and cut it into partitions (groups of ops that may run together).
 
-Each strategy in ``passes.ordering`` proposes a topological order; the simulator scores each (one thread,
-that exact order) and the lowest peak wins. The winning order is cut into at most ``max_partitions`` partitions of
-about equal estimated work, each cut placed where the fewest bytes are live, and every executed node is tagged with ``_tfmem_partition`` and
-``_tfmem_order`` attrs. The graph's behaviour does not change: ``limit_parallelism`` reads the tags and
-decides how many partitions may run at once. v1 control-flow frames are single units and never cut.
+Each strategy in ``passes.ordering`` proposes a topological order; a cheap one-thread liveness model
+(``tfmem.analysis.order_footprint``) scores each, the lowest estimated peak wins, and a local search around
+its peak (``passes.ordering.refine``) improves it where it can. The resulting order is then
+cut into partitions that are safe to run concurrently: a partition grows along the order while everything it
+allocates, added to what is live when it starts, stays within ``1 + slack`` times the order's own one-thread
+peak. So if ``limit_parallelism`` lets one partition run at a time, its ops may interleave in any way and the
+peak still stays near that of the one-thread order. Every executed node is tagged with ``_tfmem_partition``
+and ``_tfmem_order`` attrs; the graph's behaviour does not change. v1 control-flow frames are single units and
+never cut.
 
 Requires: an annotated graph. Ensures: same ops, same edges, only attrs added.
 """
@@ -17,13 +21,14 @@ from typing import ClassVar
 
 from tensorflow.core.framework import attr_value_pb2
 
-from passes.ordering import STRATEGIES, OrderingProblem
-from tfmem import costmodel
+from passes.ordering import STRATEGIES, OrderingProblem, refine
+from tfmem.analysis import OrderFootprint, order_footprint
 from tfmem.execution import ExecutionGraph
 from tfmem.ir import GraphIR, OpNode
 from tfmem.pipeline import PassContext, PassReport, PassResult
 from tfmem.units import format_bytes
 
+SEARCH_WORK = 400_000  # units x tries the local search may spend
 PARTITION_ATTR = "_tfmem_partition"
 ORDER_ATTR = "_tfmem_order"
 
@@ -33,27 +38,30 @@ class Partition:
     """Tag every executed op with a partition index along the best memory-aware order."""
 
     name: ClassVar[str] = "partition"
-    max_partitions: int = 64
-    min_partition_units: int = 2
+    slack: float = 0.0       # how far above the order's one-thread peak a partition's worst case may go
+    search_evals: int = 200  # most orders the local search around the peak scores (fewer on large graphs)
 
     def run(self, graph: GraphIR, ctx: PassContext) -> PassResult:
         eg = ExecutionGraph.build(graph, ctx.fetches, ctx.feed_shapes)
         problem = OrderingProblem(eg)
         scored = []
         for strategy, make_order in STRATEGIES.items():
-            order = make_order(problem)
-            profile = ctx.simulate(graph, order=order, grappler=False)
-            scored.append((profile.peak_bytes, strategy, order, profile))
+            footprint = order_footprint(eg, make_order(problem))
+            scored.append((footprint.peak_bytes, strategy, footprint))
         scored.sort(key=lambda s: (s[0], s[1] != "tf_natural"))
-        peak, winner, order, profile = scored[0]
-        weight = {u: sum(costmodel.op_time_s(graph[n], graph) - costmodel.DEFAULT_DEVICE.launch_overhead_s
-                         for n in eg.members[u]) for u in eg.units}
-        cuts = self._cuts(order, profile.timeline, {u: max(w, 0.0) for u, w in weight.items()})
-        part_of = _partition_indices(order, cuts)
-        new = _tag(graph, eg, order, part_of)
+        peak, winner, footprint = scored[0]
+        # Local search costs one footprint (linear in the graph) per try: fewer tries on large graphs.
+        evals = min(self.search_evals, max(2, SEARCH_WORK // max(len(eg.units), 1)))
+        order, refined = refine(problem, list(footprint.order), evals)
+        if refined.peak_bytes < peak:
+            scored.insert(0, (refined.peak_bytes, f"{winner}+search", refined))
+            peak, winner, footprint = scored[0]
+        cuts = safe_cuts(footprint, int(peak * (1 + self.slack)))
+        order = list(footprint.order)
+        new = _tag(graph, eg, order, _partition_indices(order, cuts))
         natural = next(s[0] for s in scored if s[1] == "tf_natural")
         notes = (
-            "orders scored (simulated peak, one thread): "
+            "orders scored (estimated transient peak, one thread): "
             + ", ".join(f"{s[1]} {format_bytes(s[0])}" for s in scored),
             f"{winner} wins" + (f", {natural / max(peak, 1):.2f}x below TF's own order" if natural > peak else ""),
             f"{len(cuts) + 1} partitions over {len(order)} units",
@@ -61,27 +69,24 @@ class Partition:
         details = {"winner": winner, "peaks": {s[1]: s[0] for s in scored}, "partitions": len(cuts) + 1}
         return PassResult(new, True, PassReport(self.name, changed=True, notes=notes, details=details))
 
-    def _cuts(self, order: list[str], profile_timeline: tuple[tuple[float, int, int, str], ...],
-              weight: dict[str, float]) -> list[int]:
-        """Cut positions: partitions of about equal estimated work, each cut where the fewest bytes are live."""
-        live_after: dict[str, int] = {}
-        for _, device_bytes, _, unit in profile_timeline:  # a unit's last event is its end
-            live_after[unit] = device_bytes
-        working = sum(1 for u in order if weight[u] > 0)
-        count = max(1, min(self.max_partitions, working // max(self.min_partition_units, 1)))
-        total = sum(weight[u] for u in order) or 1.0
-        prefix, acc = [], 0.0
-        for u in order:
-            acc += weight[u]
-            prefix.append(acc)
-        cuts: list[int] = []
-        for j in range(1, count):
-            low, high = total * (j - 0.5) / count, total * (j + 0.5) / count
-            window = [i for i in range(len(order) - 1)
-                      if low <= prefix[i] <= high and (not cuts or i > cuts[-1])]
-            if window:
-                cuts.append(min(window, key=lambda i: (live_after.get(order[i], 0), abs(prefix[i] - total * j / count))))
-        return cuts
+
+def safe_cuts(footprint: OrderFootprint, target_bytes: int) -> list[int]:
+    """Positions after which to cut so that each partition's worst case stays within ``target_bytes``.
+
+    A unit whose own worst case is above the target gets a partition of its own.
+
+    Examples
+    --------
+    >>> fp = OrderFootprint(("a", "b", "c", "d"), alloc=(4, 1, 8, 1), carried=(0, 4, 1, 8))
+    >>> safe_cuts(fp, 9)   # [a, b] (0 + 4 + 1), [c] (1 + 8), [d] (8 + 1)
+    [1, 2]
+    """
+    cuts, start = [], 0
+    for i in range(1, len(footprint.order)):
+        if footprint.slice_bound(start, i + 1) > target_bytes:
+            cuts.append(i - 1)
+            start = i
+    return cuts
 
 
 def _partition_indices(order: list[str], cuts: list[int]) -> dict[str, int]:

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from tfmem import costmodel
 from tfmem.errors import ScheduleError
-from tfmem.execution import ALIAS_OPS, ExecutionGraph
+from tfmem.execution import ALIAS_OPS, PERSISTENT_OUTPUT_OPS, VARIABLE_READ_OPS, ExecutionGraph
 from tfmem.ir import GraphIR, TensorRef
+from tfmem.opmemory import FORWARDING_OPS, temp_bytes
 from tfmem.shapes import require_known
 
 
@@ -98,3 +100,108 @@ def units_in(eg: ExecutionGraph, order: Sequence[str]) -> list[str]:
 
 def unit_time_s(eg: ExecutionGraph, unit: str, device: costmodel.DeviceSpec) -> float:
     return sum(costmodel.op_time_s(eg.graph[n], eg.graph, device) for n in eg.members[unit])
+
+
+@dataclass(frozen=True)
+class OrderFootprint:
+    """A cheap liveness model of one sequential order, and a bound for running slices of it concurrently.
+
+    ``alloc[i]`` is what unit ``order[i]`` adds while it runs: its new output buffers and its scratch
+    (aliases, constants, variable reads and outputs written in place into a dying input add nothing).
+    ``carried[i]`` is the bytes of transient buffers made before unit ``i`` and still needed at or after it
+    (fetched tensors stay to the end). Persistent and fed bytes are left out, and sizes are not rounded as
+    the allocator would: this ranks orders and bounds partitions; the simulator stays the measure.
+
+    Examples
+    --------
+    >>> fp = OrderFootprint(("a", "b", "c"), alloc=(4, 4, 2), carried=(0, 4, 8))
+    >>> fp.peak_bytes          # c runs while a's and b's outputs are alive: 8 + 2
+    10
+    >>> fp.slice_bound(1, 3)   # b and c in any interleaving, a done: a's output + everything b and c add
+    10
+    """
+
+    order: tuple[str, ...]
+    alloc: tuple[int, ...]
+    carried: tuple[int, ...]
+
+    @cached_property
+    def _prefix(self) -> tuple[int, ...]:
+        acc, out = 0, [0]
+        for a in self.alloc:
+            acc += a
+            out.append(acc)
+        return tuple(out)
+
+    @cached_property
+    def peak_bytes(self) -> int:
+        """Transient peak of running the order on one thread."""
+        return max((c + a for c, a in zip(self.carried, self.alloc, strict=True)), default=0)
+
+    def slice_bound(self, start: int, stop: int) -> int:
+        """Transient bytes live at most while ``order[start:stop]`` run in any interleaving (all units
+        before ``start`` done, none after ``stop`` started)."""
+        return self.carried[start] + self._prefix[stop] - self._prefix[start]
+
+
+def order_footprint(eg: ExecutionGraph, order: Sequence[str]) -> OrderFootprint:
+    """The ``OrderFootprint`` of running the units ``order`` one at a time, in that order.
+
+    Follows the simulator's rules without its allocator: a buffer is freed after its last reader, aliases
+    (``ALIAS_OPS``, ``ReadVariableOp``) share their input's buffer, and element-wise ops write into an input
+    buffer they are the last reader of (``tfmem.opmemory.FORWARDING_OPS``).
+    """
+    graph = eg.graph
+    buffer_of: dict[TensorRef, list[int]] = {}  # tensor -> [bytes, reads left]; shared by aliases
+    alloc, carried, live = [], [], 0
+    for unit in order:
+        carried.append(live)
+        added = sum(graph.spec(t).nbytes or 0 for t in eg.internal_tensors(unit))
+        if not eg.is_region(unit):
+            added += sum(temp_bytes(graph[unit], graph))
+        for t in eg.outputs_of(unit):
+            reads = len(eg.consumers(t)) + (1 << 30 if t in eg.fetched else 0)  # fetched: held to the end
+            shared = _shared_buffer(eg, unit, t, buffer_of)
+            if shared is not None:
+                shared[1] += reads
+                buffer_of[t] = shared
+                continue
+            node = graph[t.node]
+            nbytes = 0 if node.op in PERSISTENT_OUTPUT_OPS else graph.spec(t).nbytes or 0
+            buffer_of[t] = [nbytes, reads]
+            added += nbytes
+            live += nbytes
+        alloc.append(added)
+        for t in eg.unit_inputs[unit]:
+            buf = buffer_of.get(t)
+            if buf is not None:
+                buf[1] -= 1
+                if buf[1] == 0:
+                    live -= buf[0]
+                    buf[0] = 0
+        for t in eg.outputs_of(unit):
+            buf = buffer_of[t]
+            if buf[1] == 0 and buf[0]:  # nobody reads it
+                live -= buf[0]
+                buf[0] = 0
+    return OrderFootprint(tuple(order), tuple(alloc), tuple(carried))
+
+
+def _shared_buffer(eg: ExecutionGraph, unit: str, t: TensorRef,
+                   buffer_of: dict[TensorRef, list[int]]) -> list[int] | None:
+    """The buffer output ``t`` lives in when it is an alias or is forwarded in place, else None."""
+    node = eg.graph[t.node]
+    if t.index != 0 or eg.is_region(unit) or not node.inputs:
+        return None
+    if node.op in ALIAS_OPS or node.op in VARIABLE_READ_OPS:
+        return buffer_of.get(node.inputs[0], [0, 0])  # an alias of a fed or persistent tensor adds nothing
+    for idx in FORWARDING_OPS.get(node.op, ()):
+        if idx >= len(node.inputs):
+            break
+        ref = node.inputs[idx]
+        buf = buffer_of.get(ref)
+        spec, want = eg.graph.spec(ref), eg.graph.spec(t)
+        if (buf is not None and buf[1] == 1 and buf[0] and spec.nbytes == want.nbytes and spec.dtype == want.dtype
+                and sum(1 for x in node.inputs if x == ref) == 1):
+            return buf
+    return None
