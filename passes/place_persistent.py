@@ -31,13 +31,21 @@ Examples
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 import tensorflow as tf
 
 from passes.timeline import StepTimeline
-from passes.transfer import add_prefetches, group_consumers, movable, plan_prefetches, trigger_candidates
+from passes.transfer import (
+    Prefetch,
+    add_prefetches,
+    group_consumers,
+    movable,
+    plan_prefetches,
+    trigger_candidates,
+)
 from tfmem import costmodel
 from tfmem.devices import Placement
 from tfmem.editor import GraphEditor
@@ -95,7 +103,7 @@ class PlacePersistent:
             while take < len(groups) and covered < excess:
                 covered += groups[take].nbytes
                 take += 1
-            trial = self._move(graph, groups[:take], timeline, ctx.host)
+            trial = place_groups(graph, groups[:take], timeline, ctx.host, self.link)
             trial_profile = ctx.simulate(trial)
             moved = take
             if trial_profile.peak_bytes < profile.peak_bytes:
@@ -105,31 +113,6 @@ class PlacePersistent:
             return PassResult(graph, False, PassReport.empty(
                 self.name, f"moving variables to the host did not lower the peak ({format_bytes(start_peak)})"))
         return PassResult(current, True, self._report(graph, current, chosen, start_peak, profile, budget))
-
-    def _move(self, graph: GraphIR, groups: list[PersistentGroup], timeline: StepTimeline, host: str) -> GraphIR:
-        editor = GraphEditor(graph)
-        all_usable = trigger_candidates(graph, timeline)
-        for group in groups:
-            usable, updates = all_usable, _ref_updates(graph, group, timeline) if group.ref else []
-            if updates:  # a prefetch must come before the in-place updates, so its trigger must too
-                first_update = min(timeline.rank[u] for u in updates)
-                usable = {u: ok and timeline.rank[u] < first_update for u, ok in all_usable.items()}
-            for name in group.members:
-                editor.set_device(name, host)
-            prefetch_names: list[str] = []
-            for t in group.reads:
-                consumers = [c for c in timeline.eg.consumers(t) if c not in group.members and c in timeline.rank]
-                if not consumers:
-                    continue
-                nbytes = graph.spec(t).nbytes or 0
-                groups_in_time = group_consumers(consumers, timeline, 2 * self.link.transfer_s(nbytes))
-                prefetches = plan_prefetches(groups_in_time, nbytes, timeline, self.link, usable, -1)
-                names = add_prefetches(editor, t, t, prefetches, host, f"{t.node}/tfmem_prefetch_{t.index}",
-                                       PREFETCH_TAG)
-                prefetch_names += names
-            for update in updates:
-                editor.add_control_inputs(update, prefetch_names)
-        return editor.finish()
 
     def _report(self, before: GraphIR, after: GraphIR, chosen: list[PersistentGroup], start_peak: int,
                 profile: MemoryProfile, budget: int) -> PassReport:
@@ -146,6 +129,42 @@ class PlacePersistent:
         details: dict[str, object] = {"moved": [r for g in chosen for r in g.roots], "prefetches": added}
         return PassReport(self.name, True, nodes_added=added, control_edges_added=added, bytes_moved=per_step,
                           notes=notes, details=details)
+
+
+def place_groups(graph: GraphIR, groups: list[PersistentGroup], timeline: StepTimeline, host: str,
+                 link: costmodel.DeviceSpec = costmodel.DEFAULT_DEVICE) -> GraphIR:
+    """Put each group on ``host`` and give every device reader group its own delayed prefetch."""
+    editor = GraphEditor(graph)
+    usable = trigger_candidates(graph, timeline)
+    for group in groups:
+        for name in group.members:
+            editor.set_device(name, host)
+        reads, updates = plan_group_prefetches(graph, group, timeline, usable, link)
+        prefetch_names: list[str] = []
+        for t, prefetches in reads:
+            prefetch_names += add_prefetches(editor, t, t, prefetches, host, f"{t.node}/tfmem_prefetch_{t.index}",
+                                             PREFETCH_TAG)
+        for update in updates:
+            editor.add_control_inputs(update, prefetch_names)
+    return editor.finish()
+
+
+def plan_group_prefetches(graph: GraphIR, group: PersistentGroup, timeline: StepTimeline,
+                          usable: Mapping[str, bool], link: costmodel.DeviceSpec,
+                          ) -> tuple[list[tuple[TensorRef, list[Prefetch]]], list[str]]:
+    """The prefetches of each tensor ``group`` hands to device ops, and the in-place updates that must wait."""
+    updates = _ref_updates(graph, group, timeline) if group.ref else []
+    if updates:  # a prefetch must come before the in-place updates, so its trigger must too
+        first_update = min(timeline.rank[u] for u in updates)
+        usable = {u: ok and timeline.rank[u] < first_update for u, ok in usable.items()}
+    reads = []
+    for t in group.reads:
+        consumers = [c for c in timeline.eg.consumers(t) if c not in group.members and c in timeline.rank]
+        if consumers:
+            nbytes = graph.spec(t).nbytes or 0
+            in_time = group_consumers(consumers, timeline, 2 * link.transfer_s(nbytes))
+            reads.append((t, plan_prefetches(in_time, nbytes, timeline, link, usable, -1)))
+    return reads, updates
 
 
 def persistent_groups(graph: GraphIR, eg: ExecutionGraph, placement: Placement, min_bytes: int) -> list[PersistentGroup]:

@@ -98,7 +98,7 @@ class SwapActivations:
             if not batch:
                 break
             tried.update(c.tensor for c in batch)
-            trial = _apply(current, batch, ctx.host)
+            trial = apply_swaps(current, batch, ctx.host)
             trial_profile = ctx.simulate(trial)
             if trial_profile.peak_bytes >= profile.peak_bytes:
                 continue  # this batch does not lower the peak: keep the graph as it was, try others
@@ -166,7 +166,8 @@ def peak_rank(timeline: StepTimeline, profile: MemoryProfile) -> int:
     return max(started, default=0)
 
 
-def _apply(graph: GraphIR, batch: list[SwapCandidate], host: str) -> GraphIR:
+def apply_swaps(graph: GraphIR, batch: list[SwapCandidate], host: str) -> GraphIR:
+    """Swap each candidate's tensor out to ``host`` and back in for its late readers (one swap-in per group)."""
     editor = GraphEditor(graph)
     for c in batch:
         out_name = editor.unique_name(f"{c.tensor.node}/tfmem_swap_out_{c.tensor.index}")
