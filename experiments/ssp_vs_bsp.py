@@ -169,20 +169,22 @@ def _gibbs_batch(words: np.ndarray, docs: np.ndarray, z: np.ndarray, ndk: np.nda
 
 
 class LDAProgram:
-    """One clock of data-parallel collapsed Gibbs sampling (tables ``nwk``, ``nk``; ``ndk`` rows by owner).
+    """One clock of data-parallel collapsed Gibbs sampling: tables ``nwk`` and ``nk`` in the server.
 
-    A clock's documents are sampled in ``chunks`` pieces, each reading its rows, sampling and sending
-    its count changes, as ``MFProgram`` does.
+    The document-topic counts ``ndk`` stay with the worker that owns the documents (nobody else reads
+    them), as in Bösen's LDA.  A clock's documents are sampled in ``chunks`` pieces, each reading its
+    rows, sampling and sending its count changes, as ``MFProgram`` does.
     """
 
-    def __init__(self, corpus: Any, z0: np.ndarray, cfg: dict[str, Any], straggler: str, seed: int = 0) -> None:
+    def __init__(self, corpus: Any, z0: np.ndarray, ndk0: np.ndarray, cfg: dict[str, Any], straggler: str,
+                 seed: int = 0) -> None:
         self.cfg, self.pace = cfg, Pace(cfg, straggler, seed)
         keys = corpus.tokens.keys
         self.alpha, self.beta = corpus.alpha, corpus.beta
         self.vbeta = corpus.beta * corpus.vocab_size
         docs_by_worker = np.array_split(np.random.default_rng(3).permutation(corpus.doc_lengths.size), cfg["workers"])
         self.batches = []
-        self.z = z0.copy()
+        self.z, self.ndk = z0.copy(), ndk0.copy()
         for docs in docs_by_worker:
             mine = []
             for batch in np.array_split(docs, cfg["batches"]):
@@ -195,6 +197,9 @@ class LDAProgram:
                 mine.append(chunks)
             self.batches.append(mine)
 
+    def observe(self) -> dict[str, Any]:
+        return {"ndk": self.ndk.copy()}
+
     def __call__(self, client: Any, worker: int, clock: int) -> float:
         compute = 0.0
         chunks = self.batches[worker][clock % self.cfg["batches"]]
@@ -202,17 +207,16 @@ class LDAProgram:
             started = self.pace.start(client)
             nwk = client.get("nwk", words)
             nk = client.get("nk", [0])[0]
-            ndk = client.get("ndk", docs)
-            before = (nwk.copy(), nk.copy(), ndk.copy())
+            ndk = self.ndk[docs]
+            before = (nwk.copy(), nk.copy())
             z = self.z[idx]
             t0 = time.perf_counter()
             _gibbs_batch(w_local, d_local, z, ndk, nwk, nk, self.alpha, self.beta, self.vbeta,
                          1000 * (len(chunks) * clock + i) + worker)
             compute += time.perf_counter() - t0
-            self.z[idx] = z
+            self.z[idx], self.ndk[docs] = z, ndk
             client.inc("nwk", words, nwk - before[0])
             client.inc("nk", [0], (nk - before[1])[None, :])
-            client.inc("ndk", docs, ndk - before[2])
             self.pace.finish(client, started, worker, clock, 1 / len(chunks))
         return compute
 
@@ -221,7 +225,7 @@ def mf_problem(cfg: dict[str, Any]) -> dict[str, Any]:
     data = synthetic_ratings(cfg["users"], cfg["items"], cfg["ratings"], cfg["rank"], seed=0)
     W0, H0 = init_factors(cfg["users"], cfg["items"], cfg["rank"], seed=1, scale=0.3)
     keys, values = data.keys, data.values
-    return {"keys": keys, "values": values, "init": {"W": np.asarray(W0), "H": np.asarray(H0)},
+    return {"keys": keys, "values": values, "init": {"W": np.asarray(W0), "H": np.asarray(H0)}, "local": {},
             "loss": lambda t: rmse(keys, values, t["W"], t["H"]), "lower_is_better": True, "cfg": cfg,
             "tables": lambda s: [TableSpec("W", cfg["users"], cfg["rank"], staleness=s),
                                  TableSpec("H", cfg["items"], cfg["rank"], staleness=s)],
@@ -241,11 +245,10 @@ def lda_problem(cfg: dict[str, Any]) -> dict[str, Any]:
         return log_likelihood_per_token(np.rint(t["ndk"]).astype(np.int64), np.rint(t["nwk"]).astype(np.int64),
                                         corpus.alpha, corpus.beta)
 
-    return {"init": {"ndk": ndk, "nwk": nwk, "nk": nwk.sum(axis=0)[None, :]}, "loss": loss,
+    return {"init": {"nwk": nwk, "nk": nwk.sum(axis=0)[None, :]}, "local": {"ndk": ndk}, "loss": loss,
             "lower_is_better": False, "cfg": cfg,
-            "tables": lambda s: [TableSpec("nwk", cfg["vocab"], K, staleness=s), TableSpec("nk", 1, K, staleness=s),
-                                 TableSpec("ndk", cfg["docs"], K, staleness=s)],
-            "program": lambda straggler, seed=0: LDAProgram(corpus, z0, cfg, straggler, seed)}
+            "tables": lambda s: [TableSpec("nwk", cfg["vocab"], K, staleness=s), TableSpec("nk", 1, K, staleness=s)],
+            "program": lambda straggler, seed=0: LDAProgram(corpus, z0, ndk, cfg, straggler, seed)}
 
 
 def run_setting(problem: dict[str, Any], staleness: int | None, options: ClientOptions, straggler: str,
@@ -258,9 +261,10 @@ def run_setting(problem: dict[str, Any], staleness: int | None, options: ClientO
     clocks = cfg["epochs"] * cfg["batches"]
     program = problem["program"](straggler, seed)
     cpu0 = time.process_time()
-    result = ps.run(program, clocks, snapshot_every=1, snapshot_every_s=cfg.get("clock_s") or None)
+    result = ps.run(program, clocks, snapshot_every=1, snapshot_every_s=cfg.get("clock_s") or None,
+                    observe=getattr(program, "observe", None))
     cpu_s = time.process_time() - cpu0
-    points = [(0, 0.0, problem["loss"](problem["init"]))]
+    points = [(0, 0.0, problem["loss"]({**problem["init"], **problem["local"]}))]
     points += [(c, t, problem["loss"](tables)) for c, t, tables in result.snapshots]
     hist: dict[str, int] = {}
     for s in result.stats:

@@ -251,7 +251,9 @@ class PSClient:
     def flush_some(self, budget_bytes: int, prepaid: bool = False) -> int:
         """Managed communication: send the highest-priority dirty rows that fit in ``budget_bytes``.
 
-        ``prepaid``: the caller already took ``budget_bytes`` from the bandwidth budget.
+        ``prepaid``: the caller pays the bandwidth budget for what is sent (it bought ``budget_bytes`` of
+        link time and refunds the rest); otherwise each message pays on its way out, as every flush does.
+        Returns the bytes sent.
         """
         policy = self.options.policy
         if policy is None:

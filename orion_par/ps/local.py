@@ -136,6 +136,7 @@ class LocalPS:
         self.snapshot_every: int | None = None
         self.snapshots: list[tuple[int, float, dict[str, Any]]] = []
         self.sent: list[tuple[float, int]] = []
+        self.observe: Callable[[], dict[str, Any]] | None = None
         self.t0 = time.perf_counter()
 
     def client(self, worker: int) -> PSClient:
@@ -149,18 +150,26 @@ class LocalPS:
 
     def on_advance(self, min_clock: int) -> None:
         if self.snapshot_every and min_clock % self.snapshot_every == 0:
-            self.snapshots.append((min_clock, time.perf_counter() - self.t0, self.tables(locked=False)))
+            self.snapshots.append((min_clock, time.perf_counter() - self.t0, self._snapshot(locked=False)))
+
+    def _snapshot(self, locked: bool) -> dict[str, Any]:
+        tables = self.tables(locked)
+        return tables if self.observe is None else {**tables, **self.observe()}
 
     def run(self, program: Program, clocks: int, *, snapshot_every: int | None = None,
-            snapshot_every_s: float | None = None) -> RunResult:
+            snapshot_every_s: float | None = None, observe: Callable[[], dict[str, Any]] | None = None
+            ) -> RunResult:
         """Run ``program(client, worker, clock)`` then ``client.clock()``, ``clocks`` times per worker thread.
 
         ``snapshot_every=k`` copies the tables each time the min clock reaches a multiple of ``k``;
         ``snapshot_every_s=dt`` copies them every ``dt`` seconds of wall time as well (the server's model
         as a reader would find it then, between clocks included).  Each snapshot is ``(min clock, seconds
-        since the run started, tables)``, sorted by time, for time-to-target curves.
+        since the run started, tables)``, sorted by time, for time-to-target curves.  ``observe()``, if
+        given, adds to each snapshot the parts of the model that live in the workers, not in the server
+        (e.g. LDA's per-document counts, which only their owner reads).
         """
         self.snapshot_every, self.snapshots, self.sent, self.t0 = snapshot_every, [], [], time.perf_counter()
+        self.observe = observe
         results: list[list[Any]] = [[] for _ in range(self.num_workers)]
         errors: list[BaseException] = []
         threads = [threading.Thread(target=self._worker, args=(w, program, clocks, results[w], errors),
@@ -188,7 +197,7 @@ class LocalPS:
             with self.hosts[0].cond:  # shard 0's min clock and its advance snapshots stay in time order
                 clock = self.hosts[0].server.min_clock
                 now = time.perf_counter() - self.t0
-                tables = self.tables()
+                tables = self._snapshot(locked=True)
             self.sent.append((now, sum(c.stats.bytes_sent for c in self.clients)))
             self.snapshots.append((clock, now, tables))
 

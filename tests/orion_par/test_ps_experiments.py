@@ -35,8 +35,9 @@ def test_managed_comm_tiny(tmp_path):
 def test_orion_vs_dataparallel_tiny(tmp_path):
     assert orion_vs_dataparallel.main(["--tiny", "--out", str(tmp_path)]) == 0
     res = json.loads((tmp_path / "orion_vs_dataparallel.json").read_text())
-    assert set(res["table"]) == {"serial", "orion_par 2D", "data-parallel s=0", "data-parallel s=2"}
-    orion = res["curves"]["orion_par 2D"]["loss"]
+    (run,) = res["runs"].values()
+    assert set(run["table"]) == {"serial", "orion_par 2D", "data-parallel s=0", "data-parallel s=2"}
+    orion = run["curves"]["orion_par 2D"]["loss"]
     assert orion[-1] < orion[0]
     # the targets are the serial run's RMSE after N epochs, so serial reaches target N at epoch N
-    assert res["table"]["serial"]["epochs_to_target"] == {n: float(n) for n in res["targets"]}
+    assert run["table"]["serial"]["epochs_to_target"] == {n: float(n) for n in run["targets"]}
