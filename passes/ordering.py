@@ -21,7 +21,7 @@ from functools import cached_property
 from tensorflow.python.framework import op_def_registry
 
 from tfmem import costmodel
-from tfmem.analysis import OrderFootprint, expensive_of, order_footprint, unit_time_s
+from tfmem.analysis import FootprintModel, OrderFootprint, expensive_of, unit_time_s
 from tfmem.execution import ALIAS_OPS, PERSISTENT_OUTPUT_OPS, ExecutionGraph
 from tfmem.ir import TensorRef
 from tfmem.schedule import emulate
@@ -72,6 +72,11 @@ class OrderingProblem:
         if node.op in ALIAS_OPS or node.op in PERSISTENT_OUTPUT_OPS or node.op == "ReadVariableOp":
             return 0
         return self.eg.graph.spec(t).nbytes or 0
+
+    @cached_property
+    def footprints(self) -> FootprintModel:
+        """Scores orders: ``problem.footprints.footprint(order).peak_bytes``."""
+        return FootprintModel(self.eg)
 
     @cached_property
     def index(self) -> dict[str, int]:
@@ -155,16 +160,16 @@ def refine(problem: OrderingProblem, order: list[str], max_evals: int = 200) -> 
     The moves: the unit at the peak goes to where the least is live within its window (between its last
     predecessor and first successor); a unit just before the peak that allocates runs after it instead; a
     unit just after it (one that may free what is live there) runs before it. Each candidate is scored with
-    ``tfmem.analysis.order_footprint``, at most ``max_evals`` times; the first improvement is kept.
+    ``tfmem.analysis.FootprintModel``, at most ``max_evals`` times; the first improvement is kept.
     """
-    best, best_fp = list(order), order_footprint(problem.eg, order)
+    best, best_fp = list(order), problem.footprints.footprint(order)
     evals = 1
     while evals < max_evals:
         improved = False
         for src, dst in _moves(problem, best, best_fp):
             candidate = best[:src] + best[src + 1:]
             candidate.insert(dst, best[src])
-            fp = order_footprint(problem.eg, candidate)
+            fp = problem.footprints.footprint(candidate)
             evals += 1
             if fp.peak_bytes < best_fp.peak_bytes:
                 best, best_fp, improved = candidate, fp, True

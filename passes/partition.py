@@ -22,13 +22,13 @@ from typing import ClassVar
 from tensorflow.core.framework import attr_value_pb2
 
 from passes.ordering import STRATEGIES, OrderingProblem, refine
-from tfmem.analysis import OrderFootprint, order_footprint
+from tfmem.analysis import OrderFootprint
 from tfmem.execution import ExecutionGraph
 from tfmem.ir import GraphIR, OpNode
 from tfmem.pipeline import PassContext, PassReport, PassResult
 from tfmem.units import format_bytes
 
-SEARCH_WORK = 400_000  # units x tries the local search may spend
+SEARCH_WORK = 100_000  # units x tries the local search may spend
 PARTITION_ATTR = "_tfmem_partition"
 ORDER_ATTR = "_tfmem_order"
 
@@ -46,7 +46,7 @@ class Partition:
         problem = OrderingProblem(eg)
         scored = []
         for strategy, make_order in STRATEGIES.items():
-            footprint = order_footprint(eg, make_order(problem))
+            footprint = problem.footprints.footprint(make_order(problem))
             scored.append((footprint.peak_bytes, strategy, footprint))
         scored.sort(key=lambda s: (s[0], s[1] != "tf_natural"))
         peak, winner, footprint = scored[0]

@@ -149,59 +149,76 @@ def order_footprint(eg: ExecutionGraph, order: Sequence[str]) -> OrderFootprint:
 
     Follows the simulator's rules without its allocator: a buffer is freed after its last reader, aliases
     (``ALIAS_OPS``, ``ReadVariableOp``) share their input's buffer, and element-wise ops write into an input
-    buffer they are the last reader of (``tfmem.opmemory.FORWARDING_OPS``).
+    buffer they are the last reader of (``tfmem.opmemory.FORWARDING_OPS``). Callers that score many orders
+    of one graph should keep a ``FootprintModel`` instead.
     """
-    graph = eg.graph
-    buffer_of: dict[TensorRef, list[int]] = {}  # tensor -> [bytes, reads left]; shared by aliases
-    alloc, carried, live = [], [], 0
-    for unit in order:
-        carried.append(live)
-        added = sum(graph.spec(t).nbytes or 0 for t in eg.internal_tensors(unit))
-        if not eg.is_region(unit):
-            added += sum(temp_bytes(graph[unit], graph))
-        for t in eg.outputs_of(unit):
-            reads = len(eg.consumers(t)) + (1 << 30 if t in eg.fetched else 0)  # fetched: held to the end
-            shared = _shared_buffer(eg, unit, t, buffer_of)
-            if shared is not None:
-                shared[1] += reads
-                buffer_of[t] = shared
-                continue
-            node = graph[t.node]
-            nbytes = 0 if node.op in PERSISTENT_OUTPUT_OPS else graph.spec(t).nbytes or 0
-            buffer_of[t] = [nbytes, reads]
-            added += nbytes
-            live += nbytes
-        alloc.append(added)
-        for t in eg.unit_inputs[unit]:
-            buf = buffer_of.get(t)
-            if buf is not None:
+    return FootprintModel(eg).footprint(order)
+
+
+class FootprintModel:
+    """What ``order_footprint`` needs about each unit, computed once per graph; ``footprint`` is then cheap."""
+
+    def __init__(self, eg: ExecutionGraph) -> None:
+        graph = eg.graph
+        self.ids: dict[TensorRef, int] = {}  # every output a unit makes visible, numbered
+        for unit in eg.units:
+            for t in eg.outputs_of(unit):
+                self.ids[t] = len(self.ids)
+        self.scratch: dict[str, int] = {}
+        # per unit: (tensor id, bytes, reads, id of the input it aliases or -1, ids of forwardable inputs)
+        self.outputs: dict[str, list[tuple[int, int, int, int, tuple[int, ...]]]] = {}
+        self.inputs = {u: tuple(self.ids[t] for t in eg.unit_inputs[u] if t in self.ids) for u in eg.units}
+        for unit in eg.units:
+            scratch = sum(graph.spec(t).nbytes or 0 for t in eg.internal_tensors(unit))
+            if not eg.is_region(unit):
+                scratch += sum(temp_bytes(graph[unit], graph))
+            self.scratch[unit] = scratch
+            self.outputs[unit] = [self._output(eg, unit, t) for t in eg.outputs_of(unit)]
+
+    def _output(self, eg: ExecutionGraph, unit: str, t: TensorRef) -> tuple[int, int, int, int, tuple[int, ...]]:
+        graph, node, tid = eg.graph, eg.graph[t.node], self.ids[t]
+        reads = len(eg.consumers(t)) + (1 << 30 if t in eg.fetched else 0)  # fetched: held to the end
+        nbytes = 0 if node.op in PERSISTENT_OUTPUT_OPS else graph.spec(t).nbytes or 0
+        if t.index != 0 or eg.is_region(unit) or not node.inputs:
+            return tid, nbytes, reads, -1, ()
+        if node.op in ALIAS_OPS or node.op in VARIABLE_READ_OPS:  # an alias of a fed tensor aliases nothing
+            return tid, 0, reads, self.ids.get(node.inputs[0], len(self.ids)), ()
+        want = graph.spec(t)
+        forwardable = tuple(
+            self.ids[ref] for idx, ref in enumerate(node.inputs) if idx in FORWARDING_OPS.get(node.op, ())
+            and ref in self.ids and graph.spec(ref).nbytes == want.nbytes and graph.spec(ref).dtype == want.dtype
+            and sum(1 for x in node.inputs if x == ref) == 1
+        )
+        return tid, nbytes, reads, -1, forwardable
+
+    def footprint(self, order: Sequence[str]) -> OrderFootprint:
+        """The ``OrderFootprint`` of running ``order`` one unit at a time."""
+        nothing = [0, 0]
+        buffer_of: list[list[int]] = [nothing] * len(self.ids)  # tensor id -> [bytes, reads left], shared
+        alloc, carried, live = [], [], 0
+        for unit in order:
+            carried.append(live)
+            added = self.scratch[unit]
+            for tid, nbytes, reads, alias, forwardable in self.outputs[unit]:
+                shared = (buffer_of[alias] if alias < len(buffer_of) else [0, 0]) if alias >= 0 else next(
+                    (buffer_of[f] for f in forwardable if buffer_of[f][1] == 1 and buffer_of[f][0]), None)
+                if shared is not None:  # an alias, or written in place into an input only this unit still reads
+                    shared[1] += reads
+                    buffer_of[tid] = shared
+                    continue
+                buffer_of[tid] = [nbytes, reads]
+                added += nbytes
+                live += nbytes
+            alloc.append(added)
+            for tid in self.inputs[unit]:
+                buf = buffer_of[tid]
                 buf[1] -= 1
                 if buf[1] == 0:
                     live -= buf[0]
                     buf[0] = 0
-        for t in eg.outputs_of(unit):
-            buf = buffer_of[t]
-            if buf[1] == 0 and buf[0]:  # nobody reads it
-                live -= buf[0]
-                buf[0] = 0
-    return OrderFootprint(tuple(order), tuple(alloc), tuple(carried))
-
-
-def _shared_buffer(eg: ExecutionGraph, unit: str, t: TensorRef,
-                   buffer_of: dict[TensorRef, list[int]]) -> list[int] | None:
-    """The buffer output ``t`` lives in when it is an alias or is forwarded in place, else None."""
-    node = eg.graph[t.node]
-    if t.index != 0 or eg.is_region(unit) or not node.inputs:
-        return None
-    if node.op in ALIAS_OPS or node.op in VARIABLE_READ_OPS:
-        return buffer_of.get(node.inputs[0], [0, 0])  # an alias of a fed or persistent tensor adds nothing
-    for idx in FORWARDING_OPS.get(node.op, ()):
-        if idx >= len(node.inputs):
-            break
-        ref = node.inputs[idx]
-        buf = buffer_of.get(ref)
-        spec, want = eg.graph.spec(ref), eg.graph.spec(t)
-        if (buf is not None and buf[1] == 1 and buf[0] and spec.nbytes == want.nbytes and spec.dtype == want.dtype
-                and sum(1 for x in node.inputs if x == ref) == 1):
-            return buf
-    return None
+            for tid, *_ in self.outputs[unit]:
+                buf = buffer_of[tid]
+                if buf[1] == 0 and buf[0]:  # nobody reads it
+                    live -= buf[0]
+                    buf[0] = 0
+        return OrderFootprint(tuple(order), tuple(alloc), tuple(carried))
