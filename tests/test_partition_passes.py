@@ -11,9 +11,10 @@ from hypothesis import strategies as st
 
 import tfmem
 from passes.limit_parallelism import BARRIER_PREFIX, LimitParallelism
-from passes.ordering import STRATEGIES, OrderingProblem
-from passes.partition import PARTITION_ATTR, Partition
+from passes.ordering import STRATEGIES, OrderingProblem, refine
+from passes.partition import ORDER_ATTR, PARTITION_ATTR, Partition
 from tfmem import examples
+from tfmem.analysis import order_footprint
 from tfmem.execution import ExecutionGraph
 from tfmem.pipeline import PassContext
 from tfmem.verify import verify
@@ -148,3 +149,61 @@ def test_a_tight_budget_gets_a_limit_that_meets_it(wide):
 def test_bad_k_is_refused(bad):
     with pytest.raises(tfmem.BadInputError, match="positive int or 'auto'"):
         LimitParallelism(k=bad)
+
+
+def test_footprint_of_a_chain_counts_forwarding():
+    # x is fed (not counted); s0 gets a new 4 KiB buffer and every later sin writes into its dying input, so
+    # one 4 KiB buffer is live throughout; while s0 runs it is being allocated: peak 4 KiB.
+    g = tf.Graph()
+    with g.as_default():
+        h = v1.placeholder(tf.float32, (1024,), name="x")
+        for i in range(6):
+            h = tf.math.sin(h, name=f"s{i}")
+    ir = tfmem.load(g)
+    eg = ExecutionGraph.build(ir, ["s5:0"])
+    fp = order_footprint(eg, [f"s{i}" for i in range(6)])
+    assert fp.alloc == (4096, 0, 0, 0, 0, 0)
+    assert fp.peak_bytes == 4096 and fp.slice_bound(0, 6) == 4096
+
+
+def test_partitions_are_safe_to_run_concurrently(wide):
+    ir = tfmem.load(wide.graph, wide.feed_shapes)
+    tagged = Partition().run(ir, _ctx(wide)).graph
+    eg = ExecutionGraph.build(tagged, wide.fetches, wide.feed_shapes)
+    order = sorted(eg.units, key=lambda u: tagged[eg.members[u][0]].attrs[ORDER_ATTR].i)
+    part = [tagged[eg.members[u][0]].attrs[PARTITION_ATTR].i for u in order]
+    fp = order_footprint(eg, order)
+    starts = [i for i in range(len(order)) if i == 0 or part[i] != part[i - 1]]
+    assert len(starts) > 1
+    for a, b in zip(starts, [*starts[1:], len(order)], strict=True):  # any interleaving stays within the peak
+        assert b - a == 1 or fp.slice_bound(a, b) <= fp.peak_bytes
+
+
+def test_k1_makes_every_allocating_op_wait_for_the_previous_partition(wide):
+    ir = tfmem.load(wide.graph, wide.feed_shapes)
+    tagged = Partition().run(ir, _ctx(wide)).graph
+    eg = ExecutionGraph.build(tagged, wide.fetches, wide.feed_shapes)
+    parts: dict[int, list[str]] = {}
+    for u in eg.units:
+        parts.setdefault(tagged[eg.members[u][0]].attrs[PARTITION_ATTR].i, []).append(u)
+    limited = LimitParallelism(k=1).run(tagged, _ctx(wide)).graph
+    g = limited.nx
+    for i in range(1, len(parts)):
+        before = set().union(*(nx.ancestors(g, u) | {u} for u in parts[i - 1]))
+        for u in parts[i]:
+            if any((s.nbytes or 0) > 0 for s in limited[u].outputs) and limited[u].op not in ("Const", "Identity"):
+                assert before <= nx.ancestors(g, u) | set(parts[i]), u  # all of partition i-1 runs first
+
+
+@settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_dags())
+def test_local_search_keeps_a_topological_order_and_never_raises_the_estimate(dag):
+    g, sinks, feeds = _dag_graph(*dag)
+    ir = tfmem.load(g, {"x:0": feeds["x:0"].shape})
+    problem = OrderingProblem(ExecutionGraph.build(ir, sinks, ["x:0"]))
+    start = STRATEGIES["tf_natural"](problem)
+    order, fp = refine(problem, start)
+    position = {u: i for i, u in enumerate(order)}
+    assert sorted(order) == sorted(start)
+    assert all(position[p] < position[u] for u in order for p in problem.preds[u])
+    assert fp.peak_bytes <= problem.footprints.footprint(start).peak_bytes
