@@ -48,6 +48,8 @@ from tfmem.examples import Built  # noqa: E402
 from tfmem.testbed import DEVICE, HOST, Testbed  # noqa: E402
 from tfmem.units import format_bytes, parse_bytes  # noqa: E402
 
+MODES = ("vanilla", "tfmem")
+
 
 @dataclass(frozen=True)
 class Family:
@@ -75,10 +77,11 @@ class Family:
 
 
 def _resnet(name: str, batch: int, tiny: bool) -> Family:
-    kwargs = ({"batch": batch // 4, "image": 8, "width": 2, "classes": 10} if tiny
+    # Budgets must leave room for the workspace of TF's CPU conv gradients: 15-25 MiB whatever the model.
+    kwargs = ({"batch": batch // 4, "image": 16, "width": 8, "classes": 10} if tiny
               else {"batch": batch, "image": 32, "width": 8, "classes": 10})
     return Family(name, "bottleneck blocks per stage", resnet.build, lambda n: {"depth": resnet.depth_of(n)},
-                  resnet.depth_of, "depth", "12MiB" if tiny else "96MiB", 1, 1, 8 if tiny else 200, 1, kwargs)
+                  resnet.depth_of, "depth", "40MiB" if tiny else "96MiB", 1, 1, 8 if tiny else 200, 1, kwargs)
 
 
 def families(tiny: bool) -> dict[str, Family]:
@@ -103,7 +106,7 @@ def families(tiny: bool) -> dict[str, Family]:
         "resnet16": _resnet("resnet16", 16, tiny),
         "resnet32": _resnet("resnet32", 32, tiny),
         "deepspeech": Family("deepspeech", "frames (sequence length)", deepspeech.build,
-                             lambda t: {"seq_len": t}, lambda t: t, "seq_len", "4MiB" if tiny else "128MiB",
+                             lambda t: {"seq_len": t}, lambda t: t, "seq_len", "2MiB" if tiny else "128MiB",
                              16, 2, 64 if tiny else 2048, 2 if tiny else 4, ds_kwargs),
     }
 
@@ -177,7 +180,7 @@ class Prober:
         built = self.family.build(size)
         row: dict[str, Any] = {"mode": mode, "size": size, self.family.label_name: self.family.label(size),
                                "params": built.params, "ops": len(built.graph.get_operations())}
-        graph = built.graph
+        graph, config = built.graph, None
         if mode == "tfmem":
             start = time.perf_counter()
             try:
@@ -192,9 +195,9 @@ class Prober:
             row.update(optimize_s=time.perf_counter() - start, simulated_before_bytes=opt.report.before.peak_bytes,
                        simulated_peak_bytes=opt.report.after.peak_bytes,
                        passes_changed=[r.name for r in opt.report.passes if r.changed])
-            graph = opt.graph
+            graph, config = opt.graph, opt.config
         try:
-            result = self.testbed.run(graph, built.fetches, built.feeds, steps=self.steps)
+            result = self.testbed.run(graph, built.fetches, built.feeds, steps=self.steps, config=config)
         except tfmem.TestbedError as e:
             return {**row, "status": "error", "error": tfmem.errors.first_line(e)}
         if result.oom:
@@ -207,22 +210,27 @@ class Prober:
 
 
 def run_family(family: Family, budget: str, passes: str | list[str] | None, plan_fraction: float, steps: int,
-               maximum: int, quiet: bool) -> dict[str, Any]:
-    """Search ``family`` for vanilla then tfmem under ``budget``; the summary and every probe."""
+               maximum: int, quiet: bool, modes: tuple[str, ...] = MODES) -> dict[str, Any]:
+    """Search ``family`` for vanilla then tfmem (``modes``) under ``budget``; the summary and every probe."""
     budget_bytes = parse_bytes(budget, what="budget")
     with Testbed(budget) as tb, tqdm(desc=f"max_size {family.name}", unit="probe", disable=quiet) as bar:
         prober = Prober(family, tb, budget_bytes, passes, plan_fraction, steps, bar)
-        vanilla = search_largest(lambda s: prober.fits("vanilla", s), family.start, family.minimum, maximum,
-                                 family.resolution)
-        start = min(max(vanilla[0] or family.start, family.start), maximum)
-        tuned = search_largest(lambda s: prober.fits("tfmem", s), start, family.minimum, maximum,
-                               family.resolution)
-        if vanilla[0] is not None:
-            prober.fits("tfmem", vanilla[0])   # both sides at vanilla's largest: compare results
+        vanilla: tuple[int | None, int | None] = (None, None)
+        tuned: tuple[int | None, int | None] = (None, None)
+        if "vanilla" in modes:
+            vanilla = search_largest(lambda s: prober.fits("vanilla", s), family.start, family.minimum, maximum,
+                                     family.resolution)
+        if "tfmem" in modes:
+            start = min(max(vanilla[0] or family.start, family.start), maximum)
+            tuned = search_largest(lambda s: prober.fits("tfmem", s), start, family.minimum, maximum,
+                                   family.resolution)
+            if vanilla[0] is not None:
+                prober.fits("tfmem", vanilla[0])   # both sides at vanilla's largest: compare results
     rows = sorted(prober.rows.values(), key=lambda r: (r["mode"], r["size"]))
     return {"family": family.name, "size_name": family.size_name, "label_name": family.label_name,
             "testbed_budget": budget, "testbed_budget_bytes": budget_bytes,
             "plan_budget_bytes": int(plan_fraction * budget_bytes), "passes": passes, "steps": steps,
+            "modes": list(modes),
             "builder": f"{family.builder.__module__}.build", "builder_kwargs": family.kwargs,
             "search": {"minimum": family.minimum, "start": family.start, "maximum": maximum,
                        "resolution": family.resolution},
@@ -336,8 +344,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-size", type=int, help="largest size to try (default: the family's)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a builder argument, e.g. --set width=16 (repeatable)")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help="which sides to search: 'vanilla,tfmem' (default), 'vanilla' or 'tfmem'")
     parser.add_argument("--out", default=str(RESULTS), help="directory for the results files")
     args = parser.parse_args(argv)
+    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    if not modes or set(modes) - set(MODES):
+        parser.error(f"--modes takes a comma-separated subset of {', '.join(MODES)}, got {args.modes!r}")
     known = families(args.tiny)
     unknown = [f for f in args.families if f not in known]
     if unknown:
@@ -350,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         if maximum < family.start:
             parser.error(f"--max-size must be >= {family.start} for {name}")
         result = run_family(family, args.budget or family.budget, _passes(args.passes), args.plan_fraction,
-                            args.steps or (1 if args.tiny else 2), maximum, quiet=args.tiny)
+                            args.steps or (1 if args.tiny else 2), maximum, quiet=args.tiny, modes=modes)
         result = provenance(argv, **result)
         json_path, md_path = write(f"max_size_{name}", result, markdown(result), Path(args.out))
         print(markdown(result))
