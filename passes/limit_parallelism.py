@@ -209,7 +209,7 @@ def _limited(graph: GraphIR, eg: ExecutionGraph, parts: list[list[str]], shape: 
         gates = [u for u in shape.gates[i + k] if not reach.implied(sources, u)]
         if not exits or not gates:
             continue
-        barrier = editor.add_noop(f"{BARRIER_PREFIX}{i}", control_inputs=[_node(eg, u, last=True) for u in exits]
+        barrier = editor.add_noop(editor.unique_name(f"{BARRIER_PREFIX}{i}"), control_inputs=[_node(eg, u, last=True) for u in exits]
                                   + ([previous] if previous else []))
         reach.add_node(barrier.name, sources, position[parts[i][-1]] + 0.5)
         for u in gates:
