@@ -2,7 +2,8 @@
 
 Builds a statically unrolled RNN training step of about ``--nodes`` ops and times ``tfmem.load``,
 ``tfmem.simulate`` and ``tfmem.optimize`` with the partition and limit_parallelism passes (which includes
-two Grappler-faithful simulations: before and after). Writes experiments/results/optimize_speed.*.
+a simulation before and after; above 10,000 ops they are of the graph as written). Writes
+experiments/results/optimize_speed.*, with the machine's load average (timings stretch with it).
 
     python -m experiments.optimize_speed               # ~20,000 nodes
     python -m experiments.optimize_speed --tiny        # ~2,000 nodes, a smoke run
@@ -44,11 +45,14 @@ def main(argv: list[str] | None = None) -> int:
     opt = tfmem.optimize(built.graph, built.fetches, passes=["partition", "limit_parallelism"],
                          feed_shapes=built.feed_shapes)
     timings["optimize_s"] = time.perf_counter() - t0
-    result = provenance(argv, nodes=nodes, **timings, simulated_peak_bytes=profile.peak_bytes,
+    load_avg = os.getloadavg()[0]  # other work on the machine stretches every timing here
+    result = provenance(argv, nodes=nodes, **timings, load_average_1min=load_avg,
+                        simulated_peak_bytes=profile.peak_bytes,
                         passes=[{"name": p.name, "notes": list(p.notes)} for p in opt.report.passes])
     md = (
         "# tfmem.optimize speed\n\n"
-        f"Command: `{result['command']}` ({result['date']}, {result['machine']['cpus']} CPUs).\n\n"
+        f"Command: `{result['command']}` ({result['date']}, {result['machine']['cpus']} CPUs, "
+        f"1-minute load average {load_avg:.1f} at the end).\n\n"
         "| graph nodes | load | simulate | optimize (partition + limit_parallelism) |\n|---:|---:|---:|---:|\n"
         f"| {nodes} | {timings['load_s']:.2f} s | {timings['simulate_s']:.2f} s | {timings['optimize_s']:.2f} s |\n"
     )

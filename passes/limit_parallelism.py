@@ -11,8 +11,8 @@ everything the ``k`` partitions allocate (``OrderFootprint.slice_bound``), howev
 them. ``k="auto"`` uses that bound and a critical-path step-time estimate to rank the candidates, and the
 simulator (with the executor's thread count) to accept one: with a budget, the largest ``k`` that fits (the
 least speed lost); without one, the lowest bound whose estimated step time stays within 10% of the
-original's, if it lowers the simulated peak by at least ``MIN_GAIN`` (one simulation: a looser limit is not
-expected to simulate lower). No candidate whose simulated peak is above the input graph's is ever returned.
+original's, if both that bound and the simulated peak are at least ``MIN_GAIN`` below the original's simulated
+peak (one simulation: a looser limit is not expected to simulate lower). No candidate whose simulated peak is above the input graph's is ever returned.
 
 Requires: ``_tfmem_partition``/``_tfmem_order`` tags (runs ``partition`` itself when they are missing).
 Ensures: the same values are computed; only control edges and ``NoOp`` barriers are added; tags are removed.
@@ -130,7 +130,9 @@ def _choose(plans: list[_Plan], base: MemoryProfile, base_step: float, budget: i
                 return tried, tried[-1]
         safest = attempt(min(plans, key=lambda p: (p.bound_bytes, p.k)))  # best effort: the lowest bound
         return tried, safest if safest.profile.peak_bytes < base.peak_bytes else None  # type: ignore[union-attr]
-    fast = [p for p in plans if p.step_s <= SLOWDOWN_ALLOWED * base_step]
+    # Worth its edges only if even the worst interleaving is clearly below what the graph simulates today.
+    fast = [p for p in plans if p.step_s <= SLOWDOWN_ALLOWED * base_step
+            and p.bound_bytes <= (1 - MIN_GAIN) * base.peak_bytes]
     if not fast:
         return tried, None
     # The tightest limit that keeps the speed; a looser one lets more run at once and is not expected to
