@@ -245,7 +245,7 @@ class _Replay:
                 elif node.op in RESOURCE_VARIABLE_OPS:
                     self.var_storage[n] = self._alloc(TensorRef(n, 0), _variable_bytes(node), self.domain[u],
                                                       "persistent")
-        for ref in self.eg.fed:
+        for ref in sorted(self.eg.fed, key=str):  # a frozenset: a fixed order keeps the BFC layout reproducible
             consumers = self.eg.consumers(ref)
             domain = self.domain[consumers[0]] if consumers else "device"
             buf = self._alloc(ref, self.graph.spec(ref).nbytes or 0, domain, "fed")
