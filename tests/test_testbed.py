@@ -249,6 +249,24 @@ def test_tf_errors_raise_testbed_error_and_keep_it_usable(tb: Testbed) -> None:
     assert not tb.run(g, ["s:0"]).oom
 
 
+def test_a_step_over_the_timeout_raises_instead_of_hanging(tb: Testbed) -> None:
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, (512, 512), name="x")
+        y = x
+        for _ in range(40):
+            y = tf.matmul(y, x)
+        tf.identity(y, name="y")
+    before = tb.step_timeout_s
+    tb.step_timeout_s = 0.001
+    try:
+        with pytest.raises(TestbedError, match="[Dd]eadline|[Tt]imed out|timeout"):
+            tb.run(g, ["y:0"], {"x:0": np.ones((512, 512), np.float32)})
+    finally:
+        tb.step_timeout_s = before
+    assert not tb.run(reuse_chain(MiB), ["s:0"]).oom
+
+
 def _gone(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:

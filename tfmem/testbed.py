@@ -110,6 +110,9 @@ class Testbed:
         another inter-op count; the servers are then restarted.
     start_timeout_s : float
         How long to wait for both servers to accept connections.
+    step_timeout_s : float
+        The longest any one ``Session.run`` may take (initialisation, warm-up, a timed step); a run that
+        takes longer raises ``TestbedError`` (naming a server that died, if one did) instead of hanging.
 
     Raises
     ------
@@ -135,7 +138,8 @@ class Testbed:
     __test__ = False  # not a pytest test class
 
     def __init__(self, device_memory: int | str, *, inter_op_threads: int | None = None,
-                 intra_op_threads: int | None = None, start_timeout_s: float = 120.0) -> None:
+                 intra_op_threads: int | None = None, start_timeout_s: float = 120.0,
+                 step_timeout_s: float = 600.0) -> None:
         budget = parse_bytes(device_memory, what="device_memory")
         if budget < 2**20:
             raise BadInputError(f"testbed: device_memory must be at least 1 MiB, got {format_bytes(budget)}")
@@ -146,6 +150,7 @@ class Testbed:
         self.inter_op_threads = inter_op_threads or 0
         self.intra_op_threads = intra_op_threads or 0
         self.start_timeout_s = start_timeout_s
+        self.step_timeout_s = step_timeout_s
         self._workdir = Path(tempfile.mkdtemp(prefix="tfmem-testbed-"))
         self._procs: dict[str, ServerProcess] = {}
         self._running_inter_op = -1
@@ -329,6 +334,8 @@ class Testbed:
         tf.compat.v1.Session.reset(self.target)
         config = copy.deepcopy(config) or tf.compat.v1.ConfigProto()
         config.isolate_session_state = False  # variables must outlive the init session
+        # A server that dies mid-step leaves the client waiting forever on gRPC: bound every call instead.
+        config.operation_timeout_in_ms = int(self.step_timeout_s * 1000)
         if init:  # own session: closing it frees the init graph's Const kernels; variables stay in the worker
             with tf.compat.v1.Session(self.target, graph=g, config=config) as sess:
                 sess.run(init)
