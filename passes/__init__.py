@@ -2,7 +2,8 @@
 
 Each pass is a frozen dataclass with ``name`` and ``run(graph, ctx) -> PassResult`` (``tfmem.pipeline``).
 ``DEFAULT_PASSES`` is what ``passes="auto"`` runs, in order; ``PASSES`` maps every pass name to an instance.
-``auto`` runs them all; each memory-moving pass stops as soon as the simulated peak meets the budget.
+``auto`` runs partition, limit_parallelism and the planner; place_persistent, swap_activations and recompute
+can also run on their own, each stopping as soon as the simulated peak meets the budget.
 """
 
 from __future__ import annotations
@@ -10,13 +11,16 @@ from __future__ import annotations
 from passes.limit_parallelism import LimitParallelism
 from passes.partition import Partition
 from passes.place_persistent import PlacePersistent
+from passes.planner import Planner
+from passes.recompute import Recompute
 from passes.swap_activations import SwapActivations
 from tfmem.pipeline import Pass
 
 DEFAULT_PASSES: tuple[Pass, ...] = (
     Partition(),          # first: a memory-aware order and its partitions, on the graph as the user wrote it
     LimitParallelism(),   # then: enforce that order with control edges, as loosely as the budget allows
-    PlacePersistent(),    # weights to the host when the budget needs it (they move every step either way)
-    SwapActivations(),    # then idle activations, until the budget is met
+    Planner(),            # then, if the budget needs it: keep, swap, recompute or host-place each candidate
 )
-PASSES: dict[str, Pass] = {p.name: p for p in DEFAULT_PASSES}
+# Each memory-moving strategy on its own, greedy and budget-driven (the planner chooses among them).
+SINGLE_STRATEGIES: tuple[Pass, ...] = (PlacePersistent(), SwapActivations(), Recompute())
+PASSES: dict[str, Pass] = {p.name: p for p in DEFAULT_PASSES + SINGLE_STRATEGIES}

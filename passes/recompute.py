@@ -16,17 +16,17 @@ control input (which also keeps Grappler's duplicate elimination from merging th
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.framework import op_def_registry
 
-from passes.swap_activations import peak_rank, shares_persistent_buffer
+from passes.swap_activations import device_activations, longest_gap_split, peak_rank, shares_persistent_buffer
 from passes.timeline import StepTimeline
-from passes.transfer import group_consumers, trigger_candidates
+from passes.transfer import group_consumers, readers_through_identities, trigger_candidates
 from tfmem import costmodel
-from tfmem.devices import Placement
 from tfmem.editor import GraphEditor
 from tfmem.execution import PERSISTENT_OUTPUT_OPS, PLACEHOLDER_OPS
 from tfmem.ir import GraphIR, TensorRef
@@ -46,6 +46,8 @@ class RecomputePlan:
     chain: tuple[str, ...]            # ops to clone, producers first
     groups: tuple[tuple[tuple[str, ...], str], ...]   # (late readers, trigger) per clone set
     compute_s: float                  # cost-model time of one clone set
+    early_readers: tuple[str, ...] = ()
+    reads: Mapping[str, TensorRef] = field(default_factory=dict)   # reader -> tensor it names, if an identity
 
     @property
     def score(self) -> float:
@@ -123,42 +125,49 @@ class Recompute:
     def candidates(self, graph: GraphIR, ctx: PassContext, timeline: StepTimeline, profile: MemoryProfile,
                    exclude: set[TensorRef]) -> list[RecomputePlan]:
         """Tensors idle at the peak that a short chain of stateless ops can rebuild for their late readers."""
-        eg = timeline.eg
-        placement = Placement(ctx.device, ctx.host)
-        on_device = {u: not eg.is_region(u) and placement.domain(graph[u].device) == "device" for u in eg.units}
         at_peak = peak_rank(timeline, profile)
+
+        def split(producer: str, readers: list[str]) -> int | None:
+            return None if profile.peak_unit in readers else at_peak
+
+        return self._plans(graph, ctx, timeline, timeline.order[:at_peak + 1], exclude, split)
+
+    def candidates_over_gaps(self, graph: GraphIR, ctx: PassContext, timeline: StepTimeline) -> list[RecomputePlan]:
+        """Every recomputable activation, split at its longest idle gap (what the planner chooses among)."""
+        return self._plans(graph, ctx, timeline, timeline.order, set(),
+                           lambda producer, readers: longest_gap_split(timeline, producer, readers))
+
+    def _plans(self, graph: GraphIR, ctx: PassContext, timeline: StepTimeline, producers: Sequence[str],
+               exclude: set[TensorRef], split: Callable[[str, list[str]], int | None]) -> list[RecomputePlan]:
         usable = trigger_candidates(graph, timeline)
+        recomputable = [u for u in producers if is_recomputable(graph, u)]
         out = []
-        for u in timeline.order[:at_peak + 1]:
-            if not on_device[u] or not is_recomputable(graph, u):
+        for t in device_activations(graph, ctx, timeline, recomputable, self.min_bytes, exclude):
+            reads = readers_through_identities(graph, timeline.eg, t)
+            readers = sorted(reads, key=timeline.rank.__getitem__)
+            last_early = split(t.node, readers)
+            if last_early is None:
                 continue
-            for i, spec in enumerate(graph[u].outputs):
-                t = TensorRef(u, i)
-                nbytes = spec.nbytes or 0
-                if (nbytes < self.min_bytes or t in eg.fetched or t in eg.fed or t in exclude
-                        or shares_persistent_buffer(graph, t)):
-                    continue
-                readers = eg.consumers(t)
-                if not readers or not all(on_device.get(c, False) for c in readers):
-                    continue
-                early = [c for c in readers if timeline.rank[c] <= at_peak]
-                late = [c for c in readers if timeline.rank[c] > at_peak]
-                if not late or profile.peak_unit in early:
-                    continue
-                first_late = min(timeline.rank[c] for c in late)
-                chain = self._chain(graph, timeline, u, first_late)
-                if chain is None:
-                    continue
-                groups = []
-                for group in group_consumers(late, timeline, split_gap_s=0.0):
-                    first = min(group, key=lambda c: timeline.rank[c])
-                    trigger = timeline.trigger_for(first, 0.0, at_peak, usable)
-                    if trigger is None:
-                        break
-                    groups.append((group, trigger))
-                else:
-                    compute = sum(costmodel.op_time_s(graph[n], graph, self.cost_device) for n in chain)
-                    out.append(RecomputePlan(t, nbytes, chain, tuple(groups), compute))
+            early = tuple(c for c in readers if timeline.rank[c] <= last_early)
+            late = [c for c in readers if timeline.rank[c] > last_early]
+            if not late:
+                continue
+            chain = self._chain(graph, timeline, t.node, timeline.rank[late[0]])
+            if chain is None:
+                continue
+            floor = max([last_early] + [timeline.rank[c] for c in early])
+            groups = []
+            for group in group_consumers(late, timeline, split_gap_s=0.0):
+                first = min(group, key=lambda c: timeline.rank[c])
+                trigger = timeline.trigger_for(first, 0.0, floor, usable)
+                if trigger is None:
+                    break
+                groups.append((group, trigger))
+                floor = max(timeline.rank[c] for c in group)
+            else:
+                compute = sum(costmodel.op_time_s(graph[n], graph, self.cost_device) for n in chain)
+                aliased = {r: read for r, read in reads.items() if read != t}
+                out.append(RecomputePlan(t, graph.spec(t).nbytes or 0, chain, tuple(groups), compute, early, aliased))
         return out
 
     def _chain(self, graph: GraphIR, timeline: StepTimeline, producer: str, first_late: int) -> tuple[str, ...] | None:
@@ -202,5 +211,6 @@ def apply_recompute(graph: GraphIR, plans: list[RecomputePlan]) -> GraphIR:
                               attrs=attrs)
                 clones[name] = clone
             for reader in readers:
-                editor.rewire(reader, plan.tensor, TensorRef(clones[plan.tensor.node], plan.tensor.index))
+                editor.rewire(reader, plan.reads.get(reader, plan.tensor),
+                              TensorRef(clones[plan.tensor.node], plan.tensor.index))
     return editor.finish()

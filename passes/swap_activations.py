@@ -24,6 +24,7 @@ Examples
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -35,6 +36,7 @@ from passes.transfer import (
     identity_attrs,
     movable,
     plan_prefetches,
+    readers_through_identities,
     trigger_candidates,
 )
 from tfmem import costmodel
@@ -52,8 +54,10 @@ from tfmem.verify import SWAP_IN_ATTR, SWAP_OUT_ATTR
 class SwapCandidate:
     tensor: TensorRef
     nbytes: int
-    idle_s: float
+    idle_s: float                      # from the last early use to the first late one (simulated)
     prefetches: tuple[Prefetch, ...]
+    idle_from_s: float = 0.0           # when the last early use ends
+    reads: Mapping[str, TensorRef] = field(default_factory=dict)   # reader -> tensor it names, if an identity
 
     @property
     def score(self) -> float:
@@ -125,37 +129,83 @@ class SwapActivations:
 
     def _candidates(self, graph: GraphIR, ctx: PassContext, timeline: StepTimeline,
                     profile: MemoryProfile, exclude: set[TensorRef]) -> list[SwapCandidate]:
-        eg = timeline.eg
-        placement = Placement(ctx.device, ctx.host)
-        on_device = {u: not eg.is_region(u) and placement.domain(graph[u].device) == "device" for u in eg.units}
+        """Tensors resident but idle at the peak: early readers before it, late ones after."""
         at_peak = peak_rank(timeline, profile)
+
+        def split(producer: str, readers: list[str]) -> int | None:
+            if profile.peak_unit in readers:
+                return None  # in use at the peak
+            return at_peak
+
+        return self._split_candidates(graph, ctx, timeline, timeline.order[:at_peak + 1], exclude, split)
+
+    def candidates_over_gaps(self, graph: GraphIR, ctx: PassContext, timeline: StepTimeline) -> list[SwapCandidate]:
+        """Every swappable activation, split at its longest idle gap (what the planner chooses among)."""
+        return self._split_candidates(graph, ctx, timeline, timeline.order, set(),
+                                      lambda producer, readers: longest_gap_split(timeline, producer, readers))
+
+    def _split_candidates(self, graph: GraphIR, ctx: PassContext, timeline: StepTimeline, producers: Sequence[str],
+                          exclude: set[TensorRef], split: Callable[[str, list[str]], int | None]) -> list[SwapCandidate]:
+        """Candidates whose readers ranked up to ``split(readers)`` are early and the rest are late."""
         usable = trigger_candidates(graph, timeline)
         out = []
-        for u in timeline.order[:at_peak + 1]:
-            if not on_device[u] or graph[u].attr_bool(SWAP_IN_ATTR):
+        for t in device_activations(graph, ctx, timeline, producers, self.min_bytes, exclude):
+            reads = readers_through_identities(graph, timeline.eg, t)
+            readers = sorted(reads, key=timeline.rank.__getitem__)
+            last_early = split(t.node, readers)
+            if last_early is None:
                 continue
-            for i, spec in enumerate(graph[u].outputs):
-                t = TensorRef(u, i)
-                nbytes = spec.nbytes or 0
-                if (nbytes < self.min_bytes or t in eg.fetched or t in eg.fed or not movable(graph, t)
-                        or t in exclude or shares_persistent_buffer(graph, t)):
-                    continue
-                consumers = eg.consumers(t)
-                if not consumers or not all(on_device.get(c, False) for c in consumers):
-                    continue  # read by a frame or on another device: leave it alone
-                early = [c for c in consumers if timeline.rank[c] <= at_peak]
-                late = [c for c in consumers if timeline.rank[c] > at_peak]
-                if not late or profile.peak_unit in early:
-                    continue
-                idle_from = max([timeline.end_s[u]] + [timeline.end_s[c] for c in early])
-                transfer = self.link.transfer_s(nbytes)
-                groups = group_consumers(late, timeline, split_gap_s=2 * transfer)
-                prefetches = plan_prefetches(groups, nbytes, timeline, self.link, usable, at_peak)
-                if any(p.trigger is None for p in prefetches):
-                    continue
-                idle = timeline.start_s[min(late, key=lambda c: timeline.start_s[c])] - idle_from
-                out.append(SwapCandidate(t, nbytes, max(idle, 0.0), tuple(prefetches)))
+            early = [c for c in readers if timeline.rank[c] <= last_early]
+            late = [c for c in readers if timeline.rank[c] > last_early]
+            if not late:
+                continue
+            nbytes = graph.spec(t).nbytes or 0
+            idle_from = max([timeline.end_s[t.node]] + [timeline.end_s[c] for c in early])
+            groups = group_consumers(late, timeline, split_gap_s=2 * self.link.transfer_s(nbytes))
+            floor = max([last_early] + [timeline.rank[c] for c in early])
+            prefetches = plan_prefetches(groups, nbytes, timeline, self.link, usable, floor)
+            if any(p.trigger is None for p in prefetches):
+                continue
+            idle = timeline.start_s[late[0]] - idle_from
+            aliased = {r: read for r, read in reads.items() if read != t}
+            out.append(SwapCandidate(t, nbytes, max(idle, 0.0), tuple(prefetches), idle_from, aliased))
         return out
+
+
+def device_activations(graph: GraphIR, ctx: PassContext, timeline: StepTimeline, producers: Sequence[str],
+                       min_bytes: int, exclude: Collection[TensorRef] = ()) -> list[TensorRef]:
+    """Transient device tensors of ``producers`` that only device ops read: what swap and recompute may free."""
+    eg = timeline.eg
+    placement = Placement(ctx.device, ctx.host)
+    on_device = {u: not eg.is_region(u) and placement.domain(graph[u].device) == "device" for u in eg.units}
+    out = []
+    for u in producers:
+        if not on_device[u] or graph[u].attr_bool(SWAP_IN_ATTR) or graph[u].op in ALIAS_OPS:
+            continue  # an alias op's output is a view: its source is the candidate
+        for i, spec in enumerate(graph[u].outputs):
+            t = TensorRef(u, i)
+            if ((spec.nbytes or 0) < min_bytes or t in eg.fetched or t in eg.fed or not movable(graph, t)
+                    or t in exclude or shares_persistent_buffer(graph, t)):
+                continue
+            readers = readers_through_identities(graph, eg, t)
+            if readers and all(on_device.get(c, False) for c in readers):  # frames and other devices: leave
+                out.append(t)
+    return out
+
+
+def longest_gap_split(timeline: StepTimeline, producer: str, readers: list[str]) -> int | None:
+    """The rank after which ``readers`` (sorted by rank) wait longest for the next one; None if none waits.
+
+    The producer counts as the first use: a tensor made long before its first reader splits right there.
+    """
+    best, best_gap = None, 0.0
+    previous, busy_until = producer, timeline.end_s[producer]
+    for c in readers:
+        gap = timeline.start_s[c] - busy_until
+        if gap > best_gap:
+            best, best_gap = timeline.rank[previous], gap
+        previous, busy_until = c, max(busy_until, timeline.end_s[c])
+    return best
 
 
 def peak_rank(timeline: StepTimeline, profile: MemoryProfile) -> int:
@@ -174,7 +224,7 @@ def apply_swaps(graph: GraphIR, batch: list[SwapCandidate], host: str) -> GraphI
         editor.add_op(out_name, "Identity", [c.tensor], [graph.spec(c.tensor)], device=host,
                       attrs=identity_attrs(graph, c.tensor, SWAP_OUT_ATTR))
         add_prefetches(editor, TensorRef(out_name, 0), c.tensor, c.prefetches, host,
-                       f"{c.tensor.node}/tfmem_swap_in_{c.tensor.index}", SWAP_IN_ATTR)
+                       f"{c.tensor.node}/tfmem_swap_in_{c.tensor.index}", SWAP_IN_ATTR, c.reads)
     return editor.finish()
 
 

@@ -22,9 +22,11 @@ from tensorflow.core.framework import attr_value_pb2
 from passes.timeline import StepTimeline
 from tfmem.costmodel import DeviceSpec
 from tfmem.editor import GraphEditor
-from tfmem.execution import PERSISTENT_OUTPUT_OPS, PLACEHOLDER_OPS, RESOURCE_VARIABLE_OPS
+from tfmem.execution import PERSISTENT_OUTPUT_OPS, PLACEHOLDER_OPS, RESOURCE_VARIABLE_OPS, ExecutionGraph
 from tfmem.ir import GraphIR, TensorRef
 
+# Ops whose output is their input, same shape and buffer: readers may read the input instead.
+IDENTITY_OPS = frozenset({"Identity", "Snapshot", "StopGradient", "PreventGradient"})
 # Tensors of these dtypes cannot be copied between devices as plain data.
 UNMOVABLE_DTYPES = frozenset({"resource", "variant", "string"})
 
@@ -102,9 +104,33 @@ def identity_attrs(graph: GraphIR, tensor: TensorRef, tag: str) -> dict[str, att
     return {"T": attr_value_pb2.AttrValue(type=dtype.as_datatype_enum), tag: attr_value_pb2.AttrValue(b=True)}
 
 
+def readers_through_identities(graph: GraphIR, eg: ExecutionGraph, tensor: TensorRef) -> dict[str, TensorRef]:
+    """Each op that reads ``tensor``'s value, mapped to the tensor it names: ``tensor`` or an identity of it.
+
+    ``Identity``-like ops (TF1's gradient ``tuple/control_dependency`` among them) pass the same buffer on,
+    so the ops that read *their* outputs keep the buffer alive too; they are the readers that count, and
+    they can read a swapped-in copy directly. A fetched identity stays a reader itself.
+    """
+    out: dict[str, TensorRef] = {}
+    stack = [tensor]
+    while stack:
+        t = stack.pop()
+        for reader in eg.consumers(t):
+            node = graph[reader]
+            if (node.op in IDENTITY_OPS and not eg.is_region(reader) and len(node.inputs) == 1
+                    and TensorRef(reader, 0) not in eg.fetched and eg.consumers(TensorRef(reader, 0))):
+                stack.append(TensorRef(reader, 0))
+            else:
+                out.setdefault(reader, t)
+    return out
+
+
 def add_prefetches(editor: GraphEditor, source: TensorRef, original: TensorRef, prefetches: Sequence[Prefetch],
-                   host: str, name_prefix: str, tag: str) -> list[str]:
-    """Add one host ``Identity`` of ``source`` per prefetch; its consumers read it instead of ``original``."""
+                   host: str, name_prefix: str, tag: str, reads: Mapping[str, TensorRef] | None = None) -> list[str]:
+    """Add one host ``Identity`` of ``source`` per prefetch; its consumers read it instead of ``original``.
+
+    ``reads`` names, per consumer, the tensor it reads when that is an identity of ``original``.
+    """
     graph = editor.graph
     spec = graph.spec(original)
     names = []
@@ -113,6 +139,6 @@ def add_prefetches(editor: GraphEditor, source: TensorRef, original: TensorRef, 
         editor.add_op(name, "Identity", [source], [spec], control_inputs=[p.trigger] if p.trigger else [],
                       device=host, attrs=identity_attrs(graph, original, tag))
         for consumer in p.consumers:
-            editor.rewire(consumer, original, TensorRef(name, 0))
+            editor.rewire(consumer, (reads or {}).get(consumer, original), TensorRef(name, 0))
         names.append(name)
     return names

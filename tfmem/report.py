@@ -87,6 +87,13 @@ class Report:
             if p.bytes_moved:
                 counts += f", {format_bytes(p.bytes_moved)} moved per step"
             lines.append(f"- `{p.name}`: {what} ({counts})" + "".join(f"; {n}" for n in p.notes))
+        for p in self.passes:
+            decisions = p.details.get("decisions") if p.changed else None
+            if decisions:
+                lines += ["", f"**Planner decisions** ({len(decisions)}, largest first)", ""]
+                for d in sorted(decisions, key=lambda d: -d["bytes"])[:10]:  # type: ignore[index]
+                    lines.append(f"- {d['kind']} `{d['tensor']}` {format_bytes(d['bytes'])}, "
+                                 f"est. {d['cost_s'] * 1e3:.2f} ms")
         top = self.after.live_at_peak[:5]
         if top:
             lines += ["", f"**Largest tensors live at the device peak after** (at `{self.after.peak_unit}`)", ""]

@@ -1,0 +1,170 @@
+"""Benchmark: fitting training graphs under a budget where vanilla runs out of memory (issue 4).
+
+For each training graph: measure vanilla on the testbed with room to spare (peak ``P``, step time, outputs);
+then at a budget of ``--fraction`` x ``P`` run vanilla, TensorFlow's own memory optimizer
+(``RewriterConfig.memory_optimization``: swapping heuristics, and its default heuristics), and
+``tfmem.optimize(budget=...)`` (all passes: partition, limit_parallelism, place_persistent,
+swap_activations). Recorded: OOM or not, measured device peak, median step time, whether tfmem's outputs
+equal vanilla's, and Grappler's virtual-GPU estimate of both graphs. A second budget, where vanilla fits
+(``--fits`` x ``P``), records tfmem's step time there.
+
+    python -m experiments.swap_placement             # full run (~10 minutes on 2 cores)
+    python -m experiments.swap_placement --tiny      # CI smoke run (one small graph)
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+import tfmem  # noqa: E402
+from experiments._common import RESULTS, provenance, write  # noqa: E402
+from tfmem import examples  # noqa: E402
+from tfmem.measure import grappler_peak  # noqa: E402
+from tfmem.testbed import DEVICE, HOST, Testbed  # noqa: E402
+from tfmem.units import format_bytes  # noqa: E402
+
+MiB = 2**20
+ROOMY = "1GiB"
+
+
+def graphs(tiny: bool) -> dict[str, examples.Built]:
+    if tiny:
+        return {"mlp-small": examples.mlp(batch=256, dims=(256, 1024, 1024, 10))}
+    from models import moe_transformer, resnet
+
+    return {
+        "deep-mlp (8 layers, Adam)": examples.mlp(batch=512, dims=(1024,) + (2048,) * 7 + (10,), optimizer="adam"),
+        "resnet-20 bottleneck (batch 16)": resnet.build(depth=20, batch=16, image=32),
+        "residual convnet": examples.residual_convnet(batch=32, size=32, channels=48, blocks=3),
+        "unrolled RNN (32 steps)": examples.unrolled_rnn(steps=32, batch=256, hidden=1024, inputs=512),
+        "MoE transformer (16 experts)": moe_transformer.build(experts=16, d_model=128, d_ff=512),
+    }
+
+
+def tf_memory_optimizer(mode: int) -> config_pb2.ConfigProto:
+    config = config_pb2.ConfigProto()
+    config.graph_options.rewrite_options.memory_optimization = mode
+    return config
+
+
+TF_MODES = {
+    "TF swapping heuristics": rewriter_config_pb2.RewriterConfig.SWAPPING_HEURISTICS,
+    "TF heuristics": rewriter_config_pb2.RewriterConfig.HEURISTICS,
+}
+
+
+def run_case(built: examples.Built, fraction: float, fits: float, steps: int, tiny: bool) -> dict[str, object]:
+    fetches, feeds = list(built.fetches), built.feeds
+    with Testbed(ROOMY) as tb:
+        vanilla = tb.run(built.graph, fetches, feeds, steps=steps)
+    peak = vanilla.device_peak_bytes or 0
+    budget = max(int(peak * fraction) // MiB, 2) * MiB
+    row: dict[str, object] = {"vanilla_roomy_peak_bytes": peak, "vanilla_roomy_step_s": vanilla.step_time_s,
+                              "budget_bytes": budget}
+    try:
+        opt = tfmem.optimize(built.graph, fetches, budget=budget, feed_shapes=built.feed_shapes,
+                             device=DEVICE, host=HOST)
+    except tfmem.InfeasibleBudgetError as e:
+        row["tfmem"] = {"refused": str(e).split(";")[0], "lower_bound_bytes": e.lower_bound_bytes}
+        return row
+    row["simulated_bytes"] = {"vanilla": opt.report.before.peak_bytes, "tfmem": opt.report.after.peak_bytes}
+    row["passes"] = {p.name: list(p.notes) for p in opt.report.passes if p.changed}
+    with Testbed(budget) as tb:
+        runs = {"vanilla": tb.run(built.graph, fetches, feeds, steps=steps)}
+        if not tiny:
+            for label, mode in TF_MODES.items():
+                runs[label] = tb.run(built.graph, fetches, feeds, steps=steps, config=tf_memory_optimizer(mode))
+        runs["tfmem"] = tb.run(opt.graph, fetches, feeds, steps=steps)
+    for label, r in runs.items():
+        row[label] = {"oom": r.oom, "peak_bytes": r.device_peak_bytes, "step_s": r.step_time_s}
+    with Testbed(ROOMY) as tb:
+        roomy = tb.run(opt.graph, fetches, feeds, steps=steps)
+    row["outputs_identical"] = bool(vanilla.outputs) and all(
+        np.array_equal(vanilla.outputs[k], roomy.outputs[k]) for k in vanilla.outputs)
+    row["grappler_gpu_estimate_bytes"] = {
+        "vanilla": grappler_peak(built.graph, fetches, memory=budget),
+        "tfmem": grappler_peak(opt.graph_def, fetches, memory=budget, host=HOST),
+    }
+    # Where vanilla fits: tfmem should leave the graph (nearly) alone, and cost little time.
+    fit_budget = math.ceil(peak * fits / MiB) * MiB
+    opt_fit = tfmem.optimize(built.graph, fetches, budget=fit_budget, feed_shapes=built.feed_shapes,
+                             device=DEVICE, host=HOST)
+    with Testbed(fit_budget) as tb:
+        base = tb.run(built.graph, fetches, feeds, steps=steps)
+        tuned = tb.run(opt_fit.graph, fetches, feeds, steps=steps)
+    row["fits"] = {"budget_bytes": fit_budget, "vanilla_step_s": base.step_time_s, "tfmem_step_s": tuned.step_time_s,
+                   "tfmem_oom": tuned.oom, "changed": [p.name for p in opt_fit.report.passes if p.changed]}
+    return row
+
+
+def markdown(result: dict[str, object]) -> str:
+    lines = [
+        "# Swap and placement: training under a budget where vanilla runs out of memory",
+        "",
+        f"Command: `{result['provenance']['command']}`. Budget = {result['fraction']} x vanilla's measured peak "
+        "(testbed). Peaks: testbed allocator (measured); 'sim' = tfmem simulator; Grappler = Grappler's "
+        "virtual-GPU estimate at the budget. Step time: median testbed wall time.",
+        "",
+        "| graph | budget | vanilla | TF swapping | TF heuristics | tfmem | tfmem sim | tfmem step / vanilla roomy "
+        "| identical outputs | Grappler vanilla / tfmem | where vanilla fits: tfmem/vanilla step |",
+        "|---|---:|---|---|---|---|---:|---:|---|---|---:|",
+    ]
+
+    def cell(r: dict | None) -> str:
+        if not r:
+            return "-"
+        return "OOM" if r["oom"] else f"{format_bytes(r['peak_bytes'])}"
+
+    for name, row in result["graphs"].items():
+        t = row.get("tfmem", {})
+        if "refused" in t:
+            lines.append(f"| {name} | {format_bytes(row['budget_bytes'])} | | | | refused: {t['refused']} | | | | | |")
+            continue
+        slow = (f"{t['step_s'] / row['vanilla_roomy_step_s']:.2f}x" if t.get("step_s") else "-")
+        g = row["grappler_gpu_estimate_bytes"]
+        fit = row["fits"]
+        fit_ratio = (f"{fit['tfmem_step_s'] / fit['vanilla_step_s']:.2f}x" if fit["tfmem_step_s"] else "OOM")
+        lines.append(
+            f"| {name} | {format_bytes(row['budget_bytes'])} | {cell(row['vanilla'])} "
+            f"| {cell(row.get('TF swapping heuristics'))} | {cell(row.get('TF heuristics'))} | {cell(t)} "
+            f"| {format_bytes(row['simulated_bytes']['tfmem'])} | {slow} | {row['outputs_identical']} "
+            f"| {format_bytes(g['vanilla'])} / {format_bytes(g['tfmem'])} | {fit_ratio} |")
+    lines += ["", "What each pass did:", ""]
+    for name, row in result["graphs"].items():
+        for p, notes in row.get("passes", {}).items():
+            lines.append(f"- {name}, `{p}`: " + "; ".join(notes))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiny", action="store_true", help="one small graph, no TF-optimizer runs (CI smoke)")
+    parser.add_argument("--fraction", type=float, default=0.7, help="budget as a fraction of vanilla's peak")
+    parser.add_argument("--fits", type=float, default=1.15, help="budget where vanilla fits, x its peak")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--out", default=str(RESULTS))
+    args = parser.parse_args(argv)
+    if not 0 < args.fraction < 1 or args.fits <= 1:
+        parser.error("--fraction must be in (0, 1) and --fits above 1")
+    cases = graphs(args.tiny)
+    result: dict[str, object] = {"provenance": provenance(argv), "fraction": args.fraction, "graphs": {}}
+    for name, built in tqdm(cases.items(), desc="graphs", unit="graph"):
+        result["graphs"][name] = run_case(built, args.fraction, args.fits, args.steps, args.tiny)
+    from pathlib import Path
+
+    paths = write("swap_placement_tiny" if args.tiny else "swap_placement", result, markdown(result), Path(args.out))
+    print(markdown(result))
+    print("wrote", *paths)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

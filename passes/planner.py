@@ -1,0 +1,312 @@
+"""The budget planner: one budget in, one plan out -- keep, swap, recompute or host-place each candidate.
+
+The planner works on the graph after ``partition`` and ``limit_parallelism`` (a fixed order). From one
+simulation it lists the *options* that could free device memory: swap an activation to the host over its
+longest idle gap, recompute it from tensors that stay alive anyway, or keep a variable group on the host.
+Each option frees some bytes over some stretch of simulated time and costs some step time (cost model:
+exposed transfer, recomputation). Every stretch of the step where the simulated memory is over the budget
+becomes a covering constraint, and a mixed-integer program (PuLP with its bundled CBC solver) picks the
+options of least total cost that cover them all:
+
+    minimise    sum_o cost_o * x_o
+    subject to  sum_o saving_o(segment) * x_o >= excess(segment)   for every over-budget segment
+                x_swap(t) + x_recompute(t) <= 1                     for every tensor t
+                x_o in {0, 1}
+
+The solver starts from the greedy heuristic's plan (cheapest bytes first) and has a time limit; when it
+runs out, the heuristic plan is used and the report says so. The chosen plan is applied and re-simulated:
+options interact (a swap-in lands while another tensor is back), so if the peak is still over the budget the
+excess is added to the requirement and the plan is solved again, a few times. If the budget stays out of
+reach with the chosen parallelism limit, the planner retries with one partition at a time.
+
+Requires: a budget (without one it leaves the graph alone). Ensures: the same values are computed.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import pulp
+
+from passes.limit_parallelism import LimitParallelism
+from passes.partition import Partition
+from passes.place_persistent import (
+    PersistentGroup,
+    PlacePersistent,
+    persistent_groups,
+    place_groups,
+    plan_group_prefetches,
+)
+from passes.recompute import Recompute, RecomputePlan, apply_recompute
+from passes.swap_activations import SwapActivations, SwapCandidate, apply_swaps
+from passes.timeline import StepTimeline
+from passes.transfer import trigger_candidates
+from tfmem import costmodel
+from tfmem.devices import Placement
+from tfmem.ir import GraphIR
+from tfmem.memsim import MemoryProfile
+from tfmem.pipeline import PassContext, PassReport, PassResult
+from tfmem.units import format_bytes
+
+# Swapped bytes also cost CPU time to copy even when the transfer overlaps compute (more so on the testbed,
+# whose "link" is gRPC on the same cores); this share of the transfer time is charged as overhead.
+TRANSFER_OVERHEAD_SHARE = 0.25
+
+
+@dataclass(frozen=True)
+class Option:
+    """One way to free memory: what it does, what it saves when, and what it costs."""
+
+    kind: str                                        # "swap", "recompute" or "place"
+    key: str                                         # the tensor or variable group it concerns
+    nbytes: int
+    cost_s: float
+    savings: tuple[tuple[float, float, int], ...]    # (from_s, to_s, bytes freed) in simulated time
+    payload: SwapCandidate | RecomputePlan | PersistentGroup
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    chosen: tuple[Option, ...]
+    status: str          # "optimal", "heuristic (solver timed out)", "heuristic", "infeasible"
+    solve_s: float
+    objective_s: float
+    heuristic_objective_s: float
+
+
+@dataclass(frozen=True)
+class Planner:
+    """Meet ``ctx.device_budget_bytes`` at the least estimated step time (see the module docstring)."""
+
+    name: ClassVar[str] = "planner"
+    time_limit_s: float = 30.0
+    rounds: int = 4
+    use_solver: bool = True
+    kinds: tuple[str, ...] = ("swap", "recompute", "place")
+    link: costmodel.DeviceSpec = field(default=costmodel.DEFAULT_DEVICE)
+
+    def run(self, graph: GraphIR, ctx: PassContext) -> PassResult:
+        budget = ctx.device_budget_bytes
+        if budget is None:
+            return PassResult(graph, False, PassReport.empty(self.name, "no budget: nothing to plan"))
+        profile = ctx.simulate(graph)
+        if profile.peak_bytes <= budget:
+            return PassResult(graph, False, PassReport.empty(self.name, "already within the budget"))
+        attempts = [("as ordered", graph, profile)]
+        best: tuple[GraphIR, MemoryProfile, list[PlanResult], str] | None = None
+        for label, start, start_profile in attempts:
+            new, new_profile, plans = self._plan(start, start_profile, ctx)
+            if best is None or new_profile.peak_bytes < best[1].peak_bytes:
+                best = (new, new_profile, plans, label)
+            if new_profile.peak_bytes <= budget:
+                break
+            if label == "as ordered":  # serialise: one partition at a time frees what parallel branches hold
+                serial = LimitParallelism(k=1).run(Partition().run(graph, ctx).graph, ctx).graph
+                attempts.append(("one partition at a time", serial, ctx.simulate(serial)))
+        assert best is not None
+        if best[1].peak_bytes > budget:  # the model missed interactions: repair greedily, re-simulating each step
+            repaired = best[0]
+            for step in (PlacePersistent(link=self.link), SwapActivations(link=self.link), Recompute()):
+                if ctx.simulate(repaired).peak_bytes <= budget:
+                    break
+                repaired = step.run(repaired, ctx).graph
+            repaired_profile = ctx.simulate(repaired)
+            if repaired_profile.peak_bytes < best[1].peak_bytes:
+                best = (repaired, repaired_profile, best[2], best[3] + ", then greedy repair")
+        new, new_profile, plans, label = best
+        chosen = plans[-1].chosen if plans else ()
+        if not chosen and new is graph:
+            return PassResult(graph, False, PassReport.empty(self.name, "no option frees memory at the peak"))
+        return PassResult(new, True, _report(self.name, graph, new, profile, new_profile, plans, label, budget))
+
+    def _plan(self, graph: GraphIR, profile: MemoryProfile, ctx: PassContext,
+              ) -> tuple[GraphIR, MemoryProfile, list[PlanResult]]:
+        budget = ctx.device_budget_bytes or 0
+        timeline = StepTimeline.build(graph, ctx.fetches, profile, ctx.feed_shapes)
+        options = self.options(graph, ctx, timeline, profile)
+        plans: list[PlanResult] = []
+        best_graph, best_profile = graph, profile
+        extra = 0
+        for _ in range(self.rounds):
+            plan = self.solve(options, profile, budget - extra)
+            plans.append(plan)
+            if plan.status == "infeasible" and not plan.chosen:
+                break
+            new = apply_options(graph, plan.chosen, timeline, ctx.host, self.link)
+            new_profile = ctx.simulate(new)
+            if new_profile.peak_bytes < best_profile.peak_bytes:
+                best_graph, best_profile = new, new_profile
+            if new_profile.peak_bytes <= budget or plan.status == "infeasible":
+                break
+            extra += new_profile.peak_bytes - budget   # interactions the model missed: ask for more
+        return best_graph, best_profile, plans
+
+    def options(self, graph: GraphIR, ctx: PassContext, timeline: StepTimeline, profile: MemoryProfile) -> list[Option]:
+        """Every swap, recompute and placement the planner may choose, with its savings and cost."""
+        out: list[Option] = []
+        makespan = max(timeline.end_s.values(), default=0.0)
+        if "swap" in self.kinds and ctx.host is not None:
+            for c in SwapActivations(link=self.link).candidates_over_gaps(graph, ctx, timeline):
+                back = min(timeline.end_s[p.trigger] for p in c.prefetches if p.trigger)
+                transfer = sum(p.transfer_s for p in c.prefetches) + self.link.transfer_s(c.nbytes)
+                cost = sum(p.exposed_s for p in c.prefetches) + TRANSFER_OVERHEAD_SHARE * transfer
+                out.append(Option("swap", str(c.tensor), c.nbytes, cost,
+                                  ((c.idle_from_s, back, c.nbytes),), c))
+        if "recompute" in self.kinds:
+            for p in Recompute().candidates_over_gaps(graph, ctx, timeline):
+                start = max([timeline.end_s[p.tensor.node]] + [timeline.end_s[c] for c in p.early_readers])
+                back = min(timeline.end_s[trigger] for _, trigger in p.groups)
+                out.append(Option("recompute", str(p.tensor), p.nbytes, p.compute_s * len(p.groups),
+                                  ((start, back, p.nbytes),), p))
+        if "place" in self.kinds and ctx.host is not None:
+            usable = trigger_candidates(graph, timeline)
+            placement = Placement(ctx.device, ctx.host)
+            for g in persistent_groups(graph, timeline.eg, placement, PlacePersistent().min_bytes):
+                reads, _ = plan_group_prefetches(graph, g, timeline, usable, self.link)
+                windows = sorted(
+                    (timeline.end_s[p.trigger] if p.trigger else 0.0, max(timeline.end_s[c] for c in p.consumers),
+                     graph.spec(t).nbytes or 0)
+                    for t, prefetches in reads for p in prefetches)
+                savings = _minus_windows(g.nbytes, windows, makespan)
+                transfer = sum(p.transfer_s for _, ps in reads for p in ps) + self.link.transfer_s(g.nbytes)
+                cost = sum(p.exposed_s for _, ps in reads for p in ps) + TRANSFER_OVERHEAD_SHARE * transfer
+                out.append(Option("place", ",".join(g.roots), g.nbytes, cost, savings, g))
+        return out
+
+    def solve(self, options: Sequence[Option], profile: MemoryProfile, budget: int) -> PlanResult:
+        """Choose options that cover every over-budget moment of ``profile`` at the least cost."""
+        segments, excess = _over_budget_segments(profile, options, budget)
+        cover = [[(i, _saving_in(o, segments[s])) for i, o in enumerate(options)] for s in range(len(excess))]
+        cover = [[(i, b) for i, b in row if b > 0] for row in cover]
+        greedy = _greedy(options, cover, excess)
+        heuristic_cost = sum(options[i].cost_s for i in greedy)
+        feasible = all(sum(b for _, b in row) >= need for row, need in zip(cover, excess, strict=True))
+        if not self.use_solver or not excess:
+            status = "heuristic" if feasible else "infeasible"
+            return PlanResult(tuple(options[i] for i in greedy), status, 0.0, heuristic_cost, heuristic_cost)
+        if not feasible:
+            return PlanResult(tuple(options[i] for i in greedy), "infeasible", 0.0, heuristic_cost, heuristic_cost)
+        problem = pulp.LpProblem("tfmem_plan", pulp.LpMinimize)
+        x = [problem.add_variable(f"x{i}", cat="Binary") for i in range(len(options))]
+        # A tiny charge per byte breaks ties toward moving less.
+        problem += pulp.lpSum((o.cost_s + o.nbytes * 1e-15) * x[i] for i, o in enumerate(options))
+        for row, need in zip(cover, excess, strict=True):
+            problem += pulp.lpSum(b * x[i] for i, b in row) >= need
+        by_tensor: dict[str, list[int]] = {}
+        for i, o in enumerate(options):
+            by_tensor.setdefault(o.key, []).append(i)
+        for members in by_tensor.values():
+            if len(members) > 1:
+                problem += pulp.lpSum(x[i] for i in members) <= 1
+        chosen_greedy = set(greedy)
+        for i, var in enumerate(x):
+            var.setInitialValue(1 if i in chosen_greedy else 0)
+        with warnings.catch_warnings():  # PuLP 3.3 deprecates its bundled CBC; it is still the one installed
+            warnings.simplefilter("ignore", DeprecationWarning)
+            solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=self.time_limit_s, warmStart=True)
+        started = time.perf_counter()
+        problem.solve(solver)
+        elapsed = time.perf_counter() - started
+        status = pulp.LpStatus[problem.status]
+        if status != "Optimal" or problem.sol_status != pulp.LpSolutionOptimal:
+            return PlanResult(tuple(options[i] for i in greedy), "heuristic (solver timed out)", elapsed,
+                              heuristic_cost, heuristic_cost)
+        picked = [i for i, var in enumerate(x) if (var.value() or 0) > 0.5]
+        cost = sum(options[i].cost_s for i in picked)
+        return PlanResult(tuple(options[i] for i in picked), "optimal", elapsed, cost, heuristic_cost)
+
+
+def apply_options(graph: GraphIR, chosen: Sequence[Option], timeline: StepTimeline, host: str | None,
+                  link: costmodel.DeviceSpec) -> GraphIR:
+    """Apply host placements, then swaps, then recomputations (each on the previous result)."""
+    groups = [o.payload for o in chosen if o.kind == "place"]
+    swaps = [o.payload for o in chosen if o.kind == "swap"]
+    recomputes = [o.payload for o in chosen if o.kind == "recompute"]
+    if groups and host is not None:
+        graph = place_groups(graph, groups, timeline, host, link)  # type: ignore[arg-type]
+    if swaps and host is not None:
+        graph = apply_swaps(graph, swaps, host)  # type: ignore[arg-type]
+    if recomputes:
+        graph = apply_recompute(graph, recomputes)  # type: ignore[arg-type]
+    return graph
+
+
+def _minus_windows(nbytes: int, windows: list[tuple[float, float, int]], end: float) -> tuple[tuple[float, float, int], ...]:
+    """Savings of a host-placed group: all of it, except what its prefetched copies hold while in use."""
+    pieces, cursor = [], 0.0
+    for start, stop, held in windows:
+        if start > cursor:
+            pieces.append((cursor, start, nbytes))
+        pieces.append((start, stop, max(nbytes - held, 0)))
+        cursor = max(cursor, stop)
+    if cursor < end:
+        pieces.append((cursor, end + 1.0, nbytes))
+    return tuple(p for p in pieces if p[1] > p[0])
+
+
+def _over_budget_segments(profile: MemoryProfile, options: Sequence[Option], budget: int,
+                          ) -> tuple[list[tuple[float, float]], list[int]]:
+    """Split time where any option's saving changes; keep the segments whose memory exceeds ``budget``."""
+    cuts = sorted({0.0} | {t for o in options for s, e, _ in o.savings for t in (s, e)})
+    need: dict[int, int] = {}
+    for time_s, device_bytes, _host, _unit in profile.timeline:
+        if device_bytes > budget:
+            seg = max(bisect.bisect_right(cuts, time_s) - 1, 0)
+            need[seg] = max(need.get(seg, 0), device_bytes - budget)
+    segments = [(cuts[s], cuts[s + 1] if s + 1 < len(cuts) else float("inf")) for s in sorted(need)]
+    return segments, [need[s] for s in sorted(need)]
+
+
+def _saving_in(option: Option, segment: tuple[float, float]) -> int:
+    start, stop = segment
+    return max((b for s, e, b in option.savings if s <= start and stop <= e), default=0)
+
+
+def _greedy(options: Sequence[Option], cover: list[list[tuple[int, int]]], excess: list[int]) -> list[int]:
+    """Cheapest bytes first, until every segment is covered (or the options run out)."""
+    remaining = list(excess)
+    by_option: dict[int, list[tuple[int, int]]] = {}
+    for s, row in enumerate(cover):
+        for i, b in row:
+            by_option.setdefault(i, []).append((s, b))
+    chosen, used_keys = [], set()
+    order = sorted(by_option, key=lambda i: options[i].cost_s / max(options[i].nbytes, 1))
+    for i in order:
+        if all(r <= 0 for r in remaining):
+            break
+        if options[i].key in used_keys or not any(remaining[s] > 0 for s, _ in by_option[i]):
+            continue
+        chosen.append(i)
+        used_keys.add(options[i].key)
+        for s, b in by_option[i]:
+            remaining[s] -= b
+    return chosen
+
+
+def _report(name: str, before: GraphIR, after: GraphIR, start: MemoryProfile, end: MemoryProfile,
+            plans: list[PlanResult], label: str, budget: int) -> PassReport:
+    final = plans[-1] if plans else PlanResult((), "none", 0.0, 0.0, 0.0)
+    met = "meets" if end.peak_bytes <= budget else "still above"
+    counts: dict[str, int] = {}
+    for o in final.chosen:
+        counts[o.kind] = counts.get(o.kind, 0) + 1
+    notes = (
+        f"plan ({label}): " + (", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "nothing chosen")
+        + f"; solver {final.status} in {sum(p.solve_s for p in plans):.1f} s over {len(plans)} round(s); "
+        f"estimated overhead {final.objective_s * 1e3:.1f} ms per step (heuristic plan: "
+        f"{final.heuristic_objective_s * 1e3:.1f} ms)",
+        f"simulated peak {format_bytes(start.peak_bytes)} -> {format_bytes(end.peak_bytes)}, {met} the budget",
+    )
+    details: dict[str, object] = {
+        "decisions": [{"kind": o.kind, "tensor": o.key, "bytes": o.nbytes, "cost_s": o.cost_s} for o in final.chosen],
+        "solver_status": final.status, "solve_s": sum(p.solve_s for p in plans),
+        "objective_s": final.objective_s, "heuristic_objective_s": final.heuristic_objective_s,
+        "order": label,
+    }
+    return PassReport(name, True, nodes_added=len(after) - len(before), notes=notes, details=details,
+                      bytes_moved=sum(o.nbytes for o in final.chosen if o.kind != "recompute"))
