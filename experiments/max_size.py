@@ -101,7 +101,7 @@ def families(tiny: bool) -> dict[str, Family]:
                  else {"batch": 32, "freq": 32, "rnn_layers": 1, "hidden": 512, "cell": "rnn"})
     return {
         "moe": Family("moe", "experts per MoE layer", moe_transformer.build, lambda e: {"experts": e},
-                      lambda e: e, "experts", "2MiB" if tiny else "48MiB", 2, 2, 16 if tiny else 512, 1,
+                      lambda e: e, "experts", "2MiB" if tiny else "64MiB", 2, 2, 16 if tiny else 512, 1,
                       {"top_k": 2, **moe_kwargs}),
         "resnet16": _resnet("resnet16", 16, tiny),
         "resnet32": _resnet("resnet32", 32, tiny),
