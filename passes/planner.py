@@ -213,7 +213,7 @@ class Planner:
         problem.solve(solver)
         elapsed = time.perf_counter() - started
         status = pulp.LpStatus[problem.status]
-        if status != "Optimal" or problem.sol_status != pulp.LpSolutionOptimal:
+        if status != "Optimal":  # CBC stopped at its time limit without proving optimality
             return PlanResult(tuple(options[i] for i in greedy), "heuristic (solver timed out)", elapsed,
                               heuristic_cost, heuristic_cost)
         picked = [i for i, var in enumerate(x) if (var.value() or 0) > 0.5]
