@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--link-mbps", type=float, default=None, help="per-worker budget in MB/s for every case")
     ap.add_argument("--target-frac", type=float, default=0.75)
     args = ap.parse_args(argv)
-    repeats = args.repeats or (1 if args.tiny else 3)
+    repeats = args.repeats or (1 if args.tiny else 5)
     cases = TINY if args.tiny else FULL
     record: dict[str, Any] = {
         "command": "python -m experiments.managed_comm " + " ".join(argv or sys.argv[1:]),

@@ -41,3 +41,4 @@ def test_orion_vs_dataparallel_tiny(tmp_path):
     assert orion[-1] < orion[0]
     # the targets are the serial run's RMSE after N epochs, so serial reaches target N at epoch N
     assert run["table"]["serial"]["epochs_to_target"] == {n: float(n) for n in run["targets"]}
+    assert run["table"]["serial"]["interpolated_epochs"] == {n: float(n) for n in run["targets"]}
