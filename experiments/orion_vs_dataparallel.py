@@ -159,7 +159,8 @@ def markdown(rec: dict[str, Any]) -> str:
                   "| method | " + " | ".join(f"N={n} (RMSE {t:.4f})" for n, t in targets.items()) + " | final RMSE |",
                   "|---|" + "---|" * (len(targets) + 1)]
         for label, row in run["table"].items():
-            cells = [_cell(row["epochs_to_target"][n], "g") + " (" + _cell(row["interpolated_epochs"][n], ".2f") + ")"
+            cells = [_cell(row["epochs_to_target"][n], "g") + ("" if row["interpolated_epochs"][n] is None else
+                                                             f" ({row['interpolated_epochs'][n]:.2f})")
                      for n in targets]
             lines.append(f"| {label} | " + " | ".join(cells) + f" | {row['final_rmse']:.4f} |")
         lines += ["", f"## lr {lr}: seconds to target", "",
