@@ -13,6 +13,7 @@ has Bösen's background communication thread (``clock()`` returns at once).  Set
 * ``managed: magnitude``: between clocks a background flusher spends the budget the link would leave idle
   on the rows with the largest relative change ``sum |delta| / sum |value|`` (Bösen); the server pushes
   the changed rows to the other workers' caches, so reads between clocks see them;
+* ``managed: absolute``: the same, rows with the largest accumulated change ``sum |delta|`` first;
 * ``managed: consumption``: the same, rows in the order this worker read them in its previous clock (P3);
 * ``managed: random``: the same, rows in random order (no prioritisation; what prioritisation adds).
 
@@ -71,6 +72,7 @@ def settings(link: float) -> dict[str, ClientOptions]:
     return {"plain SSP": ClientOptions(**common, async_send=True),
             "plain SSP, sync send": ClientOptions(**common),
             "managed: magnitude": ClientOptions(**managed, policy="magnitude"),
+            "managed: absolute": ClientOptions(**managed, policy="absolute"),
             "managed: consumption": ClientOptions(**managed, policy="consumption"),
             "managed: random": ClientOptions(**managed, policy="random")}
 
@@ -126,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         "tiny": args.tiny, "parameters": {"staleness": STALENESS, "repeats": repeats, "target_frac": args.target_frac,
                                           "flush_interval_s": FLUSH_INTERVAL_S, "burst_s": BURST_S},
         "results": {}}
-    with tqdm(total=repeats * len(cases) * 5, desc="managed_comm", disable=None) as bar:
+    with tqdm(total=repeats * len(cases) * len(settings(1.0)), desc="managed_comm", disable=None) as bar:
         for name, base in cases.items():
             cfg = dict(base, link_mbps=args.link_mbps or base["link_mbps"])
             record["parameters"][name] = cfg

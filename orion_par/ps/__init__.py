@@ -4,8 +4,8 @@ Tables of dense or sparse rows; each worker ``get``s rows, ``inc``s them and cal
 every clock.  Stale Synchronous Parallel: with staleness ``s`` a worker at clock ``c`` reads values that
 include every update made before clock ``c - s`` (``s=0`` is BSP, ``s=None`` is ASP); see
 ``orion_par.ps.param_server`` for the exact invariant.  Managed communication spends a bandwidth budget
-between clocks on the rows that matter most (``policy="magnitude"`` or ``"consumption"``; ``"random"`` is
-the unprioritised baseline).  The same logic runs on two transports: ``LocalPS`` (threads in this process,
+between clocks on the rows that matter most (``policy="magnitude"``, ``"absolute"`` or ``"consumption"``;
+``"random"`` is the unprioritised baseline).  The same logic runs on two transports: ``LocalPS`` (threads in this process,
 the default) and ``RayPS`` (actors).
 
 >>> import numpy as np

@@ -55,7 +55,7 @@ class ClientOptions:
 
     bandwidth_bytes_per_s : float, optional
         Emulated link budget (``None``: unlimited).
-    policy : {"magnitude", "consumption", "random"}, optional
+    policy : {"magnitude", "absolute", "consumption", "random"}, optional
         Managed communication: spend spare budget between clocks on these rows first (``None``: plain
         SSP, everything waits for ``clock()``).
     burst_bytes : int, optional

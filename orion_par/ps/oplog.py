@@ -8,6 +8,7 @@ clock boundary when there is bandwidth to spare; which rows go first is the poli
   updates matter most to readers);
 * ``"consumption"``: the rows that will be read soonest first, estimated by the order in which this worker
   first read each row during its previous clock (P3, SysML'19: layers consumed first are sent first);
+* ``"absolute"``: largest accumulated change first, ``sum |delta|`` (rows whose values moved most);
 * ``"random"``: no priority, dirty rows in random order (Bösen's baseline for prioritisation).
 """
 
@@ -21,8 +22,8 @@ import numpy as np
 
 from orion_par.ps.tables import BadTableError, RowSet, Store, TableSpec, make_store
 
-Policy = Literal["magnitude", "consumption", "random"]
-POLICIES: tuple[str, ...] = ("magnitude", "consumption", "random")
+Policy = Literal["magnitude", "absolute", "consumption", "random"]
+POLICIES: tuple[str, ...] = ("magnitude", "absolute", "consumption", "random")
 _TINY = 1e-12  # a row whose cached value is all zeros still gets a finite, very high priority
 
 
@@ -187,6 +188,8 @@ def priority_candidates(log: OpLog, values: Mapping[str, Store], policy: str, or
             continue
         if policy == "magnitude":
             scores = magnitude_scores(log.deltas[table], values[table], rows)
+        elif policy == "absolute":
+            scores = log.deltas[table].abs_sums(rows)
         elif policy == "random":
             scores = log.rng.random(rows.size)
         else:

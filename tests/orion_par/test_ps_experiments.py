@@ -25,8 +25,8 @@ def test_managed_comm_tiny(tmp_path):
     assert set(res["results"]) == {"lda", "mf"}
     for case in res["results"].values():
         table = case["table"]
-        assert set(table) == {"plain SSP", "plain SSP, sync send", "managed: magnitude", "managed: consumption",
-                              "managed: random"}
+        assert set(table) == {"plain SSP", "plain SSP, sync send", "managed: magnitude", "managed: absolute",
+                              "managed: consumption", "managed: random"}
         assert table["plain SSP"]["early_share"] == 0 and table["managed: magnitude"]["early_share"] > 0
         # the same updates leave every setting; early sending can only add bytes (rows sent again)
         assert all(row["bytes_sent"] >= table["plain SSP"]["bytes_sent"] for row in table.values())

@@ -172,6 +172,17 @@ def test_token_bucket_message_waits_its_transmission_time():
     assert b.take(5) <= 0.0005  # the link has carried the first message's bytes by now
 
 
+def test_absolute_priority_orders_by_accumulated_change():
+    spec = TableSpec("t", 3, 2)
+    log = OpLog([spec])
+    values = {"t": make_store(spec)}
+    values["t"].add(np.array([0, 1, 2]), np.array([[100.0, 0.0], [1.0, 0.0], [10.0, 0.0]]))
+    log.add("t", np.array([0, 1, 2]), np.array([[10.0, -1.0], [0.5, 0.0], [0.2, 0.1]]))  # |delta|: 11, 0.5, 0.3
+    cands = priority_candidates(log, values, "absolute", ConsumptionOrder())
+    assert cands["t"][1].round(3).tolist() == [11.0, 0.5, 0.3]  # the cached values do not matter
+    assert [r.tolist() for _, r in select(cands, 2 * spec.row_bytes)] == [[0, 1]]
+
+
 def test_random_policy_scores_every_dirty_row():
     spec = TableSpec("t", 6, 1)
     log = OpLog([spec])
