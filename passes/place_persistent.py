@@ -22,9 +22,13 @@ Examples
 >>> from tfmem.loading import load
 >>> from tfmem.pipeline import PassContext
 >>> built = moe_layer(experts=8)
->>> ctx = PassContext(tuple(built.fetches), device_budget_bytes=1 << 20, host="/job:host/task:0/device:CPU:0")
->>> result = PlacePersistent().run(load(built.graph), ctx)
->>> result.changed, len(result.report.details["moved"]) > 8
+>>> ir = load(built.graph)
+>>> device, host = "/job:worker/task:0/device:CPU:0", "/job:host/task:0/device:CPU:0"
+>>> ctx = PassContext(tuple(built.fetches), None, device, host, inter_op_threads=1)
+>>> peak = ctx.simulate(ir).peak_bytes
+>>> ctx = PassContext(tuple(built.fetches), int(peak * 0.8), device, host, inter_op_threads=1)
+>>> result = PlacePersistent().run(ir, ctx)
+>>> result.changed, ctx.simulate(result.graph).peak_bytes <= peak * 0.8
 (True, True)
 """
 

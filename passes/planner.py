@@ -17,7 +17,8 @@ The solver starts from the greedy heuristic's plan (cheapest bytes first) and ha
 runs out, the heuristic plan is used and the report says so. The chosen plan is applied and re-simulated:
 options interact (a swap-in lands while another tensor is back), so if the peak is still over the budget the
 excess is added to the requirement and the plan is solved again, a few times. If the budget stays out of
-reach with the chosen parallelism limit, the planner retries with one partition at a time.
+reach, the planner retries with the large device ops chained one after another (their working sets then
+never add up), and finally repairs the best plan greedily, re-simulating after each step.
 
 Requires: a budget (without one it leaves the graph alone). Ensures: the same values are computed.
 """
@@ -33,8 +34,6 @@ from typing import ClassVar
 
 import pulp
 
-from passes.limit_parallelism import LimitParallelism
-from passes.partition import Partition
 from passes.place_persistent import (
     PersistentGroup,
     PlacePersistent,
@@ -48,6 +47,8 @@ from passes.timeline import StepTimeline
 from passes.transfer import trigger_candidates
 from tfmem import costmodel
 from tfmem.devices import Placement
+from tfmem.editor import GraphEditor
+from tfmem.execution import ALIAS_OPS, PERSISTENT_OUTPUT_OPS, VARIABLE_READ_OPS
 from tfmem.ir import GraphIR
 from tfmem.memsim import MemoryProfile
 from tfmem.pipeline import PassContext, PassReport, PassResult
@@ -56,6 +57,8 @@ from tfmem.units import format_bytes
 # Swapped bytes also cost CPU time to copy even when the transfer overlaps compute (more so on the testbed,
 # whose "link" is gRPC on the same cores); this share of the transfer time is charged as overhead.
 TRANSFER_OVERHEAD_SHARE = 0.25
+# Ops that allocate nothing of their own (views, reads of variables): chaining them orders nothing useful.
+UNCHAINED_OPS = ALIAS_OPS | VARIABLE_READ_OPS | PERSISTENT_OUTPUT_OPS
 
 
 @dataclass(frozen=True)
@@ -105,9 +108,9 @@ class Planner:
                 best = (new, new_profile, plans, label)
             if new_profile.peak_bytes <= budget:
                 break
-            if label == "as ordered":  # serialise: one partition at a time frees what parallel branches hold
-                serial = LimitParallelism(k=1).run(Partition().run(graph, ctx).graph, ctx).graph
-                attempts.append(("one partition at a time", serial, ctx.simulate(serial)))
+            if label == "as ordered":  # serialise: ops that run side by side hold their working sets together
+                serial = serialize_large_ops(graph, ctx)
+                attempts.append(("large ops one at a time", serial, ctx.simulate(serial)))
         assert best is not None
         if best[1].peak_bytes > budget:  # the model missed interactions: repair greedily, re-simulating each step
             repaired = best[0]
@@ -219,6 +222,27 @@ class Planner:
         picked = [i for i, var in enumerate(x) if (var.value() or 0) > 0.5]
         cost = sum(options[i].cost_s for i in picked)
         return PlanResult(tuple(options[i] for i in picked), "optimal", elapsed, cost, heuristic_cost)
+
+
+def serialize_large_ops(graph: GraphIR, ctx: PassContext, min_bytes: int = 64 * 1024) -> GraphIR:
+    """Chain the device ops that allocate ``min_bytes`` or more in their one-thread simulated order.
+
+    Each waits for the previous one (a control edge, skipped where a data edge already orders them), so
+    their working sets no longer add up when the executor has threads to spare. The order is the one-thread
+    schedule, which is topological, so the edges cannot close a cycle.
+    """
+    profile = ctx.simulate(graph, inter_op_threads=1)
+    timeline = StepTimeline.build(graph, ctx.fetches, profile, ctx.feed_shapes)
+    placement = Placement(ctx.device, ctx.host)
+    big = [u for u in timeline.order if not timeline.eg.is_region(u)
+           and placement.domain(graph[u].device) == "device"
+           and sum(o.nbytes or 0 for o in graph[u].outputs) >= min_bytes
+           and graph[u].op not in UNCHAINED_OPS]
+    editor = GraphEditor(graph)
+    for previous, current in zip(big, big[1:], strict=False):
+        if previous not in graph[current].predecessors:
+            editor.add_control_inputs(current, [previous])
+    return editor.finish()
 
 
 def apply_options(graph: GraphIR, chosen: Sequence[Option], timeline: StepTimeline, host: str | None,

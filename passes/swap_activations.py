@@ -14,12 +14,17 @@ carries ``_grappler_do_not_remove``; control edges point forward in a topologica
 Examples
 --------
 >>> from tfmem.examples import mlp
+>>> from tfmem.loading import load
 >>> from tfmem.pipeline import PassContext
->>> built = mlp(batch=256, dims=(1024, 1024, 1024, 1024, 10))
->>> ir = tfmem.load(built.graph)
->>> ctx = PassContext(tuple(built.fetches), device_budget_bytes=20 * 2**20, host="/job:host/task:0/device:CPU:0")
->>> result = SwapActivations().run(ir, ctx)                 # doctest: +SKIP
->>> result.report.details["swapped"][:2]                     # doctest: +SKIP
+>>> built = mlp(batch=2048, dims=(256, 512, 512, 512, 10))   # activations outweigh the weights
+>>> ir = load(built.graph)
+>>> device, host = "/job:worker/task:0/device:CPU:0", "/job:host/task:0/device:CPU:0"
+>>> ctx = PassContext(tuple(built.fetches), None, device, host, inter_op_threads=1)
+>>> peak = ctx.simulate(ir).peak_bytes
+>>> ctx = PassContext(tuple(built.fetches), int(peak * 0.9), device, host, inter_op_threads=1)
+>>> result = SwapActivations().run(ir, ctx)
+>>> result.changed, ctx.simulate(result.graph).peak_bytes <= peak * 0.9
+(True, True)
 """
 
 from __future__ import annotations

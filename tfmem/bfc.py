@@ -62,6 +62,7 @@ class BFCAllocator:
         self.peak_bytes = 0
         self._handles: dict[int, _Chunk] = {}
         self._next_handle = 0
+        self.failures = 0          # requests no free chunk could serve within the limit (TF: out of memory)
         if not allow_growth:  # TF's first region (2 MiB), then the rest in one: what the testbed reserves
             self._extend(INITIAL_REGION)
             self.next_region = limit_bytes - self.region_bytes
@@ -75,6 +76,7 @@ class BFCAllocator:
             self._extend(size)
             chunk = self._find(size)
         if chunk is None:  # beyond the limit: count it anyway so the simulator can report the overshoot
+            self.failures += 1
             chunk = _Chunk(-1 - self._next_handle, size, -1)
         chunk.in_use = True
         self.in_use_bytes += chunk.size

@@ -23,11 +23,18 @@ def op_working_set_bytes(graph: GraphIR, name: str) -> int:
 
 
 def largest_working_set(eg: ExecutionGraph) -> tuple[str, int]:
-    """The executed op with the largest working set, and that set's bytes."""
+    """The executed op with the largest working set, and that set's bytes, fed tensors included.
+
+    Fed tensors arrive before the step and stay on the device to its end (TF never forwards or frees them
+    early), so they count at every op, not only at the ops that read them.
+    """
+    fed = {t: rounded_bytes(eg.graph.spec(t).nbytes or 0) for t in eg.fed}
     best = ("", 0)
     for name in eg.needed:
         if eg.unit_of[name] == name:
-            size = op_working_set_bytes(eg.graph, name)
+            node = eg.graph[name]
+            size = op_working_set_bytes(eg.graph, name) if node.op not in ALIAS_OPS else 0
+            size += sum(n for t, n in fed.items() if t not in node.inputs)
             if size > best[1]:
                 best = (name, size)
     return best

@@ -86,6 +86,7 @@ class MemoryProfile:
     instrument: str = "simulator"
     notes: tuple[str, ...] = ()
     estimated_step_s: float = 0.0   # cost-model step time with intra-op parallelism (see step_time_estimate)
+    allocation_failures: int = 0    # with ``device_memory``: requests no chunk could serve (out of memory)
 
     @property
     def transient_peak_bytes(self) -> int:
@@ -120,6 +121,7 @@ def simulate(
     grappler: bool = True,
     config: config_pb2.ConfigProto | None = None,
     cores: int | None = None,
+    device_memory: int | None = None,
 ) -> MemoryProfile:
     """Simulate one step of ``graph`` computing ``fetches`` and return its ``MemoryProfile``.
 
@@ -136,6 +138,9 @@ def simulate(
     grappler : simulate the graph as the session runs it, after Grappler's rewrites (``tfmem.grappler``)
     config : the ``ConfigProto`` the session will use (its rewrite options steer Grappler)
     cores : compute cores for the step-time estimate (default: this machine's)
+    device_memory : the device's capacity, laid out as the testbed's BFC (a 2 MiB region, then the rest);
+        requests that no free chunk can serve are counted in ``MemoryProfile.allocation_failures`` (TF would
+        raise out-of-memory there, even when the total in use is below the capacity: fragmentation)
 
     Raises
     ------
@@ -154,7 +159,7 @@ def simulate(
     cores = cores or os.cpu_count() or 1
     # Passes score one graph object more than once (a pass, then optimize's own before/after): keep the answer.
     key = (id(ir), tuple(fetch_names), tuple(sorted(feed_names)), device, host,
-           None if order is None else tuple(order), inter_op_threads, cost_device, cores)
+           None if order is None else tuple(order), inter_op_threads, cost_device, cores, device_memory)
     cached = _PROFILES.get(key) if not grappler else None
     if cached is not None and cached[0] is ir:
         return cached[1]
@@ -167,7 +172,7 @@ def simulate(
         gpu = "GPU" in (device or "").upper()  # TF's GPU kernels all count as cheap: everything runs inline
         sched = emulate(eg.units, eg.unit_preds, eg.unit_succs, durations.__getitem__,
                         (lambda u: False) if gpu else expensive.__getitem__, inter_op_threads)
-    profile = _Replay(eg, placement).run(sched)
+    profile = _Replay(eg, placement, device_memory).run(sched)
     # A fixed order is one thread's schedule: its length is the estimate (and scoring orders stays cheap).
     step = sched.makespan_s if order is not None else step_time_estimate(eg, durations, expensive, cores)
     profile = dataclasses.replace(profile, estimated_step_s=step)
@@ -187,10 +192,12 @@ _PROFILES_KEPT = 8
 class _Replay:
     """Replays a schedule, tracking buffers per memory domain ("device", "host", "other")."""
 
-    def __init__(self, eg: ExecutionGraph, placement: Placement) -> None:
+    def __init__(self, eg: ExecutionGraph, placement: Placement, device_memory: int | None = None) -> None:
         self.eg, self.graph = eg, eg.graph
         self.domain = {u: placement.domain(self.graph[eg.members[u][0]].device) for u in eg.units}
         self.allocators = {d: BFCAllocator() for d in ("device", "host", "other")}
+        if device_memory is not None:
+            self.allocators["device"] = BFCAllocator(limit_bytes=device_memory)
         self.persistent = {"device": 0, "host": 0, "other": 0}
         self.buffers: dict[tuple[TensorRef, str], _Buffer] = {}   # (tensor, domain) -> buffer
         self.var_storage: dict[str, _Buffer] = {}
@@ -350,6 +357,7 @@ class _Replay:
             live_at_peak=tuple(tensors), persistent_bytes=self.persistent["device"],
             host_peak_bytes=self.peak["host"], host_persistent_bytes=self.persistent["host"],
             timeline=tuple(self.timeline), schedule=sched, notes=notes,
+            allocation_failures=self.allocators["device"].failures,
         )
 
 

@@ -7,6 +7,7 @@ custom CPU convolution gradients work through an im2col buffer sized to a ~30 Mi
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from math import ceil, prod
 
@@ -30,7 +31,7 @@ FORWARDING_OPS: dict[str, tuple[int, ...]] = {
 }
 
 _WORKING_SET_BYTES = 30 << 20      # target working set of the custom conv-gradient kernels
-_PARALLEL_CONTRACTION_MIN = 16384  # elements per image above which backprop-input contracts per image
+_L2_CACHE_BYTES = 256 << 10        # TF's l2_cache_size: per-thread work above it, backprop-input goes per image
 
 
 def _dims(graph: GraphIR, node: OpNode, index: int) -> tuple[int, ...]:
@@ -65,7 +66,8 @@ def _conv_backprop_input(node: OpNode, graph: GraphIR) -> list[int]:
     out_image = grad[1] * grad[2]
     filter_total = filt[0] * filt[1] * filt[2]
     work_unit = out_image * filter_total + filter_total * grad[3] + out_image * grad[3]
-    parallel = grad[0] == 1 or out_image * filter_total >= _PARALLEL_CONTRACTION_MIN
+    threads = os.cpu_count() or 1  # TF divides the work unit among the intra-op pool's threads
+    parallel = grad[0] == 1 or work_unit // threads >= _L2_CACHE_BYTES // itemsize
     shard = 1 if parallel else ceil((_WORKING_SET_BYTES // itemsize) / work_unit)
     return [shard * out_image * filter_total * itemsize]
 

@@ -13,6 +13,7 @@ from tensorflow.core.framework import graph_pb2
 from tensorflow.core.protobuf import config_pb2
 
 from tfmem.bounds import largest_working_set
+from tfmem.devices import DEFAULT_DEVICE, same_device
 from tfmem.errors import BadInputError, InfeasibleBudgetError
 from tfmem.execution import ExecutionGraph, parse_fetches
 from tfmem.ir import GraphIR
@@ -27,11 +28,16 @@ from tfmem.units import format_bytes, parse_bytes
 # Above this many ops, running Grappler offline for the before/after simulations costs more than the passes
 # (4.5-6 s per call at 20,000 ops here); the report then simulates the graph as written and says so.
 GRAPPLER_SIMULATION_MAX_OPS = 10_000
-# The plan must fit the budget minus this margin: the simulator is within about 3% of measured peaks, and the
-# real executor may order ready ops differently from the emulated one (see DESIGN.md). 5% covers both on the
-# graphs of experiments/results/simulator_accuracy.md and planner_guarantee.md.
+# The plan must fit the budget minus this margin: the simulator is within about 3% of measured peaks, the
+# real executor may order ready ops differently from the emulated one (see DESIGN.md), and TF's BFC fails
+# near its cap before the sum of live tensors reaches it (measured: an MLP whose plan peaks at 15.0 MiB ran
+# out of memory with an 18 MiB cap and ran with 20 MiB). Hence 5%, and never less than 4 MiB.
 SAFETY_MARGIN = 0.05
-SAFETY_MARGIN_MIN_BYTES = 256 * 1024
+SAFETY_MARGIN_MIN_BYTES = 4 * 2**20
+# Replayed on the device's own allocator layout, a plan must also leave this share free (and no request
+# unserved); otherwise it is planned again for less, at most CAPACITY_RETRIES times.
+CAPACITY_SLACK = 0.02
+CAPACITY_RETRIES = 2
 
 
 def planning_budget(budget: int) -> int:
@@ -125,25 +131,46 @@ def optimize(
     True
     """
     budget_bytes = parse_bytes(budget, what="budget") if budget is not None else None
+    if host is not None and device is None and same_device(DEFAULT_DEVICE, host):
+        raise BadInputError(f"host={host!r} could also name the device that unplaced ops run on; pass "
+                            "device= as well, e.g. device='/GPU:0', host='/CPU:0'")
     ir = load(graph, feed_shapes)
     fetch_list = [fetches] if isinstance(fetches, str) else [str(getattr(f, "name", f)) for f in fetches]
     parse_fetches(ir, fetch_list)  # fail early, with the fetch's name, on a typo
     faithful = len(ir) <= GRAPPLER_SIMULATION_MAX_OPS if grappler is None else grappler
     target = planning_budget(budget_bytes) if budget_bytes is not None else None
-    ctx = PassContext(tuple(fetch_list), target, device, host,
-                      {k: tuple(v) for k, v in (feed_shapes or {}).items()}, check=check,
-                      inter_op_threads=inter_op_threads, grappler=faithful)
-    before = ctx.simulate(ir)
-    new_ir, reports = run_pipeline(ir, resolve_passes(passes), ctx)
-    new_ir = strip_tags(new_ir)
-    after = ctx.simulate(new_ir) if any(r.changed for r in reports) else before
+    shapes = {k: tuple(v) for k, v in (feed_shapes or {}).items()}
+    notes: list[str] = []
+    for _ in range(CAPACITY_RETRIES + 1):
+        ctx = PassContext(tuple(fetch_list), target, device, host, shapes, check=check,
+                          inter_op_threads=inter_op_threads, grappler=faithful)
+        before = ctx.simulate(ir)
+        new_ir, reports = run_pipeline(ir, resolve_passes(passes), ctx)
+        new_ir = strip_tags(new_ir)
+        after = ctx.simulate(new_ir) if any(r.changed for r in reports) else before
+        if budget_bytes is None or target is None or after.peak_bytes > target:
+            break
+        # The plan fits in total; check it against the device's real layout, where a request needs one free
+        # chunk and a nearly full BFC hands out whole chunks. Too tight there: plan again for less.
+        capped = ctx.simulate(new_ir, device_memory=budget_bytes)
+        room = budget_bytes - max(int(budget_bytes * CAPACITY_SLACK), SAFETY_MARGIN_MIN_BYTES // 4)
+        if capped.allocation_failures == 0 and capped.peak_bytes <= room:
+            break
+        shortfall = max(capped.peak_bytes - room, budget_bytes // 50)
+        notes.append(f"a plan for {format_bytes(target)} left too little room in the device's allocator "
+                     f"({format_bytes(capped.peak_bytes)} of {format_bytes(budget_bytes)} in chunks"
+                     f"{', a request unserved' if capped.allocation_failures else ''}); planned again for less")
+        target -= shortfall
+    else:
+        target = -1  # every retry was too tight: refuse below
     report = Report(budget_bytes, before, after, reports)
+    report.notes.extend(notes)
     if not faithful:
         report.notes.append(f"simulated as written, without Grappler's rewrites ({len(ir)} ops; "
                             "pass grappler=True to simulate what the session runs, slower on large graphs)")
     if budget_bytes is not None:
-        report.notes.append(f"planned for {format_bytes(target or 0)}: the budget less a "
-                            f"{SAFETY_MARGIN:.0%} safety margin for allocator rounding and executor order")
+        report.notes.append(f"planned for {format_bytes(max(target or 0, 0))}: the budget less a safety margin "
+                            "for allocator rounding, fragmentation and executor order")
     if target is not None and budget_bytes is not None and after.peak_bytes > target:
         raise _infeasible(new_ir, ctx, budget_bytes, after)
     graph_def = new_ir.to_graph_def()

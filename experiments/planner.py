@@ -1,0 +1,171 @@
+"""Benchmark: the budget planner's guarantee, its smallest budgets, and its plans against single strategies.
+
+Three tables (issue 5), written to experiments/results/planner.{json,md}:
+
+1. **Guarantee.** For each graph and a ladder of budgets (fractions of vanilla's measured peak), run
+   ``tfmem.optimize(budget=B)``; where it accepts, run the result in a testbed of exactly ``B`` and record
+   whether it ran out of memory; where it refuses, record the lower bound it reports. The smallest accepted
+   budget is compared with that lower bound.
+2. **Strategies at equal budget.** At one budget per graph, measured step time of the planner's plan vs
+   swap-only and recompute-only plans (``passes=["partition", "limit_parallelism", X]``).
+3. **Solver vs heuristic.** The MIP's estimated overhead vs the greedy heuristic's on the same model.
+
+    python -m experiments.planner            # full run (~15 minutes on 2 cores)
+    python -m experiments.planner --tiny     # CI smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from tqdm import tqdm  # noqa: E402
+
+import tfmem  # noqa: E402
+from experiments._common import RESULTS, provenance, write  # noqa: E402
+from tfmem import examples  # noqa: E402
+from tfmem.testbed import DEVICE, HOST, Testbed  # noqa: E402
+from tfmem.units import format_bytes  # noqa: E402
+
+MiB = 2**20
+FRACTIONS = (0.9, 0.75, 0.6, 0.5, 0.4, 0.3)
+STRATEGIES = {
+    "planner": "auto",
+    "swap only": ["partition", "limit_parallelism", "swap_activations"],
+    "recompute only": ["partition", "limit_parallelism", "recompute"],
+}
+
+
+def graphs(tiny: bool) -> dict[str, examples.Built]:
+    if tiny:
+        return {"mlp-small": examples.mlp(batch=1024, dims=(256, 1024, 1024, 10))}
+    from models import transformer
+
+    return {
+        "MLP 6x1536 (momentum)": examples.mlp(batch=1024, dims=(512,) + (1536,) * 5 + (10,), optimizer="momentum"),
+        "residual convnet": examples.residual_convnet(batch=32, size=32, channels=32, blocks=3),
+        "U-Net": examples.unet(batch=8, size=64, channels=16, levels=3),
+        "unrolled RNN (24 steps)": examples.unrolled_rnn(steps=24, batch=256, hidden=512, inputs=256),
+        "Transformer (4 layers)": transformer.build(layers=4, seq=64, batch=16, d_model=128, d_ff=512),
+    }
+
+
+def _optimize(built: examples.Built, budget: int, passes: object) -> tfmem.Optimized | tfmem.InfeasibleBudgetError:
+    try:
+        return tfmem.optimize(built.graph, built.fetches, budget=budget, feed_shapes=built.feed_shapes,
+                              device=DEVICE, host=HOST, passes=passes)  # type: ignore[arg-type]
+    except tfmem.InfeasibleBudgetError as e:
+        return e
+
+
+def guarantee(built: examples.Built, peak: int, fractions: tuple[float, ...], steps: int) -> list[dict[str, object]]:
+    rows = []
+    for f in fractions:
+        budget = max(math.floor(peak * f / MiB), 2) * MiB
+        result = _optimize(built, budget, "auto")
+        if isinstance(result, tfmem.InfeasibleBudgetError):
+            rows.append({"fraction": f, "budget_bytes": budget, "accepted": False,
+                         "lower_bound_bytes": result.lower_bound_bytes, "best_peak_bytes": result.best_peak_bytes})
+            continue
+        with Testbed(budget) as tb:
+            run = tb.run(result.graph, built.fetches, built.feeds, steps=steps)
+        planner = next((p for p in result.report.passes if p.name == "planner"), None)
+        rows.append({"fraction": f, "budget_bytes": budget, "accepted": True, "oom": run.oom,
+                     "measured_peak_bytes": run.device_peak_bytes, "step_s": run.step_time_s,
+                     "simulated_peak_bytes": result.report.after.peak_bytes,
+                     "solver": planner.details.get("solver_status") if planner and planner.changed else None,
+                     "objective_s": planner.details.get("objective_s") if planner and planner.changed else None,
+                     "heuristic_objective_s": (planner.details.get("heuristic_objective_s")
+                                               if planner and planner.changed else None),
+                     "solve_s": planner.details.get("solve_s") if planner and planner.changed else None})
+    return rows
+
+
+def strategies(built: examples.Built, budget: int, steps: int) -> dict[str, object]:
+    out: dict[str, object] = {"budget_bytes": budget}
+    for label, passes in STRATEGIES.items():
+        result = _optimize(built, budget, passes)
+        if isinstance(result, tfmem.InfeasibleBudgetError):
+            out[label] = {"refused": True, "best_peak_bytes": result.best_peak_bytes}
+            continue
+        with Testbed(budget) as tb:
+            run = tb.run(result.graph, built.fetches, built.feeds, steps=steps)
+        out[label] = {"refused": False, "oom": run.oom, "step_s": run.step_time_s,
+                      "measured_peak_bytes": run.device_peak_bytes}
+    return out
+
+
+def markdown(result: dict[str, object]) -> str:
+    lines = ["# Budget planner: guarantee, smallest budget, and plans compared", "",
+             f"Command: `{result['provenance']['command']}`. Budgets are fractions of vanilla's measured testbed "
+             "peak; accepted plans run in a testbed of exactly that budget. Memory: testbed allocator "
+             "(measured) and simulator; step time: median testbed wall time.", "",
+             "## Guarantee and smallest accepted budget", "",
+             "| graph | vanilla peak | accepted budgets (measured peak, OOM?) | refused budgets (lower bound) "
+             "| smallest accepted / lower bound |", "|---|---:|---|---|---:|"]
+    for name, g in result["graphs"].items():
+        acc = [r for r in g["guarantee"] if r["accepted"]]
+        ref = [r for r in g["guarantee"] if not r["accepted"]]
+        acc_s = ", ".join(f"{format_bytes(r['budget_bytes'])} ({format_bytes(r['measured_peak_bytes'] or 0)}"
+                          f"{', OOM' if r['oom'] else ''})" for r in acc) or "-"
+        ref_s = ", ".join(f"{format_bytes(r['budget_bytes'])} ({format_bytes(r['lower_bound_bytes'])})"
+                          for r in ref) or "-"
+        bound = max((r["lower_bound_bytes"] for r in ref), default=None)
+        smallest = min((r["budget_bytes"] for r in acc), default=None)
+        ratio = f"{smallest / bound:.2f}x" if smallest and bound else "-"
+        lines.append(f"| {name} | {format_bytes(g['vanilla_peak_bytes'])} | {acc_s} | {ref_s} | {ratio} |")
+    lines += ["", "## Solver vs greedy heuristic (estimated overhead per step, cost model)", "",
+              "| graph | budget | solver status | solve time | MIP plan | heuristic plan | heuristic / MIP |",
+              "|---|---:|---|---:|---:|---:|---:|"]
+    for name, g in result["graphs"].items():
+        for r in g["guarantee"]:
+            if r.get("objective_s") is None:
+                continue
+            mip, heur = r["objective_s"], r["heuristic_objective_s"]
+            lines.append(f"| {name} | {format_bytes(r['budget_bytes'])} | {r['solver']} | {r['solve_s']:.2f} s "
+                         f"| {mip * 1e3:.1f} ms | {heur * 1e3:.1f} ms | {heur / mip:.2f} |" if mip else
+                         f"| {name} | {format_bytes(r['budget_bytes'])} | {r['solver']} | {r['solve_s']:.2f} s "
+                         f"| 0 ms | {heur * 1e3:.1f} ms | - |")
+    lines += ["", "## Strategies at equal budget (measured step time)", "",
+              "| graph | budget | " + " | ".join(STRATEGIES) + " |", "|---|---:|" + "---:|" * len(STRATEGIES)]
+    for name, g in result["graphs"].items():
+        s = g.get("strategies")
+        if not s:
+            continue
+        cells = []
+        for label in STRATEGIES:
+            r = s[label]
+            cells.append("refused" if r["refused"] else ("OOM" if r["oom"] else f"{r['step_s'] * 1e3:.0f} ms"))
+        lines.append(f"| {name} | {format_bytes(s['budget_bytes'])} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiny", action="store_true", help="one small graph, two budgets (CI smoke)")
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--out", default=str(RESULTS))
+    args = parser.parse_args(argv)
+    fractions = (0.7, 0.3) if args.tiny else FRACTIONS
+    result: dict[str, object] = {"provenance": provenance(argv), "fractions": fractions, "graphs": {}}
+    for name, built in tqdm(graphs(args.tiny).items(), desc="graphs", unit="graph"):
+        with Testbed("2GiB") as tb:
+            peak = tb.run(built.graph, built.fetches, built.feeds, steps=1).device_peak_bytes or 0
+        rows = guarantee(built, peak, fractions, args.steps)
+        entry: dict[str, object] = {"vanilla_peak_bytes": peak, "guarantee": rows}
+        accepted = [r for r in rows if r["accepted"]]
+        if accepted and not args.tiny:  # compare strategies at the tightest budget the planner accepted
+            entry["strategies"] = strategies(built, min(r["budget_bytes"] for r in accepted), args.steps)
+        result["graphs"][name] = entry
+    paths = write("planner_tiny" if args.tiny else "planner", result, markdown(result), Path(args.out))
+    print(markdown(result))
+    print("wrote", *paths)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
