@@ -56,15 +56,25 @@ def moe_layer(x: tf.Tensor, experts: int, d_ff: int, top_k: int, capacity: int, 
         order = tf.constant(np.arange(tokens, 0, -1, dtype=np.float32)[:, None], name="token_order")
         scores = tf.unstack(routed * order, axis=1)                                          # E x (T,)
         weights = tf.split(weight, experts, axis=1)                                          # E x (T, 1)
-        outputs = []
+        dispatches = []
         for e in range(experts):
             kept, index = tf.math.top_k(scores[e], k=capacity, sorted=True, name=f"dispatch{e}")
             # (C, T) one-hot rows of the kept tokens. Matmuls rather than gather/scatter: their gradients
             # (IndexedSlices, UnsortedSegmentSum) have shapes computed at run time, which no plan can size.
-            dispatch = tf.one_hot(index, tokens) * tf.cast(kept > 0.0, tf.float32)[:, None]
-            h = feed_forward(tf.matmul(dispatch, flat), d_ff, f"expert{e}", seeds)         # (C, d_model)
-            outputs.append(tf.matmul(dispatch, h * tf.matmul(dispatch, weights[e]), transpose_a=True))
-        combined = tf.add_n(outputs, name="combine")                                         # (T, d_model)
+            dispatches.append(tf.one_hot(index, tokens) * tf.cast(kept > 0.0, tf.float32)[:, None])
+        # Dispatch and combine are one matmul each over all experts' rows, (E*C, T): per-expert matmuls against
+        # the shared (T, d_model) tokens would make E gradients of that full size, all alive until summed, so
+        # memory would grow with the expert count. (tf.stack, not tf.concat: concat's gradient splits at sizes
+        # known only at run time.)
+        rows = experts * capacity
+        dispatch_all = tf.reshape(tf.stack(dispatches), (rows, tokens), name="dispatch_all")
+        expert_inputs = tf.unstack(tf.reshape(tf.matmul(dispatch_all, flat), (experts, capacity, d_model)))
+        expert_outputs = []
+        for e in range(experts):
+            h = feed_forward(expert_inputs[e], d_ff, f"expert{e}", seeds)                  # (C, d_model)
+            expert_outputs.append(h * tf.matmul(dispatches[e], weights[e]))                # gate-weighted
+        combined = tf.matmul(dispatch_all, tf.reshape(tf.stack(expert_outputs), (rows, d_model)),
+                             transpose_a=True, name="combine")                            # (T, d_model)
         fraction = tf.reduce_mean(routed, axis=0) / top_k
         balance = experts * tf.reduce_sum(fraction * tf.reduce_mean(gates, axis=0), name="balance_loss")
         return tf.reshape(combined, shape), balance
