@@ -87,7 +87,7 @@ class Planner:
     """Meet ``ctx.device_budget_bytes`` at the least estimated step time (see the module docstring)."""
 
     name: ClassVar[str] = "planner"
-    time_limit_s: float = 30.0
+    time_limit_s: float = 20.0       # CBC's time over all rounds; the greedy plan is used when it runs out
     rounds: int = 4
     use_solver: bool = True
     kinds: tuple[str, ...] = ("swap", "recompute", "place")
@@ -100,6 +100,7 @@ class Planner:
         profile = ctx.simulate(graph)
         if profile.peak_bytes <= budget:
             return PassResult(graph, False, PassReport.empty(self.name, "already within the budget"))
+        started = time.perf_counter()
         attempts = [("as ordered", graph, profile)]
         best: tuple[GraphIR, MemoryProfile, list[PlanResult], str] | None = None
         for label, start, start_profile in attempts:
@@ -125,7 +126,9 @@ class Planner:
         chosen = plans[-1].chosen if plans else ()
         if not chosen and new is graph:
             return PassResult(graph, False, PassReport.empty(self.name, "no option frees memory at the peak"))
-        return PassResult(new, True, _report(self.name, graph, new, profile, new_profile, plans, label, budget))
+        report = _report(self.name, graph, new, profile, new_profile, plans, label, budget)
+        report.details["planner_s"] = time.perf_counter() - started
+        return PassResult(new, True, report)
 
     def _plan(self, graph: GraphIR, profile: MemoryProfile, ctx: PassContext,
               ) -> tuple[GraphIR, MemoryProfile, list[PlanResult]]:
@@ -136,7 +139,8 @@ class Planner:
         best_graph, best_profile = graph, profile
         extra = 0
         for _ in range(self.rounds):
-            plan = self.solve(options, profile, budget - extra)
+            left = self.time_limit_s - sum(p.solve_s for p in plans)  # the solver's time is shared by rounds
+            plan = self.solve(options, profile, budget - extra, time_limit_s=left)
             plans.append(plan)
             if plan.status == "infeasible" and not plan.chosen:
                 break
@@ -181,15 +185,16 @@ class Planner:
                 out.append(Option("place", ",".join(g.roots), g.nbytes, cost, savings, g))
         return out
 
-    def solve(self, options: Sequence[Option], profile: MemoryProfile, budget: int) -> PlanResult:
+    def solve(self, options: Sequence[Option], profile: MemoryProfile, budget: int,
+              time_limit_s: float | None = None) -> PlanResult:
         """Choose options that cover every over-budget moment of ``profile`` at the least cost."""
+        time_limit_s = self.time_limit_s if time_limit_s is None else time_limit_s
         segments, excess = _over_budget_segments(profile, options, budget)
-        cover = [[(i, _saving_in(o, segments[s])) for i, o in enumerate(options)] for s in range(len(excess))]
-        cover = [[(i, b) for i, b in row if b > 0] for row in cover]
+        cover = _cover(options, segments)
         greedy = _greedy(options, cover, excess)
         heuristic_cost = sum(options[i].cost_s for i in greedy)
         feasible = all(sum(b for _, b in row) >= need for row, need in zip(cover, excess, strict=True))
-        if not self.use_solver or not excess:
+        if not self.use_solver or not excess or time_limit_s < 1.0:
             status = "heuristic" if feasible else "infeasible"
             return PlanResult(tuple(options[i] for i in greedy), status, 0.0, heuristic_cost, heuristic_cost)
         if not feasible:
@@ -211,7 +216,7 @@ class Planner:
             var.setInitialValue(1 if i in chosen_greedy else 0)
         with warnings.catch_warnings():  # PuLP 3.3 deprecates its bundled CBC; it is still the one installed
             warnings.simplefilter("ignore", DeprecationWarning)
-            solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=self.time_limit_s, warmStart=True)
+            solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, warmStart=True)
         started = time.perf_counter()
         problem.solve(solver)
         elapsed = time.perf_counter() - started
@@ -286,28 +291,41 @@ def _over_budget_segments(profile: MemoryProfile, options: Sequence[Option], bud
     return segments, [need[s] for s in sorted(need)]
 
 
-def _saving_in(option: Option, segment: tuple[float, float]) -> int:
-    start, stop = segment
-    return max((b for s, e, b in option.savings if s <= start and stop <= e), default=0)
+def _cover(options: Sequence[Option], segments: list[tuple[float, float]]) -> list[list[tuple[int, int]]]:
+    """Per segment, the options whose savings span it whole, with the bytes each frees there."""
+    starts = [a for a, _ in segments]
+    ends = [b for _, b in segments]
+    rows: list[dict[int, int]] = [{} for _ in segments]
+    for i, o in enumerate(options):
+        for s, e, b in o.savings:
+            if b <= 0:
+                continue
+            # segments are sorted and disjoint: those with start >= s and end <= e form one run
+            for k in range(bisect.bisect_left(starts, s), bisect.bisect_right(ends, e)):
+                if starts[k] >= s and ends[k] <= e:
+                    rows[k][i] = max(rows[k].get(i, 0), b)
+    return [sorted(r.items()) for r in rows]
 
 
 def _greedy(options: Sequence[Option], cover: list[list[tuple[int, int]]], excess: list[int]) -> list[int]:
     """Cheapest bytes first, until every segment is covered (or the options run out)."""
     remaining = list(excess)
+    unmet = sum(1 for r in remaining if r > 0)
     by_option: dict[int, list[tuple[int, int]]] = {}
     for s, row in enumerate(cover):
         for i, b in row:
             by_option.setdefault(i, []).append((s, b))
     chosen, used_keys = [], set()
-    order = sorted(by_option, key=lambda i: options[i].cost_s / max(options[i].nbytes, 1))
-    for i in order:
-        if all(r <= 0 for r in remaining):
+    for i in sorted(by_option, key=lambda i: options[i].cost_s / max(options[i].nbytes, 1)):
+        if unmet == 0:
             break
         if options[i].key in used_keys or not any(remaining[s] > 0 for s, _ in by_option[i]):
             continue
         chosen.append(i)
         used_keys.add(options[i].key)
         for s, b in by_option[i]:
+            if remaining[s] > 0 >= remaining[s] - b:
+                unmet -= 1
             remaining[s] -= b
     return chosen
 

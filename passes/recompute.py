@@ -180,18 +180,19 @@ class Recompute:
                 return True
             return any(timeline.rank[c] >= first_late for c in eg.consumers(s) if c not in chain)
 
-        def visit(name: str) -> bool:
+        def visit(name: str, depth: int) -> bool:
             if name in chain:
                 return True
-            if len(chain) >= self.max_chain or not is_recomputable(graph, name) or eg.is_region(eg.unit_of[name]):
+            if (depth >= self.max_chain or len(chain) >= self.max_chain or not is_recomputable(graph, name)
+                    or eg.is_region(eg.unit_of[name])):
                 return False
             for s in graph[name].inputs:
-                if not available(s) and not visit(s.node):
+                if not available(s) and not visit(s.node, depth + 1):
                     return False
             chain.append(name)
             return True
 
-        return tuple(chain) if visit(producer) else None
+        return tuple(chain) if visit(producer, 0) else None
 
 
 def apply_recompute(graph: GraphIR, plans: list[RecomputePlan]) -> GraphIR:

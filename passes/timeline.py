@@ -35,6 +35,10 @@ from tfmem.execution import ExecutionGraph
 from tfmem.ir import GraphIR
 from tfmem.memsim import MemoryProfile
 
+# How far past the first unit that ends early enough a trigger search keeps looking for a later-ending one
+# (ops that overlap in a multi-thread schedule end out of rank order, but only among near neighbours).
+SCAN_PAST_EARLY = 64
+
 
 @dataclass(frozen=True)
 class StepTimeline:
@@ -99,6 +103,8 @@ class StepTimeline:
         late: str | None = None    # ends after the deadline (but before the consumer), as early as possible
         for r in range(self.rank[consumer] - 1, not_before, -1):
             u = self.order[r]
+            if early is not None and r < self.rank[early] - SCAN_PAST_EARLY:
+                break  # ends only get earlier this far back (up to a few overlapping ops)
             if not usable.get(u, False):
                 continue
             end = self.end_s[u]

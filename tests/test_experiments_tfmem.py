@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from experiments import optimize_speed, partition_parallelism, run_all
+from experiments import moe_placement, optimize_speed, partition_parallelism, planner, run_all, swap_placement
 
 
 @pytest.mark.testbed
@@ -28,3 +28,31 @@ def test_optimize_speed_tiny(tmp_path):
 def test_run_all_finds_the_experiments():
     names = run_all.experiment_names()
     assert {"partition_parallelism", "optimize_speed"} <= set(names) and "run_all" not in names
+
+
+@pytest.mark.testbed
+def test_swap_placement_tiny(tmp_path):
+    assert swap_placement.main(["--tiny", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "swap_placement_tiny.json").read_text())
+    (row,) = data["graphs"].values()
+    if "refused" not in row["tfmem"]:  # accepted: vanilla runs out of memory, tfmem does not, same outputs
+        assert row["vanilla"]["oom"] and not row["tfmem"]["oom"] and row["outputs_identical"]
+        assert row["tfmem"]["peak_bytes"] <= row["budget_bytes"]
+    assert "| mlp-small |" in (tmp_path / "swap_placement_tiny.md").read_text()
+
+
+@pytest.mark.testbed
+def test_planner_tiny_never_runs_out_of_memory_when_it_accepts(tmp_path):
+    assert planner.main(["--tiny", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "planner_tiny.json").read_text())
+    rows = data["graphs"]["mlp-small"]["guarantee"]
+    assert rows and all(not r["oom"] for r in rows if r["accepted"])
+    assert all(r["lower_bound_bytes"] > 0 for r in rows if not r["accepted"])
+
+
+@pytest.mark.testbed
+def test_moe_placement_tiny(tmp_path):
+    assert moe_placement.main(["--tiny", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "moe_placement_tiny.json").read_text())
+    assert [r["experts"] for r in data["rows"]] == [2, 4]
+    assert all(not r["tfmem"]["oom"] for r in data["rows"] if "refused" not in r["tfmem"])
