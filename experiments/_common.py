@@ -40,3 +40,20 @@ def write(name: str, result: dict[str, Any], markdown: str, out_dir: Path = RESU
     json_path.write_text(json.dumps(result, indent=2, default=str) + "\n")
     md_path.write_text(markdown)
     return json_path, md_path
+
+
+def testbed_run(budget: int, graph: Any, built: Any, steps: int, step_timeout_s: float = 300.0) -> Any:
+    """Run ``graph`` (fetches and feeds from ``built``) on a fresh testbed capped at ``budget``.
+
+    A device server that crashes (TF's gRPC receive path can crash instead of raising out-of-memory) or a step
+    that exceeds ``step_timeout_s`` is a failed run: ``oom=True`` with the reason in ``error``, never hidden.
+    """
+    from tfmem.errors import TestbedError
+    from tfmem.testbed import RunResult, Testbed
+
+    try:
+        with Testbed(budget, step_timeout_s=step_timeout_s) as tb:
+            return tb.run(graph, built.fetches, built.feeds, steps=steps)
+    except TestbedError as e:
+        return RunResult(oom=True, error=f"testbed failure: {str(e).splitlines()[0][:200]}", device_peak_bytes=None,
+                         host_peak_bytes=None, step_time_s=None)

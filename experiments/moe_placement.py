@@ -21,7 +21,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from tqdm import tqdm  # noqa: E402
 
 import tfmem  # noqa: E402
-from experiments._common import RESULTS, provenance, write  # noqa: E402
+from experiments._common import RESULTS, provenance, testbed_run, write  # noqa: E402
 from models import moe_transformer  # noqa: E402
 from tfmem.testbed import DEVICE, HOST, Testbed  # noqa: E402
 from tfmem.units import format_bytes  # noqa: E402
@@ -61,12 +61,11 @@ def main(argv: list[str] | None = None) -> int:
         except tfmem.InfeasibleBudgetError as e:
             opt, row["tfmem"] = None, {"refused": str(e).split(";")[0]}
         row["optimize_s"] = time.perf_counter() - started
-        with Testbed(budget) as tb:
-            runs = {"vanilla": tb.run(built.graph, built.fetches, built.feeds, steps=args.steps)}
-            if opt is not None:
-                runs["tfmem"] = tb.run(opt.graph, built.fetches, built.feeds, steps=args.steps)
+        runs = {"vanilla": testbed_run(budget, built.graph, built, args.steps)}
+        if opt is not None:
+            runs["tfmem"] = testbed_run(budget, opt.graph, built, args.steps)
         for label, r in runs.items():
-            row[label] = {"oom": r.oom, "device_peak_bytes": r.device_peak_bytes, "host_peak_bytes": r.host_peak_bytes,
+            row[label] = {"oom": r.oom, "error": r.error, "device_peak_bytes": r.device_peak_bytes, "host_peak_bytes": r.host_peak_bytes,
                           "step_s": r.step_time_s}
         if opt is not None:
             planner = next((p for p in opt.report.passes if p.name == "planner" and p.changed), None)

@@ -27,13 +27,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from tqdm import tqdm  # noqa: E402
 
 import tfmem  # noqa: E402
-from experiments._common import RESULTS, provenance, write  # noqa: E402
+from experiments._common import RESULTS, provenance, testbed_run, write  # noqa: E402
 from tfmem import examples  # noqa: E402
 from tfmem.testbed import DEVICE, HOST, Testbed  # noqa: E402
 from tfmem.units import format_bytes  # noqa: E402
 
 MiB = 2**20
-FRACTIONS = (0.9, 0.75, 0.6, 0.5, 0.4, 0.3)
+FRACTIONS = (0.9, 0.7, 0.5, 0.35)
 STRATEGIES = {
     "planner": "auto",
     "swap only": ["partition", "limit_parallelism", "swap_activations"],
@@ -72,10 +72,9 @@ def guarantee(built: examples.Built, peak: int, fractions: tuple[float, ...], st
             rows.append({"fraction": f, "budget_bytes": budget, "accepted": False,
                          "lower_bound_bytes": result.lower_bound_bytes, "best_peak_bytes": result.best_peak_bytes})
             continue
-        with Testbed(budget) as tb:
-            run = tb.run(result.graph, built.fetches, built.feeds, steps=steps)
+        run = testbed_run(budget, result.graph, built, steps)
         planner = next((p for p in result.report.passes if p.name == "planner"), None)
-        rows.append({"fraction": f, "budget_bytes": budget, "accepted": True, "oom": run.oom,
+        rows.append({"fraction": f, "budget_bytes": budget, "accepted": True, "oom": run.oom, "error": run.error,
                      "measured_peak_bytes": run.device_peak_bytes, "step_s": run.step_time_s,
                      "simulated_peak_bytes": result.report.after.peak_bytes,
                      "solver": planner.details.get("solver_status") if planner and planner.changed else None,
@@ -93,8 +92,7 @@ def strategies(built: examples.Built, budget: int, steps: int) -> dict[str, obje
         if isinstance(result, tfmem.InfeasibleBudgetError):
             out[label] = {"refused": True, "best_peak_bytes": result.best_peak_bytes}
             continue
-        with Testbed(budget) as tb:
-            run = tb.run(result.graph, built.fetches, built.feeds, steps=steps)
+        run = testbed_run(budget, result.graph, built, steps)
         out[label] = {"refused": False, "oom": run.oom, "step_s": run.step_time_s,
                       "measured_peak_bytes": run.device_peak_bytes}
     return out

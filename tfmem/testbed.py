@@ -361,6 +361,9 @@ class Testbed:
     def _settle(self) -> None:
         """Free the last run's state; restart the servers if that does not bring the device back to idle."""
         current = -1
+        if not all(p.alive() for p in self._procs.values()):  # a reset would wait on a dead master forever
+            self._restart(self._running_inter_op)
+            return
         try:
             tf.compat.v1.Session.reset(self.target)
             for _ in range(10):  # graph deregistration may lag the reset a little
