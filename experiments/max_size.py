@@ -338,8 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true", help="small models and budget: a smoke run")
     parser.add_argument("--budget", help="testbed device budget, e.g. 64MiB (default: the family's)")
     parser.add_argument("--passes", default="auto", help="'auto', 'none' or a comma-separated list of passes")
-    parser.add_argument("--plan-fraction", type=float, default=0.9,
-                        help="tfmem plans for this fraction of the budget, leaving room for the allocator")
+    parser.add_argument("--plan-fraction", type=float, default=1.0,
+                        help="give optimize this fraction of the budget (optimize keeps its own safety margin)")
     parser.add_argument("--steps", type=int, help="timed steps per probe (default 2, tiny 1)")
     parser.add_argument("--max-size", type=int, help="largest size to try (default: the family's)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

@@ -60,7 +60,7 @@ def test_tiny_moe_run_writes_both_sides(tmp_path):
     assert vanilla["largest_experts"] == 4 and vanilla["device_peak_bytes"] <= 2 * 2**20
     assert vanilla["samples_per_s"] > 0
     probes = {(r["mode"], r["size"]): r for r in data["probes"]}
-    assert set(probes) == {("vanilla", 2), ("vanilla", 4), ("tfmem", 4)}
+    assert {("vanilla", 2), ("vanilla", 4), ("tfmem", 4)} <= set(probes)   # tfmem may also try smaller sizes
     tuned = probes[("tfmem", 4)]
     assert tuned["status"] in ("ok", "refused")      # refused: no pass found a plan under the budget
     if tuned["status"] == "ok":
