@@ -42,7 +42,7 @@ def write(name: str, result: dict[str, Any], markdown: str, out_dir: Path = RESU
     return json_path, md_path
 
 
-def testbed_run(budget: int, graph: Any, built: Any, steps: int, step_timeout_s: float = 300.0) -> Any:
+def testbed_run(budget: int, graph: Any, built: Any, steps: int, step_timeout_s: float = 120.0) -> Any:
     """Run ``graph`` (fetches and feeds from ``built``) on a fresh testbed capped at ``budget``.
 
     A device server that crashes (TF's gRPC receive path can crash instead of raising out-of-memory) or a step

@@ -338,18 +338,22 @@ class Testbed:
         config.operation_timeout_in_ms = int(self.step_timeout_s * 1000)
         if init:  # own session: closing it frees the init graph's Const kernels; variables stay in the worker
             with tf.compat.v1.Session(self.target, graph=g, config=config) as sess:
-                sess.run(init)
+                sess.run(init, options=tf.compat.v1.RunOptions(timeout_in_ms=int(self.step_timeout_s * 1000)))
         times, values = [], []
+        # Per call too: a distributed session does not apply operation_timeout_in_ms to its RunStep RPC, and a
+        # device server that crashes mid-step (TF's gRPC receive path can crash instead of raising OOM) would
+        # otherwise leave this call waiting forever.
+        options = tf.compat.v1.RunOptions(timeout_in_ms=int(self.step_timeout_s * 1000))
         with tf.compat.v1.Session(self.target, graph=g, config=config) as sess:
             # Warm-up first: the master runs Grappler on it, in the device process, and constant folding's
             # temporaries would otherwise count. Kernels' Const tensors and variables stay resident, so
             # resetting the peak afterwards still counts them.
-            sess.run(fetches, feeds)
+            sess.run(fetches, feeds, options=options)
             for proc in self._procs.values():
                 proc.call("reset")
             for _ in range(steps):
                 start = time.perf_counter()
-                values = sess.run(fetches, feeds)
+                values = sess.run(fetches, feeds, options=options)
                 times.append(time.perf_counter() - start)
             device, host = (self._procs[j].call("stats") for j in ("worker", "host"))
         self._settle()
