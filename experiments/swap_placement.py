@@ -25,7 +25,7 @@ from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2  # noqa: E4
 from tqdm import tqdm  # noqa: E402
 
 import tfmem  # noqa: E402
-from experiments._common import RESULTS, provenance, write  # noqa: E402
+from experiments._common import RESULTS, provenance, testbed_run, write  # noqa: E402
 from tfmem import examples  # noqa: E402
 from tfmem.measure import grappler_peak  # noqa: E402
 from tfmem.testbed import DEVICE, HOST, Testbed  # noqa: E402
@@ -77,14 +77,14 @@ def run_case(built: examples.Built, fraction: float, fits: float, steps: int, ti
         return row
     row["simulated_bytes"] = {"vanilla": opt.report.before.peak_bytes, "tfmem": opt.report.after.peak_bytes}
     row["passes"] = {p.name: list(p.notes) for p in opt.report.passes if p.changed}
-    with Testbed(budget) as tb:
+    with Testbed(budget, step_timeout_s=120.0) as tb:
         runs = {"vanilla": tb.run(built.graph, fetches, feeds, steps=steps)}
         if not tiny:
             for label, mode in TF_MODES.items():
                 runs[label] = tb.run(built.graph, fetches, feeds, steps=steps, config=tf_memory_optimizer(mode))
-        runs["tfmem"] = tb.run(opt.graph, fetches, feeds, steps=steps)
+    runs["tfmem"] = testbed_run(budget, opt.graph, built, steps)   # a crashed server is a recorded failure
     for label, r in runs.items():
-        row[label] = {"oom": r.oom, "peak_bytes": r.device_peak_bytes, "step_s": r.step_time_s}
+        row[label] = {"oom": r.oom, "error": r.error, "peak_bytes": r.device_peak_bytes, "step_s": r.step_time_s}
     with Testbed(ROOMY) as tb:
         roomy = tb.run(opt.graph, fetches, feeds, steps=steps)
     row["outputs_identical"] = bool(vanilla.outputs) and all(
@@ -116,7 +116,8 @@ def markdown(result: dict[str, object]) -> str:
         "virtual-GPU estimate. Step time: median testbed wall time.",
         "",
         "| graph | budget | vanilla | TF swapping | TF heuristics | tfmem | tfmem sim | tfmem step / vanilla roomy "
-        "| identical outputs | Grappler vanilla / tfmem | where vanilla fits: tfmem/vanilla step |",
+        "| identical outputs | Grappler vanilla / tfmem (tfmem fits where vanilla does not) "
+        "| where vanilla fits: tfmem/vanilla step |",
         "|---|---:|---|---|---|---|---:|---:|---|---|---:|",
     ]
 
@@ -138,7 +139,8 @@ def markdown(result: dict[str, object]) -> str:
             f"| {name} | {format_bytes(row['budget_bytes'])} | {cell(row['vanilla'])} "
             f"| {cell(row.get('TF swapping heuristics'))} | {cell(row.get('TF heuristics'))} | {cell(t)} "
             f"| {format_bytes(row['simulated_bytes']['tfmem'])} | {slow} | {row['outputs_identical']} "
-            f"| {format_bytes(g['vanilla'])} / {format_bytes(g['tfmem'])} | {fit_ratio} |")
+            f"| {format_bytes(g['vanilla'])} / {format_bytes(g['tfmem'])} ({g['tfmem'] < g['vanilla']}) "
+            f"| {fit_ratio} |")
     lines += ["", "What each pass did:", ""]
     for name, row in result["graphs"].items():
         for p, notes in row.get("passes", {}).items():
