@@ -142,6 +142,14 @@ def optimize(
     faithful = len(ir) <= GRAPPLER_SIMULATION_MAX_OPS if grappler is None else grappler
     target = planning_budget(budget_bytes) if budget_bytes is not None else None
     shapes = {k: tuple(v) for k, v in (feed_shapes or {}).items()}
+    if target is not None and budget_bytes is not None:
+        # No rewrite goes below the lower bound, so a plan that simulates under it would be a simulator error
+        # (measured: such plans crashed the testbed). Refuse before planning.
+        ctx = PassContext(tuple(fetch_list), target, device, host, shapes, check=check,
+                          inter_op_threads=inter_op_threads, grappler=faithful)
+        bound, _ = lower_bound_bytes(ir, ctx)
+        if bound > target:
+            raise _infeasible(ir, ctx, budget_bytes, ctx.simulate(ir))
     notes: list[str] = []
     for _ in range(CAPACITY_RETRIES + 1):
         ctx = PassContext(tuple(fetch_list), target, device, host, shapes, check=check,
