@@ -136,7 +136,7 @@ class Planner:
         timeline = StepTimeline.build(graph, ctx.fetches, profile, ctx.feed_shapes)
         options = self.options(graph, ctx, timeline, profile)
         plans: list[PlanResult] = []
-        best_graph, best_profile = graph, profile
+        best_graph, best_profile, best_round = graph, profile, -1
         extra = 0
         for _ in range(self.rounds):
             left = self.time_limit_s - sum(p.solve_s for p in plans)  # the solver's time is shared by rounds
@@ -147,10 +147,12 @@ class Planner:
             new = apply_options(graph, plan.chosen, timeline, ctx.host, self.link)
             new_profile = ctx.simulate(new)
             if new_profile.peak_bytes < best_profile.peak_bytes:
-                best_graph, best_profile = new, new_profile
+                best_graph, best_profile, best_round = new, new_profile, len(plans) - 1
             if new_profile.peak_bytes <= budget or plan.status == "infeasible":
                 break
             extra += new_profile.peak_bytes - budget   # interactions the model missed: ask for more
+        if 0 <= best_round < len(plans) - 1:  # the report describes the plan applied: put it last
+            plans.append(plans.pop(best_round))
         return best_graph, best_profile, plans
 
     def options(self, graph: GraphIR, ctx: PassContext, timeline: StepTimeline, profile: MemoryProfile) -> list[Option]:
