@@ -16,16 +16,23 @@ control input (which also keeps Grappler's duplicate elimination from merging th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.framework import op_def_registry
 
-from passes.swap_activations import device_activations, longest_gap_split, peak_rank, shares_persistent_buffer
+from passes.swap_activations import (
+    GapSplit,
+    Split,
+    device_activations,
+    peak_split,
+    shares_persistent_buffer,
+    split_readers,
+)
 from passes.timeline import StepTimeline
-from passes.transfer import group_consumers, readers_through_identities, trigger_candidates
+from passes.transfer import group_consumers, trigger_candidates
 from tfmem import costmodel
 from tfmem.editor import GraphEditor
 from tfmem.execution import PERSISTENT_OUTPUT_OPS, PLACEHOLDER_OPS
@@ -125,39 +132,27 @@ class Recompute:
     def candidates(self, graph: GraphIR, ctx: PassContext, timeline: StepTimeline, profile: MemoryProfile,
                    exclude: set[TensorRef]) -> list[RecomputePlan]:
         """Tensors idle at the peak that a short chain of stateless ops can rebuild for their late readers."""
-        at_peak = peak_rank(timeline, profile)
-
-        def split(producer: str, readers: list[str]) -> int | None:
-            return None if profile.peak_unit in readers else at_peak
-
-        return self._plans(graph, ctx, timeline, timeline.order[:at_peak + 1], exclude, split)
+        split = peak_split(timeline, profile)
+        return self._plans(graph, ctx, timeline, timeline.order[:split.at_peak + 1], exclude, split)
 
     def candidates_over_gaps(self, graph: GraphIR, ctx: PassContext, timeline: StepTimeline) -> list[RecomputePlan]:
         """Every recomputable activation, split at its longest idle gap (what the planner chooses among)."""
-        return self._plans(graph, ctx, timeline, timeline.order, set(),
-                           lambda producer, readers: longest_gap_split(timeline, producer, readers))
+        return self._plans(graph, ctx, timeline, timeline.order, set(), GapSplit(timeline))
 
     def _plans(self, graph: GraphIR, ctx: PassContext, timeline: StepTimeline, producers: Sequence[str],
-               exclude: set[TensorRef], split: Callable[[str, list[str]], int | None]) -> list[RecomputePlan]:
+               exclude: set[TensorRef], split: Split) -> list[RecomputePlan]:
         usable = trigger_candidates(graph, timeline)
         recomputable = [u for u in producers if is_recomputable(graph, u)]
         out = []
         for t in device_activations(graph, ctx, timeline, recomputable, self.min_bytes, exclude):
-            reads = readers_through_identities(graph, timeline.eg, t)
-            readers = sorted(reads, key=timeline.rank.__getitem__)
-            last_early = split(t.node, readers)
-            if last_early is None:
+            readers = split_readers(graph, timeline, t, split)
+            if readers is None:
                 continue
-            early = tuple(c for c in readers if timeline.rank[c] <= last_early)
-            late = [c for c in readers if timeline.rank[c] > last_early]
-            if not late:
-                continue
-            chain = self._chain(graph, timeline, t.node, timeline.rank[late[0]])
+            chain = self._chain(graph, timeline, t.node, timeline.rank[readers.late[0]])
             if chain is None:
                 continue
-            floor = max([last_early] + [timeline.rank[c] for c in early])
-            groups = []
-            for group in group_consumers(late, timeline, split_gap_s=0.0):
+            floor, groups = readers.floor, []
+            for group in group_consumers(readers.late, timeline, split_gap_s=0.0):
                 first = min(group, key=lambda c: timeline.rank[c])
                 trigger = timeline.trigger_for(first, 0.0, floor, usable)
                 if trigger is None:
@@ -166,8 +161,8 @@ class Recompute:
                 floor = max(timeline.rank[c] for c in group)
             else:
                 compute = sum(costmodel.op_time_s(graph[n], graph, self.cost_device) for n in chain)
-                aliased = {r: read for r, read in reads.items() if read != t}
-                out.append(RecomputePlan(t, graph.spec(t).nbytes or 0, chain, tuple(groups), compute, early, aliased))
+                out.append(RecomputePlan(t, graph.spec(t).nbytes or 0, chain, tuple(groups), compute,
+                                         tuple(readers.early), readers.aliased))
         return out
 
     def _chain(self, graph: GraphIR, timeline: StepTimeline, producer: str, first_late: int) -> tuple[str, ...] | None:

@@ -135,45 +135,30 @@ class SwapActivations:
     def _candidates(self, graph: GraphIR, ctx: PassContext, timeline: StepTimeline,
                     profile: MemoryProfile, exclude: set[TensorRef]) -> list[SwapCandidate]:
         """Tensors resident but idle at the peak: early readers before it, late ones after."""
-        at_peak = peak_rank(timeline, profile)
-
-        def split(producer: str, readers: list[str]) -> int | None:
-            if profile.peak_unit in readers:
-                return None  # in use at the peak
-            return at_peak
-
-        return self._split_candidates(graph, ctx, timeline, timeline.order[:at_peak + 1], exclude, split)
+        split = peak_split(timeline, profile)
+        return self._split_candidates(graph, ctx, timeline, timeline.order[:split.at_peak + 1], exclude, split)
 
     def candidates_over_gaps(self, graph: GraphIR, ctx: PassContext, timeline: StepTimeline) -> list[SwapCandidate]:
         """Every swappable activation, split at its longest idle gap (what the planner chooses among)."""
-        return self._split_candidates(graph, ctx, timeline, timeline.order, set(),
-                                      lambda producer, readers: longest_gap_split(timeline, producer, readers))
+        return self._split_candidates(graph, ctx, timeline, timeline.order, set(), GapSplit(timeline))
 
     def _split_candidates(self, graph: GraphIR, ctx: PassContext, timeline: StepTimeline, producers: Sequence[str],
-                          exclude: set[TensorRef], split: Callable[[str, list[str]], int | None]) -> list[SwapCandidate]:
-        """Candidates whose readers ranked up to ``split(readers)`` are early and the rest are late."""
+                          exclude: set[TensorRef], split: Split) -> list[SwapCandidate]:
+        """Candidates whose readers ``split`` puts early (before the swap) and late (after it)."""
         usable = trigger_candidates(graph, timeline)
         out = []
         for t in device_activations(graph, ctx, timeline, producers, self.min_bytes, exclude):
-            reads = readers_through_identities(graph, timeline.eg, t)
-            readers = sorted(reads, key=timeline.rank.__getitem__)
-            last_early = split(t.node, readers)
-            if last_early is None:
-                continue
-            early = [c for c in readers if timeline.rank[c] <= last_early]
-            late = [c for c in readers if timeline.rank[c] > last_early]
-            if not late:
+            readers = split_readers(graph, timeline, t, split)
+            if readers is None:
                 continue
             nbytes = graph.spec(t).nbytes or 0
-            idle_from = max([timeline.end_s[t.node]] + [timeline.end_s[c] for c in early])
-            groups = group_consumers(late, timeline, split_gap_s=2 * self.link.transfer_s(nbytes))
-            floor = max([last_early] + [timeline.rank[c] for c in early])
-            prefetches = plan_prefetches(groups, nbytes, timeline, self.link, usable, floor)
+            idle_from = max([timeline.end_s[t.node]] + [timeline.end_s[c] for c in readers.early])
+            groups = group_consumers(readers.late, timeline, split_gap_s=2 * self.link.transfer_s(nbytes))
+            prefetches = plan_prefetches(groups, nbytes, timeline, self.link, usable, readers.floor)
             if any(p.trigger is None for p in prefetches):
                 continue
-            idle = timeline.start_s[late[0]] - idle_from
-            aliased = {r: read for r, read in reads.items() if read != t}
-            out.append(SwapCandidate(t, nbytes, max(idle, 0.0), tuple(prefetches), idle_from, aliased))
+            idle = timeline.start_s[readers.late[0]] - idle_from
+            out.append(SwapCandidate(t, nbytes, max(idle, 0.0), tuple(prefetches), idle_from, readers.aliased))
         return out
 
 
@@ -196,6 +181,61 @@ def device_activations(graph: GraphIR, ctx: PassContext, timeline: StepTimeline,
             if readers and all(on_device.get(c, False) for c in readers):  # frames and other devices: leave
                 out.append(t)
     return out
+
+
+# Given a tensor's producer and its readers (in rank order), the rank of the last reader that uses it before it
+# leaves the device; None when it should stay.
+Split = Callable[[str, list[str]], int | None]
+
+
+@dataclass(frozen=True)
+class ReaderSplit:
+    """A tensor's readers before it leaves the device and after it comes back."""
+
+    early: list[str]
+    late: list[str]                     # in rank order
+    floor: int                          # a trigger for the late readers must rank above this
+    aliased: dict[str, TensorRef]       # late or early readers that name an identity of the tensor
+
+
+def split_readers(graph: GraphIR, timeline: StepTimeline, tensor: TensorRef, split: Split) -> ReaderSplit | None:
+    """Readers of ``tensor`` (through identities) split by ``split``; None when none would read it late."""
+    reads = readers_through_identities(graph, timeline.eg, tensor)
+    readers = sorted(reads, key=timeline.rank.__getitem__)
+    last_early = split(tensor.node, readers)
+    if last_early is None:
+        return None
+    early = [c for c in readers if timeline.rank[c] <= last_early]
+    late = [c for c in readers if timeline.rank[c] > last_early]
+    if not late:
+        return None
+    floor = max([last_early] + [timeline.rank[c] for c in early])
+    return ReaderSplit(early, late, floor, {r: read for r, read in reads.items() if read != tensor})
+
+
+@dataclass(frozen=True)
+class PeakSplit:
+    """Early = ranked up to the unit running at the simulated peak (a tensor that peak reads stays)."""
+
+    at_peak: int
+    peak_unit: str
+
+    def __call__(self, producer: str, readers: list[str]) -> int | None:
+        return None if self.peak_unit in readers else self.at_peak
+
+
+def peak_split(timeline: StepTimeline, profile: MemoryProfile) -> PeakSplit:
+    return PeakSplit(peak_rank(timeline, profile), profile.peak_unit)
+
+
+@dataclass(frozen=True)
+class GapSplit:
+    """Early = before the longest wait between two uses (see ``longest_gap_split``)."""
+
+    timeline: StepTimeline
+
+    def __call__(self, producer: str, readers: list[str]) -> int | None:
+        return longest_gap_split(self.timeline, producer, readers)
 
 
 def longest_gap_split(timeline: StepTimeline, producer: str, readers: list[str]) -> int | None:

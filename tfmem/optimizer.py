@@ -149,7 +149,7 @@ def optimize(
                           inter_op_threads=inter_op_threads, grappler=faithful)
         bound, _ = lower_bound_bytes(ir, ctx)
         if bound > target:
-            raise _infeasible(ir, ctx, budget_bytes, ctx.simulate(ir))
+            raise _infeasible(ir, ctx, budget_bytes, ctx.simulate(ir), unplanned=True)
     notes: list[str] = []
     for _ in range(CAPACITY_RETRIES + 1):
         ctx = PassContext(tuple(fetch_list), target, device, host, shapes, check=check,
@@ -197,11 +197,14 @@ def lower_bound_bytes(ir: GraphIR, ctx: PassContext) -> tuple[int, str]:
 
 
 def _infeasible(ir: GraphIR, ctx: PassContext, budget: int, after: MemoryProfile,
-                fragmented: bool = False) -> InfeasibleBudgetError:
+                fragmented: bool = False, unplanned: bool = False) -> InfeasibleBudgetError:
     bound, op = lower_bound_bytes(ir, ctx)
     top = ", ".join(f"{t.tensor} {format_bytes(t.nbytes)}" for t in after.live_at_peak[:3])
     return InfeasibleBudgetError(
-        f"budget {format_bytes(budget)} unreachable: best peak found {format_bytes(after.peak_bytes)} "
+        f"budget {format_bytes(budget)} unreachable: "
+        + ("the lower bound alone exceeds it less its safety margin, so nothing was tried; vanilla peak "
+           if unplanned else "best peak found ")
+        + f"{format_bytes(after.peak_bytes)} "
         f"(simulator; a plan must stay {SAFETY_MARGIN:.0%} under the budget) at {after.peak_unit}; lower bound {format_bytes(bound)} (working set of {op}); "
         f"largest live: {top}. "
         + ("The best plan fits in total but not in the device allocator's chunks with a safe margin. "
