@@ -34,12 +34,9 @@ Examples
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
-
-import tensorflow as tf
 
 from passes.timeline import StepTimeline
 from passes.transfer import (
@@ -55,9 +52,8 @@ from tfmem.devices import Placement
 from tfmem.editor import GraphEditor
 from tfmem.execution import PERSISTENT_OUTPUT_OPS, ExecutionGraph
 from tfmem.ir import GraphIR, OpNode, TensorRef
-from tfmem.memsim import MemoryProfile
+from tfmem.memsim import MemoryProfile, variable_bytes
 from tfmem.pipeline import PassContext, PassReport, PassResult
-from tfmem.shapes import dtype_size
 from tfmem.units import format_bytes
 
 VARIABLE_OPS = frozenset({"VarHandleOp", "VariableV2", "Variable"})
@@ -209,7 +205,7 @@ def persistent_groups(graph: GraphIR, eg: ExecutionGraph, placement: Placement, 
         members = set(roots).union(*(touching.get(v, set()) for v in roots))
         if any(eg.is_region(eg.unit_of.get(m, m)) for m in members):
             continue  # a frame's ops cannot be split across devices here
-        nbytes = sum(_variable_bytes(graph[v]) if graph[v].op == "VarHandleOp" else graph[v].outputs[0].nbytes or 0
+        nbytes = sum(variable_bytes(graph[v]) if graph[v].op == "VarHandleOp" else graph[v].outputs[0].nbytes or 0
                      for v in roots)
         reads = tuple(
             TensorRef(m, i) for m in sorted(members) if m in eg.unit_of and m not in roots
@@ -240,10 +236,3 @@ def _ref_updates(graph: GraphIR, group: PersistentGroup, timeline: StepTimeline)
     roots = set(group.roots)
     return [m for m in group.members if m in timeline.rank and m not in roots
             and any(t.node in roots for t in graph[m].inputs) and graph[m].op not in REF_READ_OPS]
-
-
-def _variable_bytes(node: OpNode) -> int:
-    shape = tf.TensorShape(node.attrs["shape"].shape) if "shape" in node.attrs else tf.TensorShape(None)
-    if not shape.is_fully_defined():
-        return 0
-    return math.prod(shape.as_list()) * dtype_size(tf.as_dtype(node.attrs["dtype"].type))

@@ -250,7 +250,7 @@ class _Replay:
                     self.buffers[(ref, self.domain[u])] = self._alloc(
                         ref, node.outputs[0].nbytes or 0, self.domain[u], "persistent")
                 elif node.op in RESOURCE_VARIABLE_OPS:
-                    self.var_storage[n] = self._alloc(TensorRef(n, 0), _variable_bytes(node), self.domain[u],
+                    self.var_storage[n] = self._alloc(TensorRef(n, 0), variable_bytes(node), self.domain[u],
                                                       "persistent")
         for ref in sorted(self.eg.fed, key=str):  # a frozenset: a fixed order keeps the BFC layout reproducible
             consumers = self.eg.consumers(ref)
@@ -365,7 +365,8 @@ def _tensor_name(ref: TensorRef) -> str:
     return f"{ref.node} (scratch)" if ref.index < 0 else str(ref)
 
 
-def _variable_bytes(node: OpNode) -> int:
+def variable_bytes(node: OpNode) -> int:
+    """Bytes of the storage a ``VarHandleOp`` declares (0 when its shape is not fully known)."""
     shape = tf.TensorShape(node.attrs["shape"].shape) if "shape" in node.attrs else tf.TensorShape(None)
     if not shape.is_fully_defined():
         return 0

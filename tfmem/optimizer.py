@@ -142,6 +142,8 @@ def optimize(
     faithful = len(ir) <= GRAPPLER_SIMULATION_MAX_OPS if grappler is None else grappler
     target = planning_budget(budget_bytes) if budget_bytes is not None else None
     shapes = {k: tuple(v) for k, v in (feed_shapes or {}).items()}
+    before = PassContext(tuple(fetch_list), None, device, host, shapes, inter_op_threads=inter_op_threads,
+                         grappler=faithful).simulate(ir)  # the budget does not change the unoptimized graph's peak
     if target is not None and budget_bytes is not None:
         # No rewrite goes below the lower bound, so a plan that simulates under it would be a simulator error
         # (measured: such plans crashed the testbed). Refuse before planning.
@@ -149,12 +151,11 @@ def optimize(
                           inter_op_threads=inter_op_threads, grappler=faithful)
         bound, _ = lower_bound_bytes(ir, ctx)
         if bound > target:
-            raise _infeasible(ir, ctx, budget_bytes, ctx.simulate(ir), unplanned=True)
+            raise _infeasible(ir, ctx, budget_bytes, before, unplanned=True)
     notes: list[str] = []
     for _ in range(CAPACITY_RETRIES + 1):
         ctx = PassContext(tuple(fetch_list), target, device, host, shapes, check=check,
                           inter_op_threads=inter_op_threads, grappler=faithful)
-        before = ctx.simulate(ir)
         new_ir, reports = run_pipeline(ir, resolve_passes(passes), ctx)
         new_ir = strip_tags(new_ir)
         after = ctx.simulate(new_ir) if any(r.changed for r in reports) else before
