@@ -20,7 +20,7 @@ def test_partition_parallelism_tiny(tmp_path, capsys):
 
 
 def test_optimize_speed_tiny(tmp_path):
-    assert optimize_speed.main(["--tiny", "--out", str(tmp_path)]) == 0
+    assert optimize_speed.main(["--tiny", "--repeats", "1", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "optimize_speed.json").read_text())
     assert data["nodes"] > 1000 and data["optimize_s"] > 0
 

@@ -14,6 +14,7 @@ from functools import cached_property
 from tfmem import costmodel
 from tfmem.errors import ScheduleError
 from tfmem.execution import ALIAS_OPS, PERSISTENT_OUTPUT_OPS, VARIABLE_READ_OPS, ExecutionGraph
+from tfmem.graphcache import GraphCache
 from tfmem.ir import GraphIR, TensorRef
 from tfmem.opmemory import FORWARDING_OPS, temp_bytes
 from tfmem.shapes import require_known
@@ -27,23 +28,20 @@ class Analysis:
     expensive: dict[str, bool]
 
 
-_ANALYSES: dict[tuple[object, ...], Analysis] = {}
-_ANALYSES_KEPT = 8
+_ANALYSES: GraphCache[Analysis] = GraphCache(kept=8)
 
 
 def analyse(ir: GraphIR, fetches: list[str], feeds: list[str], device: costmodel.DeviceSpec) -> Analysis:
     """The per-graph part of a simulation, cached: passes simulate one graph many times (orders, k values)."""
-    key = (id(ir), tuple(fetches), tuple(sorted(feeds)), device)
-    cached = _ANALYSES.get(key)
-    if cached is not None and cached.ir is ir:
+    key = (tuple(fetches), tuple(sorted(feeds)), device)
+    cached = _ANALYSES.get(ir, key)
+    if cached is not None:
         return cached
     eg = ExecutionGraph.build(ir, fetches, feeds)
     require_known(ir, _sized_tensors(eg))
     durations = {u: unit_time_s(eg, u, device) for u in eg.units}
     analysis = Analysis(ir, eg, durations, expensive_of(eg, ir, device, gpu=False))
-    if len(_ANALYSES) >= _ANALYSES_KEPT:
-        _ANALYSES.pop(next(iter(_ANALYSES)))
-    _ANALYSES[key] = analysis
+    _ANALYSES.put(ir, key, analysis)
     return analysis
 
 

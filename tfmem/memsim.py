@@ -47,6 +47,7 @@ from tfmem.execution import (
     ExecutionGraph,
 )
 from tfmem.frames import FUNCTIONAL_OPS
+from tfmem.graphcache import GraphCache
 from tfmem.grappler import runtime_graph_def
 from tfmem.ir import GraphIR, OpNode, TensorRef
 from tfmem.loading import GraphSource, load, to_graph_def
@@ -157,12 +158,12 @@ def simulate(
         ir = load(graph, feed_shapes)
     feed_names = list(feeds) + list(feed_shapes or {})
     cores = cores or os.cpu_count() or 1
-    # Passes score one graph object more than once (a pass, then optimize's own before/after): keep the answer.
-    key = (id(ir), tuple(fetch_names), tuple(sorted(feed_names)), device, host,
+    # Passes score one graph more than once (a pass, then optimize's own before/after): keep the answer.
+    key = (tuple(fetch_names), tuple(sorted(feed_names)), device, host,
            None if order is None else tuple(order), inter_op_threads, cost_device, cores, device_memory)
-    cached = _PROFILES.get(key) if not grappler else None
-    if cached is not None and cached[0] is ir:
-        return cached[1]
+    cached = _PROFILES.get(ir, key) if not grappler else None
+    if cached is not None:
+        return cached
     analysis = analyse(ir, fetch_names, feed_names, cost_device)
     eg, durations, expensive = analysis.eg, analysis.durations, analysis.expensive
     placement = Placement(device, host)
@@ -177,16 +178,12 @@ def simulate(
     step = sched.makespan_s if order is not None else step_time_estimate(eg, durations, expensive, cores)
     profile = dataclasses.replace(profile, estimated_step_s=step)
     if not grappler:
-        if len(_PROFILES) >= _PROFILES_KEPT:
-            _PROFILES.pop(next(iter(_PROFILES)))
-        _PROFILES[key] = (ir, profile)
+        _PROFILES.put(ir, key, profile)
     return profile
 
 
-# Recent simulations of graph objects as written (not Grappler's rewrite of them), keyed by the graph's id and
-# the arguments; each entry holds its graph so that the id stays that graph's.
-_PROFILES: dict[tuple[object, ...], tuple[GraphIR, MemoryProfile]] = {}
-_PROFILES_KEPT = 8
+# Recent simulations of graphs as written (not Grappler's rewrite of them), keyed by the other arguments.
+_PROFILES: GraphCache[MemoryProfile] = GraphCache(kept=8)
 
 
 class _Replay:

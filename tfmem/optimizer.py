@@ -16,6 +16,7 @@ from tfmem.bounds import largest_working_set
 from tfmem.devices import DEFAULT_DEVICE, same_device
 from tfmem.errors import BadInputError, InfeasibleBudgetError
 from tfmem.execution import ExecutionGraph, parse_fetches
+from tfmem.gcpause import without_gc_pauses
 from tfmem.ir import GraphIR
 from tfmem.loading import GraphSource, load
 from tfmem.memsim import MemoryProfile
@@ -85,6 +86,7 @@ def resolve_passes(passes: str | Sequence[str | Pass] | None) -> list[Pass]:
     return out
 
 
+@without_gc_pauses
 def optimize(
     graph: GraphSource,
     fetches: Iterable[str] | str,

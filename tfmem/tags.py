@@ -6,6 +6,7 @@ on two otherwise identical ops would keep them apart.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import MappingProxyType
 
 from tfmem.ir import GraphIR, OpNode
@@ -29,3 +30,36 @@ def strip_tags(graph: GraphIR) -> GraphIR:
         nodes.append(OpNode(node.name, node.op, node.inputs, node.control_inputs, node.device, node.outputs,
                             MappingProxyType(attrs), node.proto))
     return graph.replace_nodes(tuple(nodes)) if changed else graph
+
+
+def same_program(a: GraphIR, b: GraphIR) -> bool:
+    """Whether ``a`` and ``b`` are the same graph up to ``_tfmem_*`` tags (which the simulator ignores).
+
+    Passes tag, untag and re-tag one graph; this lets simulations and analyses cached for one of those
+    copies answer for the others. Exact: every other attr value must be equal.
+
+    Examples
+    --------
+    >>> from tensorflow.core.framework import attr_value_pb2
+    >>> a = GraphIR((OpNode("x", "Const"),))
+    >>> tagged = a.replace_nodes((OpNode("x", "Const", attrs={"_tfmem_order": attr_value_pb2.AttrValue(i=3)}),))
+    >>> same_program(a, tagged), same_program(a, GraphIR((OpNode("x", "Placeholder"),)))
+    (True, False)
+    """
+    if a is b:
+        return True
+    if len(a.nodes) != len(b.nodes):
+        return False
+    for x, y in zip(a.nodes, b.nodes, strict=True):
+        if x is y:
+            continue
+        if x != y:  # every field but attrs and proto
+            return False
+        if x.attrs is not y.attrs and _untagged(x.attrs) != _untagged(y.attrs):
+            return False
+    return True
+
+
+def _untagged(attrs: Mapping[str, object]) -> dict[str, object]:
+    return {k: v for k, v in attrs.items() if not k.startswith(TAG_PREFIX)}
+
