@@ -4,7 +4,7 @@ For each graph and inter-op thread count (1, 2, 8): vanilla vs ``tfmem.optimize(
 "limit_parallelism"])`` -- measured device peak and median step time (testbed), the simulator's peaks, the
 chosen ``k`` and whether the outputs are bit-identical. Writes experiments/results/partition_parallelism.*.
 
-    python -m experiments.partition_parallelism            # full run (~5 minutes on 2 cores)
+    python -m experiments.partition_parallelism            # full run (~15 minutes on 2 cores)
     python -m experiments.partition_parallelism --tiny     # CI smoke run
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from statistics import median
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -39,27 +40,38 @@ def graphs(tiny: bool) -> dict[str, examples.Built]:
     }
 
 
-def measure(tb: Testbed, built: examples.Built, threads: int, steps: int) -> dict[str, object]:
+def measure(tb: Testbed, built: examples.Built, threads: int, steps: int, repeats: int) -> dict[str, object]:
     opt = tfmem.optimize(built.graph, built.fetches, passes=PASSES, feed_shapes=built.feed_shapes,
                          inter_op_threads=threads)
-    vanilla = tb.run(built.graph, built.fetches, built.feeds, steps=steps, inter_op_threads=threads)
-    tuned = tb.run(opt.graph, built.fetches, built.feeds, steps=steps, inter_op_threads=threads)
-    same = all(np.array_equal(vanilla.outputs[k], tuned.outputs[k]) for k in vanilla.outputs)
+    changed = any(p.changed for p in opt.report.passes)
+    vanilla_runs, tuned_runs = [], []
+    for _ in range(repeats):  # interleaved, so that a busy spell on the machine hits both alike
+        vanilla_runs.append(tb.run(built.graph, built.fetches, built.feeds, steps=steps, inter_op_threads=threads))
+        tuned_runs.append(tb.run(opt.graph, built.fetches, built.feeds, steps=steps, inter_op_threads=threads))
+    same = all(np.array_equal(v.outputs[k], t.outputs[k])
+               for v, t in zip(vanilla_runs, tuned_runs, strict=True) for k in v.outputs)
     limit = opt.report.passes[-1]
     return {
-        "threads": threads,
-        "vanilla_peak_bytes": vanilla.device_peak_bytes, "tfmem_peak_bytes": tuned.device_peak_bytes,
-        "vanilla_step_s": vanilla.step_time_s, "tfmem_step_s": tuned.step_time_s,
+        "threads": threads, "graph_changed": changed,
+        "vanilla_peak_bytes": int(median([r.device_peak_bytes for r in vanilla_runs])),
+        "tfmem_peak_bytes": int(median([r.device_peak_bytes for r in tuned_runs])),
+        "vanilla_peaks_bytes": [r.device_peak_bytes for r in vanilla_runs],
+        "tfmem_peaks_bytes": [r.device_peak_bytes for r in tuned_runs],
+        "vanilla_step_s": median([r.step_time_s for r in vanilla_runs]),
+        "tfmem_step_s": median([r.step_time_s for r in tuned_runs]),
         "simulated_before_bytes": opt.report.before.peak_bytes, "simulated_after_bytes": opt.report.after.peak_bytes,
         "k": limit.details.get("k"), "control_edges_added": limit.control_edges_added,
-        "outputs_identical": same, "oom": vanilla.oom or tuned.oom,
+        "outputs_identical": same, "oom": any(r.oom for r in vanilla_runs + tuned_runs),
     }
 
 
 def markdown(result: dict[str, object]) -> str:
     lines = [
         "# partition + limit_parallelism on the testbed", "",
-        f"Command: `{result['command']}` ({result['date']}). Peaks: testbed (measured); sim: simulator.", "",
+        f"Command: `{result['command']}` ({result['date']}). Peaks: testbed (measured), the median of "
+        f"{result['repeats']} runs of each graph, vanilla and tfmem interleaved (each run's peak is the highest of "
+        "its steps); step times: medians likewise. 'unchanged': `optimize` found no k worth its edges and "
+        "returned the graph as given, so the two columns measure the same graph twice (run-to-run noise).", "",
         "| graph | threads | vanilla peak | tfmem peak | peak ratio | vanilla step | tfmem step | time ratio |"
         " k | identical |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
@@ -70,7 +82,7 @@ def markdown(result: dict[str, object]) -> str:
         lines.append(
             f"| {row['graph']} | {row['threads']} | {format_bytes(row['vanilla_peak_bytes'])} | "
             f"{format_bytes(row['tfmem_peak_bytes'])} | {ratio:.2f}x | {row['vanilla_step_s'] * 1e3:.1f} ms | "
-            f"{row['tfmem_step_s'] * 1e3:.1f} ms | {slow:.2f}x | {row['k'] or '-'} | "
+            f"{row['tfmem_step_s'] * 1e3:.1f} ms | {slow:.2f}x | {row['k'] or ('unchanged' if not row['graph_changed'] else '-')} | "
             f"{'yes' if row['outputs_identical'] else 'NO'} |"
         )
     return "\n".join(lines) + "\n"
@@ -79,6 +91,7 @@ def markdown(result: dict[str, object]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.partition_parallelism", description=__doc__)
     parser.add_argument("--tiny", action="store_true", help="small graphs, one thread count: a smoke run")
+    parser.add_argument("--repeats", type=int, default=3, help="testbed runs per graph (medians are reported)")
     parser.add_argument("--out", default=str(RESULTS), help="directory for the results files")
     args = parser.parse_args(argv)
     thread_counts = [8] if args.tiny else [1, 2, 8]
@@ -87,8 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     with Testbed("4GiB") as tb:
         for name, built in tqdm(cases.items(), desc="graphs", disable=args.tiny):
             for threads in thread_counts:
-                rows.append({"graph": name, **measure(tb, built, threads, steps=2 if args.tiny else 5)})
-    result = provenance(argv, testbed_budget="4GiB", rows=rows)
+                rows.append({"graph": name, **measure(tb, built, threads, steps=2 if args.tiny else 5,
+                                                         repeats=1 if args.tiny else max(1, args.repeats))})
+    result = provenance(argv, testbed_budget="4GiB", repeats=1 if args.tiny else args.repeats, rows=rows)
     from pathlib import Path
     json_path, md_path = write("partition_parallelism", result, markdown(result), Path(args.out))
     print(markdown(result))
