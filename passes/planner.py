@@ -26,6 +26,7 @@ Requires: a budget (without one it leaves the graph alone). Ensures: the same va
 from __future__ import annotations
 
 import bisect
+import heapq
 import time
 import warnings
 from collections.abc import Sequence
@@ -310,25 +311,52 @@ def _cover(options: Sequence[Option], segments: list[tuple[float, float]]) -> li
 
 
 def _greedy(options: Sequence[Option], cover: list[list[tuple[int, int]]], excess: list[int]) -> list[int]:
-    """Cheapest bytes first, until every segment is covered (or the options run out)."""
+    """Least cost per byte still needed first, until every segment is covered; then drop what became redundant.
+
+    The classic greedy for weighted covering: an option's worth is the excess it still removes (summed over
+    the segments it spans, each capped at what that segment still needs), so it is re-scored as the plan
+    grows (lazily: a worth only falls). Then, costliest first, options whose segments stay covered without
+    them are dropped.
+
+    Examples
+    --------
+    >>> opts = [Option("swap", t, n, cost, (), None) for t, n, cost in [("a", 4, 1.0), ("b", 4, 1.0), ("c", 8, 1.5)]]
+    >>> _greedy(opts, cover=[[(0, 4), (2, 8)], [(1, 4), (2, 8)]], excess=[4, 4])   # c covers both at once
+    [2]
+    """
     remaining = list(excess)
-    unmet = sum(1 for r in remaining if r > 0)
     by_option: dict[int, list[tuple[int, int]]] = {}
     for s, row in enumerate(cover):
         for i, b in row:
             by_option.setdefault(i, []).append((s, b))
+
+    def ratio(i: int) -> float:  # cost per byte of excess removed; inf when it removes none
+        worth = sum(min(b, remaining[s]) for s, b in by_option[i] if remaining[s] > 0)
+        return (options[i].cost_s + 1e-12) / worth if worth > 0 else float("inf")
+
+    heap = [(ratio(i), i) for i in by_option]
+    heapq.heapify(heap)
     chosen, used_keys = [], set()
-    for i in sorted(by_option, key=lambda i: options[i].cost_s / max(options[i].nbytes, 1)):
-        if unmet == 0:
-            break
-        if options[i].key in used_keys or not any(remaining[s] > 0 for s, _ in by_option[i]):
+    while heap and any(r > 0 for r in remaining):
+        stale, i = heapq.heappop(heap)
+        if options[i].key in used_keys:
+            continue
+        fresh = ratio(i)
+        if fresh == float("inf"):
+            continue
+        if heap and fresh > heap[0][0] and fresh > stale:  # worth fell since it was scored: score it again
+            heapq.heappush(heap, (fresh, i))
             continue
         chosen.append(i)
         used_keys.add(options[i].key)
         for s, b in by_option[i]:
-            if remaining[s] > 0 >= remaining[s] - b:
-                unmet -= 1
             remaining[s] -= b
+    covered = [need - left for need, left in zip(excess, remaining, strict=True)]
+    for i in sorted(chosen, key=lambda i: -options[i].cost_s):
+        if all(covered[s] - b >= excess[s] for s, b in by_option[i] if excess[s] > 0):
+            chosen.remove(i)
+            for s, b in by_option[i]:
+                covered[s] -= b
     return chosen
 
 
