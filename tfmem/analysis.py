@@ -16,7 +16,7 @@ from tfmem.errors import ScheduleError
 from tfmem.execution import ALIAS_OPS, PERSISTENT_OUTPUT_OPS, VARIABLE_READ_OPS, ExecutionGraph
 from tfmem.graphcache import GraphCache
 from tfmem.ir import GraphIR, TensorRef
-from tfmem.opmemory import FORWARDING_OPS, temp_bytes
+from tfmem.opmemory import FORWARDING_OPS, temp_bytes, viewed_input
 from tfmem.shapes import require_known
 
 
@@ -25,7 +25,12 @@ class Analysis:
     ir: GraphIR                      # held so that the id() in the cache key stays this graph's
     eg: ExecutionGraph
     durations: dict[str, float]
-    expensive: dict[str, bool]
+    expensive: dict[str, bool]       # TF's executor hands it to the thread pool (``costmodel.is_expensive``)
+    parallel: dict[str, bool]        # big enough to use the intra-op threads (the step-time estimate)
+
+    @cached_property
+    def footprints(self) -> FootprintModel:
+        return FootprintModel(self.eg)
 
 
 _ANALYSES: GraphCache[Analysis] = GraphCache(kept=8)
@@ -40,7 +45,8 @@ def analyse(ir: GraphIR, fetches: list[str], feeds: list[str], device: costmodel
     eg = ExecutionGraph.build(ir, fetches, feeds)
     require_known(ir, _sized_tensors(eg))
     durations = {u: unit_time_s(eg, u, device) for u in eg.units}
-    analysis = Analysis(ir, eg, durations, expensive_of(eg, ir, device, gpu=False))
+    parallel = {u: eg.is_region(u) or costmodel.uses_intra_op_threads(ir[u], ir, device) for u in eg.units}
+    analysis = Analysis(ir, eg, durations, expensive_of(eg, ir, device, gpu=False), parallel)
     _ANALYSES.put(ir, key, analysis)
     return analysis
 
@@ -50,7 +56,7 @@ def expensive_of(eg: ExecutionGraph, ir: GraphIR, device: costmodel.DeviceSpec, 
     return {u: not gpu and (eg.is_region(u) or costmodel.is_expensive(ir[u], ir, device)) for u in eg.units}
 
 
-def step_time_estimate(eg: ExecutionGraph, durations: dict[str, float], expensive: dict[str, bool],
+def step_time_estimate(eg: ExecutionGraph, durations: dict[str, float], parallel: dict[str, bool],
                        cores: int) -> float:
     """Step time if big ops spread over ``cores`` (intra-op parallelism) and ops share the cores.
 
@@ -59,7 +65,7 @@ def step_time_estimate(eg: ExecutionGraph, durations: dict[str, float], expensiv
     """
     finish: dict[str, float] = {}
     for u in _topological(eg):  # GraphDef order need not be topological
-        own = durations[u] / cores if expensive[u] else durations[u]
+        own = durations[u] / cores if parallel[u] else durations[u]
         finish[u] = own + max((finish[p] for p in eg.unit_preds[u]), default=0.0)
     critical = max(finish.values(), default=0.0)
     return max(critical, sum(durations.values()) / cores)
@@ -146,9 +152,10 @@ def order_footprint(eg: ExecutionGraph, order: Sequence[str]) -> OrderFootprint:
     """The ``OrderFootprint`` of running the units ``order`` one at a time, in that order.
 
     Follows the simulator's rules without its allocator: a buffer is freed after its last reader, aliases
-    (``ALIAS_OPS``, ``ReadVariableOp``) share their input's buffer, and element-wise ops write into an input
-    buffer they are the last reader of (``tfmem.opmemory.FORWARDING_OPS``). Callers that score many orders
-    of one graph should keep a ``FootprintModel`` instead.
+    (``ALIAS_OPS``, ``ReadVariableOp``) and views (``tfmem.opmemory.VIEW_RULES``) share their input's buffer,
+    and element-wise ops write into an input buffer they are the last reader of
+    (``tfmem.opmemory.FORWARDING_OPS``). Callers that score many orders of one graph should keep a
+    ``FootprintModel`` instead.
     """
     return FootprintModel(eg).footprint(order)
 
@@ -177,6 +184,9 @@ class FootprintModel:
         graph, node, tid = eg.graph, eg.graph[t.node], self.ids[t]
         reads = len(eg.consumers(t)) + (1 << 30 if t in eg.fetched else 0)  # fetched: held to the end
         nbytes = 0 if node.op in PERSISTENT_OUTPUT_OPS else graph.spec(t).nbytes or 0
+        viewed = None if eg.is_region(unit) else viewed_input(node, graph, t.index)
+        if viewed is not None:  # a view into an input's buffer, like an alias
+            return tid, 0, reads, self.ids.get(node.inputs[viewed], len(self.ids)), ()
         if t.index != 0 or eg.is_region(unit) or not node.inputs:
             return tid, nbytes, reads, -1, ()
         if node.op in ALIAS_OPS or node.op in VARIABLE_READ_OPS:  # an alias of a fed tensor aliases nothing

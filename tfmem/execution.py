@@ -8,6 +8,7 @@ classifies outputs: persistent (constants, variable storage), fed, aliases of an
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -28,6 +29,13 @@ VARIABLE_READ_OPS = frozenset({"ReadVariableOp"})
 PERSISTENT_OUTPUT_OPS = frozenset({"Const", "HostConst", "VariableV2", "Variable", "TemporaryVariable"})
 RESOURCE_VARIABLE_OPS = frozenset({"VarHandleOp"})
 PLACEHOLDER_OPS = frozenset({"Placeholder", "PlaceholderV2"})
+# Out-edges a TF ``EdgeSet`` keeps in insertion order (64 bytes of pointers); more go to a hash set.
+EDGE_SET_INLINE = 8
+
+
+def hash_order(source: str, succs: Sequence[str], seed: int = 0) -> tuple[str, ...]:
+    """``succs`` in a pseudo-random order fixed by ``seed``: how TF iterates a node's out-edges once hashed."""
+    return tuple(sorted(succs, key=lambda s: zlib.crc32(f"{seed}:{source}->{s}".encode())))
 
 
 def parse_fetches(graph: GraphIR, fetches: Iterable[str | TensorRef]) -> tuple[list[TensorRef], list[str]]:
@@ -98,9 +106,35 @@ class ExecutionGraph:
 
     @cached_property
     def unit_succs(self) -> Mapping[str, tuple[str, ...]]:
-        """Successors in the order TF's executor activates them: data consumers first, then control ones."""
+        """Successors in the order TF's executor activates them (``activation_order(0)``)."""
+        return self.activation_order(0)
+
+    def activation_order(self, seed: int) -> Mapping[str, tuple[str, ...]]:
+        """Successors in the order TF's executor activates them, for one draw ``seed`` of the hashed orders.
+
+        The executor walks a node's out-edges in ``EdgeSet`` order: up to ``EDGE_SET_INLINE`` edges sit in an
+        array in the order they were added (data consumers as the graph is built, here GraphDef order, then
+        control ones); beyond that they move to a hash set keyed by the edges' addresses, an order that differs
+        between processes and that no one can predict. Those successors come in ``hash_order(seed)``.
+        """
+        cached = self._activation_orders.get(seed)
+        if cached is None:
+            data, fan_out = self._successors
+            cached = self._activation_orders[seed] = {
+                u: hash_order(u, succs, seed) if fan_out[u] > EDGE_SET_INLINE else succs for u, succs in data.items()
+            }
+        return cached
+
+    @cached_property
+    def _activation_orders(self) -> dict[int, Mapping[str, tuple[str, ...]]]:
+        return {}
+
+    @cached_property
+    def _successors(self) -> tuple[dict[str, tuple[str, ...]], dict[str, int]]:
+        """Per unit: successors as edges were added (data consumers, then control ones), and its edge count."""
         data: dict[str, dict[str, None]] = {u: {} for u in self.units}
         control: dict[str, dict[str, None]] = {u: {} for u in self.units}
+        edges = dict.fromkeys(self.units, 0)
         for n in self.needed:
             u = self.unit_of[n]
             node = self.graph[n]
@@ -108,11 +142,13 @@ class ExecutionGraph:
                 p = self.unit_of.get(t.node)
                 if p is not None and p != u and p in self.unit_preds[u]:
                     data[p][u] = None
+                    edges[p] += 1
             for c in node.control_inputs:
                 p = self.unit_of.get(c)
                 if p is not None and p != u and p in self.unit_preds[u]:
                     control[p][u] = None
-        return {u: tuple(data[u]) + tuple(c for c in control[u] if c not in data[u]) for u in self.units}
+                    edges[p] += 1
+        return {u: tuple(data[u]) + tuple(c for c in control[u] if c not in data[u]) for u in self.units}, edges
 
     def consumers(self, tensor: TensorRef) -> tuple[str, ...]:
         """Units (other than the producer's own) that read ``tensor`` in this step."""

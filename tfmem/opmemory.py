@@ -1,4 +1,4 @@
-"""How individual TF CPU kernels use memory beyond their outputs: scratch buffers and in-place forwarding.
+"""How individual TF CPU kernels use memory beyond their outputs: scratch buffers, in-place forwarding, views.
 
 Rules are plain dicts keyed by op type with a default (nothing), so that adding an op is one line. The
 scratch sizes follow TensorFlow's kernels (checked against ``RunMetadata`` step stats in the testbed): the
@@ -11,7 +11,10 @@ import os
 from collections.abc import Callable
 from math import ceil, prod
 
-from tfmem.ir import GraphIR, OpNode
+import numpy as np
+from tensorflow.python.framework import tensor_util
+
+from tfmem.ir import GraphIR, OpNode, TensorRef
 
 # Ops that may write their output into an input buffer they are the last reader of: op -> input indices
 # (TF's ``forward_input_or_allocate_output`` in the element-wise kernels).
@@ -76,6 +79,79 @@ TEMP_RULES: dict[str, Callable[[OpNode, GraphIR], list[int]]] = {
     "Conv2DBackpropFilter": _conv_backprop_filter,
     "Conv2DBackpropInput": _conv_backprop_input,
 }
+
+
+# A view must start on Eigen's alignment (EIGEN_MAX_ALIGN_BYTES: 64 in an AVX-512 build, 32 without; the larger
+# one refuses views the smaller would allow, so the simulator errs toward allocating).
+_ALIGN_BYTES = 64
+
+
+def _rows_aligned(graph: GraphIR, ref: TensorRef) -> bool:
+    """TF's ``IsInnerDimsSizeAligned``: the bytes of one dim-0 row are a multiple of the alignment."""
+    spec = graph.spec(ref)
+    shape = spec.shape
+    if not shape or len(shape) < 2 or any(d is None for d in shape) or not spec.nbytes or not shape[0]:
+        return False  # rank 1 needs the slice bounds aligned too: never a view here
+    return (spec.nbytes // int(shape[0])) % _ALIGN_BYTES == 0
+
+
+def _const(graph: GraphIR, ref: TensorRef) -> np.ndarray | None:
+    node = graph[ref.node]
+    return tensor_util.MakeNdarray(node.attrs["value"].tensor) if node.op == "Const" else None
+
+
+def _dim0_slice(node: OpNode, graph: GraphIR, index: int) -> int | None:
+    """``Slice``/``StridedSlice`` of whole rows (dim 0 only, stride 1) return ``input.Slice(begin, end)``."""
+    src, out = graph.spec(node.inputs[0]).shape, node.outputs[0].shape
+    if index != 0 or not src or out is None or not _rows_aligned(graph, node.inputs[0]):
+        return None
+    if node.op == "StridedSlice":
+        strides = _const(graph, node.inputs[3])
+        masks = {k: node.attrs[k].i if k in node.attrs else 0 for k in ("ellipsis_mask", "new_axis_mask",
+                                                                       "shrink_axis_mask")}
+        if strides is None or strides.size < 1 or int(strides.flat[0]) != 1 or masks["ellipsis_mask"] \
+                or masks["new_axis_mask"] or masks["shrink_axis_mask"] not in (0, 1):
+            return None
+        if masks["shrink_axis_mask"]:
+            out = (1, *out)
+    return 0 if len(out) == len(src) and tuple(out[1:]) == tuple(src[1:]) else None
+
+
+def _dim0_split(value_input: int) -> Callable[[OpNode, GraphIR, int], int | None]:
+    """``Unpack``/``Split``/``SplitV`` along dim 0 of aligned rows give each output a view of the input."""
+    def rule(node: OpNode, graph: GraphIR, index: int) -> int | None:
+        if node.op == "Unpack":
+            axis = node.attrs["axis"].i if "axis" in node.attrs else 0
+        else:
+            dim = _const(graph, node.inputs[0 if node.op == "Split" else 2])
+            axis = None if dim is None or dim.size != 1 else int(dim.flat[0])
+        rank = len(graph.spec(node.inputs[value_input]).shape or ())
+        if axis is None or axis % max(rank, 1) != 0 or not _rows_aligned(graph, node.inputs[value_input]):
+            return None
+        return value_input
+    return rule
+
+
+# Outputs that the kernel returns as a view into an input's buffer, allocating nothing: op -> rule giving,
+# for output ``index``, the input it views (or None). The view keeps the whole input buffer alive.
+VIEW_RULES: dict[str, Callable[[OpNode, GraphIR, int], int | None]] = {
+    "StridedSlice": _dim0_slice,
+    "Slice": _dim0_slice,
+    "Unpack": _dim0_split(0),
+    "Split": _dim0_split(1),
+    "SplitV": _dim0_split(0),
+}
+
+
+def viewed_input(node: OpNode, graph: GraphIR, index: int) -> int | None:
+    """The input whose buffer output ``index`` of ``node`` is a view of, or None when the kernel allocates."""
+    rule = VIEW_RULES.get(node.op)
+    if rule is None or not node.inputs:
+        return None
+    try:
+        return rule(node, graph, index)
+    except (KeyError, IndexError, TypeError, ValueError):  # odd shapes or attrs: assume a copy
+        return None
 
 
 def temp_bytes(node: OpNode, graph: GraphIR) -> list[int]:

@@ -5,7 +5,7 @@ TensorFlow runs every ready op as soon as it can. With its thread pool, the exec
 expensive ones all but the last are pushed to the thread pool (an Eigen pool: a worker pushes to the
 *front* of its own queue, so its own pushes come back last-in first-out) while the last one runs inline if
 the inline queue is empty. Roots are the successors of the ``_SOURCE`` node, which runs first, so they
-are scheduled by the same rule.
+are scheduled by the same rule, in hashed order when there are more than ``EDGE_SET_INLINE`` of them.
 
 ``emulate`` reproduces that policy as a discrete-event simulation: with one inter-op thread it is exactly the
 order above; with more, idle threads take tasks from the shared pool while each op takes its cost-model time.
@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from tfmem.errors import ScheduleError
+from tfmem.execution import EDGE_SET_INLINE, hash_order
 
 
 @dataclass(frozen=True)
@@ -42,8 +43,12 @@ def emulate(
     duration_s: Callable[[str], float],
     expensive: Callable[[str], bool],
     threads: int = 1,
+    seed: int = 0,
 ) -> Schedule:
     """Emulate TF's executor on the DAG ``units`` (in graph order) with ``threads`` inter-op threads.
+
+    ``succs`` lists each unit's successors in the order TF activates them; ``seed`` picks the order of the
+    roots when they are too many for TF to keep in order (``tfmem.execution.activation_order``).
 
     Raises ``ScheduleError`` when some units never become ready (the graph has a cycle).
 
@@ -85,6 +90,8 @@ def emulate(
                 inline[thread].append(expensive_last)
 
     roots = [u for u in units if pending[u] == 0]
+    if len(roots) > EDGE_SET_INLINE:  # _SOURCE's out-edges are hashed too (see ExecutionGraph.unit_succs)
+        roots = list(hash_order("_SOURCE", roots, seed))
     for u in roots:  # roots hang off TF's _SOURCE node, which completes first on thread 0
         pending[u] = 1
     make_ready(0, None)
