@@ -8,9 +8,12 @@ import tensorflow as tf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tfmem import examples
+from tfmem import costmodel, examples
 from tfmem.bfc import BFCAllocator, rounded_bytes
+from tfmem.execution import ExecutionGraph
+from tfmem.loading import load
 from tfmem.memsim import simulate
+from tfmem.opmemory import viewed_input
 
 v1 = tf.compat.v1
 KIB4 = 4096  # 1024 float32
@@ -159,3 +162,63 @@ def test_more_threads_never_lower_the_wide_peak_much(threads):
     built = examples.wide_branches(branches=8, elems=1 << 14)
     prof = simulate(built.graph, built.fetches, inter_op_threads=threads)
     assert prof.peak_bytes > 0 and prof.schedule.makespan_s > 0
+
+
+def test_dim0_slices_are_views_and_feeds_live_all_step():
+    # x (4 rows of 64 KiB) is fed and sliced row by row. TF's StridedSlice returns whole aligned rows as
+    # views into x (no allocation), and the step's feed table holds x to the end. Grappler turns x[i] * x[i]
+    # into Square, which gets a new 64 KiB buffer (TF never writes into a view); AddN reuses one of them for
+    # y, and the fetched concat w (320 KiB) is made while y is live. Peak: x + y + w, plus the small Consts.
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, (4, 16, 1024), name="x")
+        y = tf.add_n([tf.math.multiply(x[i], x[i]) for i in range(4)], name="y")
+        tf.concat([y] * 5, 0, name="w")
+    prof = simulate(g, ["w:0"])
+    assert prof.peak_bytes - prof.persistent_bytes == 256 * 1024 + 64 * 1024 + 320 * 1024
+    assert {t.tensor: t.kind for t in prof.live_at_peak}["x:0"] == "fed"
+    assert not any(t.producer == "StridedSlice" for t in prof.live_at_peak)
+
+
+def test_unaligned_or_strided_slices_are_copies():
+    # Rows of 3 floats (12 bytes) are not on Eigen's alignment, and a stride of 2 is not contiguous: TF copies.
+    # Rows of 16 floats (64 bytes) sliced with stride 1 are a view of input 0.
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, (8, 3), name="x")
+        z = v1.placeholder(tf.float32, (8, 16), name="z")
+        unaligned, strided, aligned = x[1:5], z[::2], z[2:6]
+    ir = load(g)
+    assert viewed_input(ir[unaligned.op.name], ir, 0) is None
+    assert viewed_input(ir[strided.op.name], ir, 0) is None
+    assert viewed_input(ir[aligned.op.name], ir, 0) == 0
+
+
+def test_successors_past_eight_out_edges_come_in_hashed_order():
+    # TF's EdgeSet keeps up to 8 out-edges in the order they were added and hashes the rest: a node read by
+    # 4 ops activates them in graph order in every draw; one read by 12 ops gets a different order per draw.
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, (16,), name="x")
+        a = tf.math.sin(x, name="a")
+        b = tf.math.cos(x, name="b")
+        few = [tf.math.exp(a, name=f"few{i}") for i in range(4)]
+        many = [tf.math.exp(b, name=f"many{i}") for i in range(12)]
+        tf.add_n(few + many, name="y")
+    eg = ExecutionGraph.build(load(g), ["y:0"])
+    draws = [eg.activation_order(seed) for seed in range(5)]
+    assert all(d["a"] == tuple(f"few{i}" for i in range(4)) for d in draws)
+    assert all(sorted(d["b"]) == sorted(f"many{i}" for i in range(12)) for d in draws)
+    assert len({d["b"] for d in draws}) > 1
+
+
+def test_small_kernels_still_go_to_the_pool():
+    # TF starts every kernel's cost estimate at 1e8 cycles, so for the first ~90 steps only kernels that declare
+    # themselves cheap (Const, Identity, shape ops...) run inline; a 16-float Sin is as "expensive" as a MatMul.
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, (16,), name="x")
+        tf.identity(tf.math.sin(x, name="s"), name="y")
+    ir = load(g)
+    assert costmodel.is_expensive(ir["s"], ir)
+    assert not costmodel.is_expensive(ir["y"], ir)
