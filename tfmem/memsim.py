@@ -260,16 +260,18 @@ class _Replay:
         return self._profile(sched)
 
     def _allocate_persistent_and_fed(self) -> None:
-        for u in self.eg.units:
-            for n in self.eg.members[u]:
-                node = self.graph[n]
-                if node.op in PERSISTENT_OUTPUT_OPS:
-                    ref = TensorRef(n, 0)
-                    self.buffers[(ref, self.domain[u])] = self._alloc(
-                        ref, node.outputs[0].nbytes or 0, self.domain[u], "persistent")
-                elif node.op in RESOURCE_VARIABLE_OPS:
-                    self.var_storage[n] = self._alloc(TensorRef(n, 0), variable_bytes(node), self.domain[u],
-                                                      "persistent")
+        # Variables first: initialising them ran before this graph's first step, whose Const kernels then
+        # allocate their tensors. The order decides which buffers land in the BFC's first 2 MiB region.
+        nodes = [(u, self.graph[n]) for u in self.eg.units for n in self.eg.members[u]]
+        variables = {"VariableV2", "Variable", *RESOURCE_VARIABLE_OPS}
+        for u, node in sorted(nodes, key=lambda un: un[1].op not in variables):  # stable: graph order kept
+            if node.op in PERSISTENT_OUTPUT_OPS:
+                ref = TensorRef(node.name, 0)
+                self.buffers[(ref, self.domain[u])] = self._alloc(
+                    ref, node.outputs[0].nbytes or 0, self.domain[u], "persistent")
+            elif node.op in RESOURCE_VARIABLE_OPS:
+                self.var_storage[node.name] = self._alloc(TensorRef(node.name, 0), variable_bytes(node),
+                                                          self.domain[u], "persistent")
         for ref in sorted(self.eg.fed, key=str):  # a frozenset: a fixed order keeps the BFC layout reproducible
             consumers = self.eg.consumers(ref)
             domain = self.domain[consumers[0]] if consumers else "device"
