@@ -4,7 +4,7 @@ For each graph: the median measured peak over five runs (TF times ops and runs c
 that threshold can change the order between runs), the simulator's peak and Grappler's estimate for a 12 GiB
 virtual GPU. Writes experiments/results/simulator_accuracy.*.
 
-    python -m experiments.simulator_accuracy           # eleven graphs, about a minute
+    python -m experiments.simulator_accuracy           # fifteen graphs, about a minute and a half
     python -m experiments.simulator_accuracy --tiny    # two small graphs
 """
 
@@ -42,6 +42,11 @@ def graphs(tiny: bool) -> dict[str, examples.Built]:
         "unrolled-rnn": examples.unrolled_rnn(),
         "unrolled-rnn-adam": examples.unrolled_rnn(steps=24, hidden=384, optimizer="adam"),
         "moe-16-experts": examples.moe_layer(experts=16, batch=128),
+        # Unrolled RNNs whose peak depends on TF's order of the shared weights' many readers.
+        "rnn-8x256x512": examples.unrolled_rnn(steps=8, batch=256, hidden=512),
+        "rnn-24x64x512": examples.unrolled_rnn(steps=24, batch=64, hidden=512),
+        "rnn-24x256x128": examples.unrolled_rnn(steps=24, batch=256, hidden=128),
+        "rnn-24x256x512": examples.unrolled_rnn(steps=24, batch=256, hidden=512),
     }
 
 
