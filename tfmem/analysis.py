@@ -16,7 +16,8 @@ from tfmem.errors import ScheduleError
 from tfmem.execution import ALIAS_OPS, PERSISTENT_OUTPUT_OPS, VARIABLE_READ_OPS, ExecutionGraph
 from tfmem.graphcache import GraphCache
 from tfmem.ir import GraphIR, TensorRef
-from tfmem.opmemory import FORWARDING_OPS, temp_bytes, viewed_input
+from tfmem.opmemory import FORWARDING_OPS, VIEW_RULES, temp_bytes, viewed_input
+from tfmem.schedule import Schedule
 from tfmem.shapes import require_known
 
 
@@ -29,8 +30,25 @@ class Analysis:
     parallel: dict[str, bool]        # big enough to use the intra-op threads (the step-time estimate)
 
     @cached_property
+    def schedules(self) -> dict[tuple[bool, int], Schedule]:
+        """Emulated schedules by (GPU?, inter-op threads), kept by ``tfmem.memsim.simulate``."""
+        return {}
+
+    @cached_property
     def footprints(self) -> FootprintModel:
         return FootprintModel(self.eg)
+
+    @cached_property
+    def views(self) -> dict[TensorRef, int]:
+        """Outputs that are views into an input's buffer (``tfmem.opmemory.VIEW_RULES``): tensor -> input."""
+        out = {}
+        for u in self.eg.units:
+            if not self.eg.is_region(u) and self.ir[u].op in VIEW_RULES:
+                for t in self.eg.outputs_of(u):
+                    viewed = viewed_input(self.ir[u], self.ir, t.index)
+                    if viewed is not None:
+                        out[t] = viewed
+        return out
 
 
 _ANALYSES: GraphCache[Analysis] = GraphCache(kept=8)

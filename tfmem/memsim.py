@@ -51,7 +51,7 @@ from tfmem.graphcache import GraphCache
 from tfmem.grappler import runtime_graph_def
 from tfmem.ir import GraphIR, OpNode, TensorRef
 from tfmem.loading import GraphSource, load, to_graph_def
-from tfmem.opmemory import FORWARDING_OPS, temp_bytes, viewed_input
+from tfmem.opmemory import FORWARDING_OPS, temp_bytes
 from tfmem.schedule import Schedule, emulate, fixed
 from tfmem.shapes import FeedShapes, annotate, dtype_size
 
@@ -172,8 +172,10 @@ def simulate(
         sched = fixed(units_in(eg, order), durations.__getitem__)
     else:
         gpu = "GPU" in (device or "").upper()  # TF's GPU kernels all count as cheap: everything runs inline
-        sched = _typical_schedule(analysis, (lambda u: False) if gpu else expensive.__getitem__, inter_op_threads)
-    profile = _Replay(eg, placement, device_memory).run(sched)
+        key_s = (gpu, inter_op_threads)  # the same graph is often scored again with another capacity or cores
+        sched = analysis.schedules.get(key_s) or analysis.schedules.setdefault(key_s, _typical_schedule(
+            analysis, (lambda u: False) if gpu else expensive.__getitem__, inter_op_threads))
+    profile = _Replay(eg, placement, device_memory, analysis.views).run(sched)
     # A fixed order is one thread's schedule: its length is the estimate (and scoring orders stays cheap).
     step = sched.makespan_s if order is not None else step_time_estimate(eg, durations, analysis.parallel, cores)
     profile = dataclasses.replace(profile, estimated_step_s=step)
@@ -210,8 +212,10 @@ _PROFILES: GraphCache[MemoryProfile] = GraphCache(kept=8)
 class _Replay:
     """Replays a schedule, tracking buffers per memory domain ("device", "host", "other")."""
 
-    def __init__(self, eg: ExecutionGraph, placement: Placement, device_memory: int | None = None) -> None:
+    def __init__(self, eg: ExecutionGraph, placement: Placement, device_memory: int | None = None,
+                 views: dict[TensorRef, int] | None = None) -> None:
         self.eg, self.graph = eg, eg.graph
+        self.views = views or {}   # output -> the input whose buffer it views (Analysis.views)
         self.domain = {u: placement.domain(self.graph[eg.members[u][0]].device) for u in eg.units}
         self.allocators = {d: BFCAllocator() for d in ("device", "host", "other")}
         if device_memory is not None:
@@ -294,7 +298,7 @@ class _Replay:
         node = self.graph[t.node]
         uses = self._uses(t, domain)
         shared = None
-        viewed = None if self.eg.is_region(unit) else viewed_input(node, self.graph, t.index)
+        viewed = self.views.get(t)
         if t.index == 0 and node.op in ALIAS_OPS and node.inputs:
             shared = self.buffers.get((node.inputs[0], domain))
         elif viewed is not None:
