@@ -34,23 +34,31 @@ Examples
 
 from __future__ import annotations
 
+import dataclasses
+import heapq
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import ClassVar
+
+from tensorflow.core.framework import attr_value_pb2
 
 from passes.timeline import StepTimeline
 from passes.transfer import (
+    IDENTITY_OPS,
     Prefetch,
     add_prefetches,
     group_consumers,
+    identity_attrs,
     movable,
     plan_prefetches,
     trigger_candidates,
 )
 from tfmem import costmodel
 from tfmem.devices import Placement
-from tfmem.editor import GraphEditor
-from tfmem.execution import PERSISTENT_OUTPUT_OPS, ExecutionGraph
+from tfmem.editor import DO_NOT_REMOVE, GraphEditor
+from tfmem.execution import PERSISTENT_OUTPUT_OPS, PLACEHOLDER_OPS, ExecutionGraph
+from tfmem.frames import back_edges
 from tfmem.ir import GraphIR, OpNode, TensorRef
 from tfmem.memsim import MemoryProfile, variable_bytes
 from tfmem.pipeline import PassContext, PassReport, PassResult
@@ -61,6 +69,10 @@ REF_VARIABLE_OPS = frozenset({"VariableV2", "Variable"})
 REF_READ_OPS = frozenset({"Identity", "RefIdentity", "IsVariableInitialized"})
 COLOCATION_ATTR = "_class"
 PREFETCH_TAG = "_tfmem_prefetch"
+TO_HOST_TAG = "_tfmem_to_host"
+# Host-resident tensors' copies on the device (prefetched weights, gradients on their way to the host) that
+# may be there at once, whatever order the executor takes (chain_to_host).
+TO_HOST_IN_FLIGHT = 4
 
 
 @dataclass(frozen=True)
@@ -103,7 +115,8 @@ class PlacePersistent:
             while take < len(groups) and covered < excess:
                 covered += groups[take].nbytes
                 take += 1
-            trial = place_groups(graph, groups[:take], timeline, ctx.host, self.link)
+            trial = chain_to_host(place_groups(graph, groups[:take], timeline, ctx.host, self.link), groups[:take],
+                                  timeline, ctx.host)
             trial_profile = ctx.simulate(trial)
             moved = take
             if trial_profile.peak_bytes < profile.peak_bytes:
@@ -133,7 +146,10 @@ class PlacePersistent:
 
 def place_groups(graph: GraphIR, groups: list[PersistentGroup], timeline: StepTimeline, host: str,
                  link: costmodel.DeviceSpec = costmodel.DEFAULT_DEVICE) -> GraphIR:
-    """Put each group on ``host`` and give every device reader group its own delayed prefetch."""
+    """Put each group on ``host`` and give every device reader group its own delayed prefetch.
+
+    Callers then apply ``chain_to_host`` to the finished graph (after any other rewrite that adds edges).
+    """
     editor = GraphEditor(graph)
     usable = trigger_candidates(graph, timeline)
     for group in groups:
@@ -147,6 +163,190 @@ def place_groups(graph: GraphIR, groups: list[PersistentGroup], timeline: StepTi
         for update in updates:
             editor.add_control_inputs(update, prefetch_names)
     return editor.finish()
+
+
+def chain_to_host(graph: GraphIR, groups: list[PersistentGroup], timeline: StepTimeline, host: str,
+                  min_bytes: int = 64 * 1024, in_flight: int = TO_HOST_IN_FLIGHT) -> GraphIR:
+    """Bound how many host-resident tensors have a copy on the device at once, whatever order TF's executor
+    takes: at most ``in_flight`` prefetched copies and gradients on their way to the host together.
+
+    Each large device tensor that ``groups``' host ops read (a gradient) goes through a host ``Identity``
+    (its *receipt*, done once it left the device). The *items* -- each prefetch, and each device op making
+    such a tensor -- form one chain, and item j starts only after items up to j - ``in_flight`` are over
+    (every reader of the prefetched copy ran; every receipt came): it waits for the ends of items
+    j - 2 * in_flight + 1 .. j - in_flight, which themselves started after the earlier ones ended.
+
+    Why: prefetch triggers come from the simulated schedule, but with many independent experts the executor
+    takes another order. Measured at 64 experts without the chain: 52 experts' weight gradients (13 MiB)
+    waited on the device at its peak, made within milliseconds while the host took them one by one; chaining
+    only the gradients then left 56 prefetched weights (14 MiB) on the device at once.
+
+    The chain follows a topological order of ``graph`` (``_chain_order``), in which the receipts and the
+    chain's edges are laid out, so they close no cycle; ``graph`` must hold every other edge the caller adds.
+    A prefetch whose trigger would make the chain wait for itself gets an earlier trigger instead.
+    """
+    members = {m for g in groups for m in g.members if m in graph}
+    readers: dict[TensorRef, list[str]] = {}
+    for m in sorted(members):
+        for t in graph[m].inputs:
+            if (t.node not in members and graph[t.node].device != host and t.node in timeline.rank
+                    and movable(graph, t) and (graph.spec(t).nbytes or 0) >= min_bytes):
+                readers.setdefault(t, []).append(m)
+    receipts: dict[TensorRef, str] = {}
+    after: dict[str, list[OpNode]] = {}   # node -> the receipts laid out right after it
+    names = set(graph.by_name)
+    for t in sorted(readers, key=lambda t: (timeline.rank[t.node], t.index)):
+        name = _unique(names, f"{t.node}/tfmem_to_host_{t.index}")
+        receipts[t] = name
+        attrs = {DO_NOT_REMOVE: attr_value_pb2.AttrValue(b=True), **identity_attrs(graph, t, TO_HOST_TAG)}
+        after.setdefault(t.node, []).append(OpNode(name, "Identity", (t,), (), host, (graph.spec(t),),
+                                                   MappingProxyType(attrs)))
+    # Each item holds device memory from its start until every node in ``pending`` ran; later items wait
+    # for the nodes in ``done_by`` (a gradient: its receipts; a prefetched copy: the ops that read it).
+    pending: dict[str, set[str]] = {}
+    done_by: dict[str, list[str]] = {}
+    for t, receipt in receipts.items():
+        alloc = _allocating_op(graph, t)
+        if alloc in timeline.rank:
+            pending.setdefault(alloc, set()).add(t.node)
+            done_by.setdefault(alloc, []).append(receipt)
+    for node in graph.nodes:
+        if node.attr_bool(PREFETCH_TAG) and graph.successors.get(node.name):
+            pending[node.name] = set(graph.successors[node.name])
+            done_by[node.name] = list(graph.successors[node.name])
+    if not pending:
+        return graph
+    plan = _chain_order(graph, timeline, pending, host, in_flight)
+    waits: dict[str, list[str]] = {}
+    for j, start in enumerate(plan.chain):
+        for i in range(max(0, j - 2 * in_flight + 1), j - in_flight + 1):
+            waits.setdefault(start, []).extend(done_by[plan.chain[i]])
+    nodes: list[OpNode] = []
+    for name in plan.order:
+        node = graph[name]
+        control = tuple(c for c in node.control_inputs if c not in plan.dropped.get(name, ()))
+        control += tuple(dict.fromkeys(c for c in (*plan.added.get(name, ()), *waits.get(name, ()))
+                                       if c not in control))
+        inputs = tuple(TensorRef(receipts[t], 0) if name in readers.get(t, ()) else t for t in node.inputs)
+        if control != node.control_inputs or inputs != node.inputs:
+            node = dataclasses.replace(node, inputs=inputs, control_inputs=control)
+        nodes.append(node)
+        nodes += after.get(name, [])
+    return graph.replace_nodes(tuple(nodes))
+
+
+@dataclass(frozen=True)
+class ChainPlan:
+    """What ``_chain_order`` found: a topological order, the chain, and prefetch triggers it moved."""
+
+    order: tuple[str, ...]
+    chain: tuple[str, ...]                     # items (allocating ops, prefetches) in the order they start
+    dropped: Mapping[str, tuple[str, ...]]     # prefetch -> triggers it no longer waits for
+    added: Mapping[str, tuple[str, ...]]       # prefetch -> its new trigger
+
+
+def _chain_order(graph: GraphIR, timeline: StepTimeline, items: Mapping[str, set[str]], host: str,
+                 in_flight: int) -> ChainPlan:
+    """Kahn's algorithm over ``graph``'s nodes (loop back edges aside), in the simulation's order, where an
+    item (a key of ``items``) may come only once every item ``in_flight`` or more places before it in the
+    chain is over (its set of nodes all came).
+
+    When only held items are left ready, a prefetch that waits for nothing but its trigger is released (its
+    trigger becomes the device op laid out last: prefetch triggers only time a copy, the simulated order
+    interleaves experts, and a chain cannot follow that); failing that, a held op stays out of the chain.
+    """
+    loops = back_edges(graph)
+    index = {n.name: i for i, n in enumerate(graph.nodes)}
+    preds = {n.name: [p for p in n.predecessors if (p, n.name) not in loops] for n in graph.nodes}
+    succs: dict[str, list[str]] = {name: [] for name in preds}
+    for name, ps in preds.items():
+        for p in ps:
+            succs[p].append(name)
+    waiting = {name: len(ps) for name, ps in preds.items()}
+    soft = {n.name: set(n.control_inputs) for n in graph.nodes if n.attr_bool(PREFETCH_TAG) and n.control_inputs}
+    urgency = {p: min((timeline.rank.get(c, len(index)) for c in graph.successors.get(p, ())), default=len(index))
+               for p in soft}
+    position: dict[str, float] = {}   # the simulated rank; a node the simulation lacks runs once ready
+    done: set[str] = set()
+
+    def entry(name: str) -> tuple[float, int, str]:
+        unit = timeline.eg.unit_of.get(name)
+        rank = timeline.rank.get(unit) if unit is not None else None
+        position[name] = float(rank) if rank is not None else max(
+            (position[p] for p in preds[name] if p in done), default=-1.0)
+        return position[name], index[name], name
+
+    ready = [entry(name) for name, n in waiting.items() if n == 0]
+    heapq.heapify(ready)
+    pending = {a: set(nodes) for a, nodes in items.items()}   # nodes still to come, per item
+    producers: dict[str, list[str]] = {}
+    for a, nodes in items.items():
+        for n in nodes:
+            producers.setdefault(n, []).append(a)
+    order: list[str] = []
+    chain: list[str] = []
+    held: list[tuple[float, int, str]] = []
+    dropped: dict[str, tuple[str, ...]] = {}
+    added: dict[str, tuple[str, ...]] = {}
+    last_device: str | None = None
+    while ready or held:
+        if not ready:
+            stuck = [p for p in soft if p not in done and p not in dropped
+                     and 0 < waiting[p] == len(soft[p] - done) and all(q in done for q in preds[p] if q not in soft[p])]
+            if stuck:
+                p = min(stuck, key=lambda p: (urgency[p], index[p]))
+                dropped[p] = tuple(soft[p] - done)
+                added[p] = (last_device,) if last_device is not None and last_device not in soft[p] else ()
+                waiting[p] = 0
+                heapq.heappush(ready, entry(p))
+                continue
+            item = heapq.heappop(held)
+        else:
+            item = heapq.heappop(ready)
+            if item[2] in items:
+                if any(pending[a] for a in chain[:max(0, len(chain) - in_flight + 1)]):
+                    heapq.heappush(held, item)
+                    continue
+                chain.append(item[2])
+        u = item[2]
+        order.append(u)
+        done.add(u)
+        node = graph[u]
+        if (node.device != host and u in timeline.rank and node.op not in PERSISTENT_OUTPUT_OPS
+                and node.op not in VARIABLE_OPS and node.op not in PLACEHOLDER_OPS):
+            last_device = u
+        for a in producers.get(u, ()):
+            pending[a].discard(u)
+            if not pending[a]:
+                for h in held:
+                    heapq.heappush(ready, h)
+                held = []
+        for s in succs[u]:
+            if s in dropped and u in dropped[s]:
+                continue
+            waiting[s] -= 1
+            if waiting[s] == 0:
+                heapq.heappush(ready, entry(s))
+    if len(order) != len(graph.nodes):
+        raise ValueError("chain_to_host: the graph has a cycle outside v1 loop frames")
+    return ChainPlan(tuple(order), tuple(chain), dropped, added)
+
+
+def _unique(names: set[str], base: str) -> str:
+    name, i = base, 0
+    while name in names:
+        i += 1
+        name = f"{base}_{i}"
+    names.add(name)
+    return name
+
+
+def _allocating_op(graph: GraphIR, tensor: TensorRef) -> str:
+    """The op whose output buffer ``tensor`` is: walk back through identities (they pass the buffer on)."""
+    node = graph[tensor.node]
+    while node.op in IDENTITY_OPS and len(node.inputs) == 1:
+        node = graph[node.inputs[0].node]
+    return node.name
 
 
 def plan_group_prefetches(graph: GraphIR, group: PersistentGroup, timeline: StepTimeline,

@@ -38,6 +38,7 @@ import pulp
 from passes.place_persistent import (
     PersistentGroup,
     PlacePersistent,
+    chain_to_host,
     persistent_groups,
     place_groups,
     plan_group_prefetches,
@@ -265,6 +266,8 @@ def apply_options(graph: GraphIR, chosen: Sequence[Option], timeline: StepTimeli
         graph = apply_swaps(graph, swaps, host)  # type: ignore[arg-type]
     if recomputes:
         graph = apply_recompute(graph, recomputes)  # type: ignore[arg-type]
+    if groups and host is not None:  # last: its chain must respect every edge the others added
+        graph = chain_to_host(graph, groups, timeline, host)  # type: ignore[arg-type]
     return graph
 
 
