@@ -2,13 +2,15 @@
 
 It follows TensorFlow's executor and allocator:
 
-* the order is ``tfmem.schedule.emulate`` (TF's ready-queue policy) unless an explicit order is given;
+* the order is ``tfmem.schedule.emulate`` (TF's ready-queue policy; of several draws of the successor orders
+  TF hashes, the one with the median peak) unless an explicit order is given;
 * an op's outputs are allocated when it starts and each buffer is freed when its last reader finishes;
-* ``Identity``/``Reshape``-like ops and ``ReadVariableOp`` share their input's buffer;
+* ``Identity``/``Reshape``-like ops, ``ReadVariableOp`` and dim-0 slices of whole aligned rows
+  (``tfmem.opmemory.VIEW_RULES``) share their input's buffer;
 * element-wise kernels reuse an input buffer of the same size when they are its last reader (TF's
   ``forward_input_or_allocate_output``);
-* constants and variable storage are persistent; fed tensors arrive before the step and fetched tensors are
-  held to its end; a tensor crossing devices occupies both until the receiver is done with its copy;
+* constants and variable storage are persistent (variables allocated first: they were initialised before the
+  step); fed tensors arrive before the step and, like fetched ones, are held to its end; a tensor crossing devices occupies both until the receiver is done with its copy;
 * kernels' scratch buffers (``tfmem.opmemory``) live while their op runs;
 * allocations go through a model of TF's BFC allocator (``tfmem.bfc``), so peaks are chunk sizes as TF
   reports them.
