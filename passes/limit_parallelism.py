@@ -27,7 +27,7 @@ from typing import ClassVar
 
 from passes.partition import ORDER_ATTR, PARTITION_ATTR, Partition
 from tfmem import costmodel
-from tfmem.analysis import Analysis, OrderFootprint, analyse, order_footprint
+from tfmem.analysis import Analysis, OrderFootprint, analyse
 from tfmem.editor import GraphEditor
 from tfmem.errors import BadInputError
 from tfmem.execution import ExecutionGraph
@@ -69,14 +69,13 @@ class LimitParallelism:
         if not any(PARTITION_ATTR in n.attrs for n in graph.nodes):
             graph = Partition().run(graph, ctx).graph
         untagged = strip_tags(graph)
-        eg = ExecutionGraph.build(untagged, ctx.fetches, ctx.feed_shapes)
-        parts = _partitions(graph, eg)
+        analysis = analyse(untagged, list(ctx.fetches), list(ctx.feed_shapes), costmodel.DEFAULT_DEVICE)
+        parts = _partitions(graph, analysis.eg)
         if len(parts) < 2:
             return PassResult(untagged, False, PassReport.empty(self.name, "one partition: nothing to limit"))
         threads = ctx.threads
         base = ctx.simulate(untagged, grappler=False, inter_op_threads=threads)
-        analysis = analyse(untagged, list(ctx.fetches), list(ctx.feed_shapes), costmodel.DEFAULT_DEVICE)
-        shape = _Shape.of(analysis.eg, parts)
+        shape = _Shape.of(analysis, parts)
         resident = base.persistent_bytes + sum(untagged.spec(t).nbytes or 0 for t in analysis.eg.fed)
         base_step = shape.step_s(analysis, None)
         ks = [self.k] if isinstance(self.k, int) else _candidates(len(parts), threads)
@@ -170,9 +169,10 @@ class _Shape:
     footprint: OrderFootprint
 
     @classmethod
-    def of(cls, eg: ExecutionGraph, parts: list[list[str]]) -> _Shape:
+    def of(cls, analysis: Analysis, parts: list[list[str]]) -> _Shape:
+        eg = analysis.eg
         order = [u for part in parts for u in part]
-        fp = order_footprint(eg, order)
+        fp = analysis.footprints.footprint(order)
         window, at = [], 0
         for part in parts:
             window.append((at, at + len(part)))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 from tensorflow.python.framework import op_def_registry
@@ -38,6 +38,7 @@ class OrderingProblem:
     """The unit DAG of one step, plus the chain that pins stateful ops' relative order."""
 
     eg: ExecutionGraph
+    model: FootprintModel | None = field(default=None, compare=False)  # shared with the simulator's analysis
 
     @cached_property
     def preds(self) -> dict[str, tuple[str, ...]]:
@@ -76,7 +77,7 @@ class OrderingProblem:
     @cached_property
     def footprints(self) -> FootprintModel:
         """Scores orders: ``problem.footprints.footprint(order).peak_bytes``."""
-        return FootprintModel(self.eg)
+        return self.model or FootprintModel(self.eg)
 
     @cached_property
     def index(self) -> dict[str, int]:

@@ -22,7 +22,8 @@ from typing import ClassVar
 from tensorflow.core.framework import attr_value_pb2
 
 from passes.ordering import STRATEGIES, OrderingProblem, refine
-from tfmem.analysis import OrderFootprint
+from tfmem import costmodel
+from tfmem.analysis import OrderFootprint, analyse
 from tfmem.execution import ExecutionGraph
 from tfmem.ir import GraphIR, OpNode
 from tfmem.pipeline import PassContext, PassReport, PassResult
@@ -42,8 +43,11 @@ class Partition:
     search_evals: int = 200  # most orders the local search around the peak scores (fewer on large graphs)
 
     def run(self, graph: GraphIR, ctx: PassContext) -> PassResult:
-        eg = ExecutionGraph.build(graph, ctx.fetches, ctx.feed_shapes)
-        problem = OrderingProblem(eg)
+        # The simulator's analysis of this graph (cached, and shared with copies that differ only in tags)
+        # holds the footprint model that scores orders; limit_parallelism and optimize reuse it.
+        analysis = analyse(graph, list(ctx.fetches), list(ctx.feed_shapes), costmodel.DEFAULT_DEVICE)
+        eg = analysis.eg
+        problem = OrderingProblem(eg, analysis.footprints)
         scored = []
         for strategy, make_order in STRATEGIES.items():
             footprint = problem.footprints.footprint(make_order(problem))
