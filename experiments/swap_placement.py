@@ -28,7 +28,7 @@ import tfmem  # noqa: E402
 from experiments._common import RESULTS, provenance, testbed_run, write  # noqa: E402
 from tfmem import examples  # noqa: E402
 from tfmem.measure import grappler_peak  # noqa: E402
-from tfmem.testbed import DEVICE, HOST, Testbed  # noqa: E402
+from tfmem.testbed import DEVICE, HOST, RunResult, Testbed  # noqa: E402
 from tfmem.units import format_bytes  # noqa: E402
 
 MiB = 2**20
@@ -61,14 +61,37 @@ TF_MODES = {
 }
 
 
-def run_case(built: examples.Built, fraction: float, fits: float, steps: int, tiny: bool) -> dict[str, object]:
-    fetches, feeds = list(built.fetches), built.feeds
+def run_graph(built: examples.Built, fractions: list[float], fits: float, steps: int,
+              tiny: bool) -> dict[str, object]:
+    """Try the budget fractions in order; keep the first at which tfmem runs (or the last tried).
+
+    A fraction at which vanilla itself fits ends the ladder: larger ones would not show anything.
+    """
     with Testbed(ROOMY) as tb:
-        vanilla = tb.run(built.graph, fetches, feeds, steps=steps)
+        vanilla = tb.run(built.graph, list(built.fetches), built.feeds, steps=steps)
+    tried = []
+    row: dict[str, object] = {}
+    for fraction in fractions:
+        row = run_case(built, vanilla, fraction, fits, steps, tiny)
+        t = row["tfmem"]
+        outcome = ("refused" if "refused" in t else "error" if t.get("error") else "OOM" if t.get("oom")  # type: ignore[union-attr]
+                   else "ran")
+        vanilla_fit = "vanilla" in row and not row["vanilla"]["oom"]  # type: ignore[index]
+        tried.append({"fraction": fraction, "budget_bytes": row["budget_bytes"], "tfmem": outcome,
+                      "vanilla": "fits" if vanilla_fit else "OOM" if "vanilla" in row else "-"})
+        if outcome == "ran" or vanilla_fit:
+            break
+    row["ladder"] = tried
+    return row
+
+
+def run_case(built: examples.Built, vanilla: RunResult, fraction: float, fits: float, steps: int,
+             tiny: bool) -> dict[str, object]:
+    fetches, feeds = list(built.fetches), built.feeds
     peak = vanilla.device_peak_bytes or 0
     budget = max(int(peak * fraction) // MiB, 2) * MiB
     row: dict[str, object] = {"vanilla_roomy_peak_bytes": peak, "vanilla_roomy_step_s": vanilla.step_time_s,
-                              "budget_bytes": budget}
+                              "budget_bytes": budget, "fraction": fraction}
     try:
         opt = tfmem.optimize(built.graph, fetches, budget=budget, feed_shapes=built.feed_shapes,
                              device=DEVICE, host=HOST)
@@ -111,8 +134,8 @@ def markdown(result: dict[str, object]) -> str:
     lines = [
         "# Swap and placement: training under a budget where vanilla runs out of memory",
         "",
-        f"Command: `{result['provenance']['command']}`. Budget = {result['fraction']} x vanilla's measured peak "
-        "(testbed). Peaks: testbed allocator (measured); 'sim' = tfmem simulator; Grappler = Grappler's "
+        f"Command: `{result['provenance']['command']}`. Budget: the first of {result['fractions']} x vanilla's "
+        "measured peak (testbed) at which tfmem runs; every fraction tried is listed below the table. Peaks: testbed allocator (measured); 'sim' = tfmem simulator; Grappler = Grappler's "
         "virtual-GPU estimate. Step time: median testbed wall time.",
         "",
         "| graph | budget | vanilla | TF swapping | TF heuristics | tfmem | tfmem sim | tfmem step / vanilla roomy "
@@ -141,6 +164,11 @@ def markdown(result: dict[str, object]) -> str:
             f"| {format_bytes(row['simulated_bytes']['tfmem'])} | {slow} | {row['outputs_identical']} "
             f"| {format_bytes(g['vanilla'])} / {format_bytes(g['tfmem'])} ({g['tfmem'] < g['vanilla']}) "
             f"| {fit_ratio} |")
+    lines += ["", "Budgets tried, in order:", ""]
+    for name, row in result["graphs"].items():
+        lines.append(f"- {name}: " + "; ".join(
+            f"{a['fraction']}x = {format_bytes(a['budget_bytes'])}: vanilla {a['vanilla']}, tfmem {a['tfmem']}"
+            for a in row.get("ladder", [])))
     lines += ["", "What each pass did:", ""]
     for name, row in result["graphs"].items():
         for p, notes in row.get("passes", {}).items():
@@ -151,17 +179,22 @@ def markdown(result: dict[str, object]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="one small graph, no TF-optimizer runs (CI smoke)")
-    parser.add_argument("--fraction", type=float, default=0.7, help="budget as a fraction of vanilla's peak")
+    parser.add_argument("--fraction", default="0.7,0.8,0.9",
+                        help="budgets as fractions of vanilla's peak, tried in order until tfmem runs")
     parser.add_argument("--fits", type=float, default=1.15, help="budget where vanilla fits, x its peak")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args(argv)
-    if not 0 < args.fraction < 1 or args.fits <= 1:
-        parser.error("--fraction must be in (0, 1) and --fits above 1")
+    try:
+        fractions = [float(f) for f in args.fraction.split(",") if f.strip()]
+    except ValueError:
+        parser.error(f"--fraction takes comma-separated numbers, got {args.fraction!r}")
+    if not fractions or not all(0 < f < 1 for f in fractions) or args.fits <= 1:
+        parser.error("--fraction values must be in (0, 1) and --fits above 1")
     cases = graphs(args.tiny)
-    result: dict[str, object] = {"provenance": provenance(argv), "fraction": args.fraction, "graphs": {}}
+    result: dict[str, object] = {"provenance": provenance(argv), "fractions": fractions, "graphs": {}}
     for name, built in tqdm(cases.items(), desc="graphs", unit="graph"):
-        result["graphs"][name] = run_case(built, args.fraction, args.fits, args.steps, args.tiny)
+        result["graphs"][name] = run_graph(built, fractions, args.fits, args.steps, args.tiny)
     from pathlib import Path
 
     paths = write("swap_placement_tiny" if args.tiny else "swap_placement", result, markdown(result), Path(args.out))

@@ -35,6 +35,7 @@ def test_swap_placement_tiny(tmp_path):
     assert swap_placement.main(["--tiny", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "swap_placement_tiny.json").read_text())
     (row,) = data["graphs"].values()
+    assert row["ladder"] and row["ladder"][-1]["budget_bytes"] == row["budget_bytes"]
     if "refused" not in row["tfmem"]:  # accepted: vanilla runs out of memory, tfmem does not, same outputs
         assert row["vanilla"]["oom"] and not row["tfmem"]["oom"] and row["outputs_identical"]
         assert row["tfmem"]["peak_bytes"] <= row["budget_bytes"]
