@@ -2,17 +2,31 @@
 
 The same ratings, initial factors, learning rate and regularisation for every method, all per-rating SGD.
 ``serial``: the serial loop (``sgd_serial_numba`` over the ratings in data order), the yardstick that
-defines the targets.  ``orion_par 2D``: the serial loop body under ``@parallel_for`` (2D plan), 2 worker
-threads, one epoch per ``run``.  ``data-parallel s=k``: the standard SSP data-parallel SGD of
-``ssp_vs_bsp`` on ``orion_par.ps`` (2 workers, each owning a random half of the ratings; each clock one
-mini-batch of it, read from the server, SGD on the worker's copy, the changes sent as increments;
-staleness ``k``; real compute, no straggler, no bandwidth limit).
+defines the targets.  ``orion_par 2D``: the serial loop body under ``@parallel_for`` (2D plan), ``w``
+worker threads, one epoch per ``run``.  ``data-parallel s=k``: the standard SSP data-parallel SGD of
+``ssp_vs_bsp`` on ``orion_par.ps`` (``w`` workers, each owning a random ``1/w`` of the ratings; each clock
+one mini-batch of it, read from the server, SGD on the worker's copy, the changes sent as increments;
+staleness ``k``; real compute, no straggler, no bandwidth limit).  Each worker count ``w`` in
+``--workers`` is a separate comparison; workers are threads, and epochs to a target do not depend on
+how many cores run them (orion_par's run equals a serial run; data-parallel's updates depend on the
+clock and staleness bound, though which stale copy an SSP worker reads can depend on thread timing).
 
 Targets are chosen from the serial run, not tuned: the training RMSE serial SGD reaches after ``N``
 epochs, for each ``N`` in ``TARGET_EPOCHS``.  Epochs to a target are whole epochs for every method (a
 data-parallel run is looked at after its last clock of each epoch).  Two learning rates: 0.01 (as in
 ``ssp_vs_bsp``; serial SGD still descends at 15 epochs) and 0.03 (serial SGD reaches its noise floor in
 about 4 epochs, so later targets differ from each other by less than the plateau's order-dependent noise).
+
+Order noise.  Every method visits the ratings in its own order: orion_par 2D in its block rotation (its
+run equals ``sgd_serial_numba`` over ``schedule(w).serial_order()``, checked here every run and recorded
+as ``orion_vs_serial_on_its_order``), data-parallel user by user inside each mini-batch chunk.  Serial
+SGD over ``--orders`` random orders of the same ratings (``serial, other orders``: min-max) shows how far
+the order alone moves the epochs to a target; ``orion_par 2D, other orders`` is orion_par's block order
+built from each of those same orders (the serial loop over it, which is what the run computes).  At lr
+0.01 that block order crosses the targets from N=6 on later than random orders do (every block pairs
+``1/w`` of the users with ``1/(2w)`` of the items, in the same rotation every epoch): that is why
+orion_par 2D trails the serial run there.  Its run matches the serial loop over its block order exactly
+(difference 0), so this is an effect of the visiting order, not an executor bug.
 Run: ``python -m experiments.orion_vs_dataparallel`` or ``--tiny``.
 """
 
@@ -36,11 +50,16 @@ from orion_par.ps import ClientOptions
 
 TARGET_EPOCHS = {"full": (2, 4, 6, 8, 10, 12), "tiny": (1, 2, 3)}
 LRS = {"full": (0.01, 0.03), "tiny": (0.03,)}
+WORKERS = {"full": (2, 8), "tiny": (2,)}
+ORDERS = {"full": 8, "tiny": 1}
 
 
-def serial_curve(problem: dict[str, Any], cfg: dict[str, Any]) -> dict[str, list[float]]:
+def serial_curve(problem: dict[str, Any], cfg: dict[str, Any], order: np.ndarray | None = None
+                 ) -> dict[str, list[float]]:
+    """The serial loop over the ratings in ``order`` (default: data order), the same order every epoch."""
     W, H = problem["init"]["W"].copy(), problem["init"]["H"].copy()
-    keys, values = np.ascontiguousarray(problem["keys"]), np.ascontiguousarray(problem["values"])
+    idx = np.arange(problem["keys"].shape[0]) if order is None else order
+    keys, values = np.ascontiguousarray(problem["keys"][idx]), np.ascontiguousarray(problem["values"][idx])
     sgd_serial_numba(keys[:1], values[:1], W.copy(), H.copy(), cfg["lr"], cfg["reg"])  # compile before timing
     curve: dict[str, list[float]] = {"epoch": [0], "time_s": [0.0], "loss": [problem["loss"]({"W": W, "H": H})]}
     spent = 0.0
@@ -54,12 +73,11 @@ def serial_curve(problem: dict[str, Any], cfg: dict[str, Any]) -> dict[str, list
     return curve
 
 
-def orion_curve(problem: dict[str, Any], cfg: dict[str, Any]) -> dict[str, list[float]]:
+def orion_curve(problem: dict[str, Any], cfg: dict[str, Any]) -> tuple[dict[str, list[float]], np.ndarray]:
+    """orion_par 2D's curve, and the record order of the serial run it equals (one epoch)."""
     W = DistArray(problem["init"]["W"].copy())
     H = DistArray(problem["init"]["H"].copy())
-    from models.mf import synthetic_ratings
-
-    ratings = synthetic_ratings(cfg["users"], cfg["items"], cfg["ratings"], cfg["rank"], seed=0).ratings
+    ratings = DistArray.from_coo(problem["keys"], problem["values"])
     sgd = parallel_sgd(ratings, W, H, lr=cfg["lr"], reg=cfg["reg"])
     sgd.run(workers=cfg["workers"], epochs=0)  # compile before timing
     curve: dict[str, list[float]] = {"epoch": [0], "time_s": [0.0], "loss": [problem["loss"]({"W": W, "H": H})]}
@@ -71,7 +89,14 @@ def orion_curve(problem: dict[str, Any], cfg: dict[str, Any]) -> dict[str, list[
         curve["epoch"].append(e + 1)
         curve["time_s"].append(round(spent, 4))
         curve["loss"].append(problem["loss"]({"W": W, "H": H}))
-    return curve
+    return curve, sgd.schedule(cfg["workers"]).serial_order()
+
+
+def block_order(problem: dict[str, Any], cfg: dict[str, Any], workers: int, perm: np.ndarray) -> np.ndarray:
+    """One epoch of orion_par 2D's serial order (indices into ``perm``) when the ratings come in order ``perm``."""
+    ratings = DistArray.from_coo(problem["keys"][perm], problem["values"][perm])
+    W, H = DistArray(problem["init"]["W"].copy()), DistArray(problem["init"]["H"].copy())
+    return parallel_sgd(ratings, W, H, lr=cfg["lr"], reg=cfg["reg"]).schedule(workers).serial_order()
 
 
 def dp_curve(problem: dict[str, Any], cfg: dict[str, Any], staleness: int) -> dict[str, list[float]]:
@@ -111,37 +136,71 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     ap.add_argument("--lr", type=float, default=None, help="one SGD learning rate (default: 0.01 and 0.03)")
+    ap.add_argument("--workers", type=int, nargs="+", default=None,
+                    help="worker counts, one comparison each (default: 2 8; threads, any number of cores)")
+    ap.add_argument("--orders", type=int, default=None,
+                    help="random rating orders for the serial order-noise row (default: 8, tiny 1)")
     args = ap.parse_args(argv)
     size = "tiny" if args.tiny else "full"
-    base = dict(MF_TINY if args.tiny else MF_FULL, workers=2, clock_s=None, epochs=4 if args.tiny else 15)
+    workers = tuple(args.workers or WORKERS[size])
+    orders = ORDERS[size] if args.orders is None else args.orders
+    base = dict(MF_TINY if args.tiny else MF_FULL, clock_s=None, epochs=4 if args.tiny else 15)
+    base.pop("workers")
     record: dict[str, Any] = {"command": "python -m experiments.orion_vs_dataparallel " + " ".join(argv or sys.argv[1:]),
                               "date": datetime.datetime.now().isoformat(timespec="seconds"), "versions": versions(),
-                              "machine": machine(), "tiny": args.tiny, "parameters": base, "runs": {}}
+                              "machine": machine(), "tiny": args.tiny,
+                              "parameters": dict(base, workers=list(workers), orders=orders), "runs": {}}
     lrs = (args.lr,) if args.lr else LRS[size]
-    with tqdm(total=4 * len(lrs), desc="orion_vs_dataparallel", disable=None) as bar:
+    with tqdm(total=len(lrs) * (1 + orders + 3 * len(workers)), desc="orion_vs_dataparallel", disable=None) as bar:
         for lr in lrs:
-            record["runs"][str(lr)] = compare(dict(base, lr=lr), TARGET_EPOCHS[size], bar)
+            record["runs"][str(lr)] = compare(dict(base, lr=lr), workers, orders, TARGET_EPOCHS[size], bar)
     record["machine"]["loadavg_end"] = os.getloadavg()
     write(Path(args.out), "orion_vs_dataparallel", record, markdown(record))
     return 0
 
 
-def compare(cfg: dict[str, Any], target_epochs: tuple[int, ...], bar: Any) -> dict[str, Any]:
-    problem = mf_problem(cfg)
-    run_setting(dict(problem, cfg=dict(cfg, epochs=1)), 0, ClientOptions(), "none")  # compile first
-    methods = {"serial": lambda: serial_curve(problem, cfg), "orion_par 2D": lambda: orion_curve(problem, cfg),
-               "data-parallel s=0": lambda: dp_curve(problem, cfg, 0),
-               "data-parallel s=2": lambda: dp_curve(problem, cfg, 2)}
-    curves = {}
-    for label, fn in methods.items():
-        curves[label] = fn()
+def compare(cfg: dict[str, Any], workers: tuple[int, ...], orders: int, target_epochs: tuple[int, ...],
+            bar: Any) -> dict[str, Any]:
+    """One learning rate: the serial yardstick and order-noise band, then one comparison per worker count."""
+    problem = mf_problem(dict(cfg, workers=1))
+    serial = serial_curve(problem, cfg)
+    bar.update(1)
+    targets = {n: serial["loss"][n] for n in target_epochs if n < len(serial["loss"])}
+    n_ratings = problem["keys"].shape[0]
+    perms = [np.random.default_rng(1000 + k).permutation(n_ratings) for k in range(orders)]
+    spread: dict[str, list[float | None]] = {str(n): [] for n in targets}
+    for perm in perms:
+        other = serial_curve(problem, cfg, perm)
+        for n, t in targets.items():
+            spread[str(n)].append(crossing(other, t))
         bar.update(1)
-    targets = {n: curves["serial"]["loss"][n] for n in target_epochs if n < len(curves["serial"]["loss"])}
-    table = {k: {"epochs_to_target": {str(n): first(c, t, "epoch") for n, t in targets.items()},
-                 "interpolated_epochs": {str(n): crossing(c, t) for n, t in targets.items()},
-                 "time_to_target_s": {str(n): first(c, t, "time_s") for n, t in targets.items()},
-                 "final_rmse": c["loss"][-1]} for k, c in curves.items()}
-    return {"lr": cfg["lr"], "targets": {str(n): t for n, t in targets.items()}, "table": table, "curves": curves}
+    out: dict[str, Any] = {"lr": cfg["lr"], "targets": {str(n): t for n, t in targets.items()},
+                           "serial_other_orders": spread, "by_workers": {}}
+    for w in workers:
+        wcfg = dict(cfg, workers=w)
+        wproblem = mf_problem(wcfg)  # the same ratings and initial factors; its data-parallel program has w workers
+        run_setting(dict(wproblem, cfg=dict(wcfg, epochs=1)), 0, ClientOptions(), "none")  # compile first
+        orion, order = orion_curve(wproblem, wcfg)
+        same = serial_curve(wproblem, wcfg, order)
+        bar.update(1)
+        # orion_par 2D's block order over the same random orders of the ratings (its run equals this serial run)
+        block_spread: dict[str, list[float | None]] = {str(n): [] for n in targets}
+        for perm in perms:
+            other = serial_curve(problem, cfg, perm[block_order(problem, cfg, w, perm)])
+            for n, t in targets.items():
+                block_spread[str(n)].append(crossing(other, t))
+        curves = {"serial": serial, "orion_par 2D": orion}
+        for s in (0, 2):
+            curves[f"data-parallel s={s}"] = dp_curve(wproblem, wcfg, s)
+            bar.update(1)
+        table = {k: {"epochs_to_target": {str(n): first(c, t, "epoch") for n, t in targets.items()},
+                     "interpolated_epochs": {str(n): crossing(c, t) for n, t in targets.items()},
+                     "time_to_target_s": {str(n): first(c, t, "time_s") for n, t in targets.items()},
+                     "final_rmse": c["loss"][-1]} for k, c in curves.items()}
+        out["by_workers"][str(w)] = {
+            "workers": w, "table": table, "curves": curves, "orion_block_order_other_orders": block_spread,
+            "orion_vs_serial_on_its_order": max(abs(a - b) for a, b in zip(orion["loss"], same["loss"], strict=True))}
+    return out
 
 
 def markdown(rec: dict[str, Any]) -> str:
@@ -149,26 +208,53 @@ def markdown(rec: dict[str, Any]) -> str:
     lines = ["# orion_vs_dataparallel", "", f"`{rec['command']}` on {rec['date']}, {rec['machine']['cpus']} CPUs "
              f"(load {rec['machine']['loadavg_start'][0]:.1f} at start); {rec['versions']}.", "",
              f"MF ({p['ratings']} ratings requested, {p['users']} users x {p['items']} items, rank {p['rank']}), "
-             f"{p['workers']} workers, reg {p['reg']}, {p['epochs']} epochs; data-parallel: {p['batches']} clocks per "
-             "epoch. Target N = the training RMSE serial SGD reaches after N epochs; epochs are whole epochs for "
-             "every method, with the crossing interpolated between epochs in brackets; 'not reached' = not within "
-             "the run's epochs. Seconds: compute of the run up to that epoch, loss evaluation excluded.", ""]
+             f"reg {p['reg']}, {p['epochs']} epochs, the same data, initial factors, lr and reg for every method; "
+             f"data-parallel: {p['batches']} clocks per epoch. Workers are threads on {rec['machine']['cpus']} "
+             "cores: epochs to a target do not depend on real parallelism (orion_par's run equals a serial run over "
+             "its block order; data-parallel s=0 reads the server at each clock), but the seconds do, so read "
+             "them as cost on this machine, not parallel speed. Data-parallel s=2 is not deterministic: which "
+             "stale copy a worker reads depends on thread timing, so its row moves from run to run. Target N = "
+             "the training RMSE serial SGD (data order) reaches after N epochs; epochs are whole epochs for every "
+             "method, with the crossing interpolated between epochs in brackets; 'not reached' = not within the "
+             f"run's epochs. 'serial, other orders' = the serial loop over {p['orders']} random orders of the same "
+             "ratings (interpolated epochs, min-max; 'k/n reached' when some orders never reach it): how far the "
+             "visiting order alone moves a crossing. 'orion_par 2D, other orders' = orion_par's block order built "
+             "from each of those same orders (the serial loop over it, which is what the run computes). Seconds: "
+             "compute "
+             "of the run up to that epoch, loss evaluation excluded.", ""]
     for lr, run in rec["runs"].items():
         targets = run["targets"]
-        lines += [f"## lr {lr}: epochs to target", "",
-                  "| method | " + " | ".join(f"N={n} (RMSE {t:.4f})" for n, t in targets.items()) + " | final RMSE |",
-                  "|---|" + "---|" * (len(targets) + 1)]
-        for label, row in run["table"].items():
-            cells = [_cell(row["epochs_to_target"][n], "g") + ("" if row["interpolated_epochs"][n] is None else
-                                                             f" ({row['interpolated_epochs'][n]:.2f})")
-                     for n in targets]
-            lines.append(f"| {label} | " + " | ".join(cells) + f" | {row['final_rmse']:.4f} |")
-        lines += ["", f"## lr {lr}: seconds to target", "",
-                  "| method | " + " | ".join(f"N={n}" for n in targets) + " |", "|---|" + "---|" * len(targets)]
-        for label, row in run["table"].items():
-            lines.append(f"| {label} | " + " | ".join(_cell(row["time_to_target_s"][n], ".2f") for n in targets) + " |")
-        lines.append("")
+        for w, res in run["by_workers"].items():
+            lines += [f"## lr {lr}, {w} workers: epochs to target", "",
+                      "| method | " + " | ".join(f"N={n} (RMSE {t:.4f})" for n, t in targets.items()) + " | final RMSE |",
+                      "|---|" + "---|" * (len(targets) + 1)]
+            for label, row in res["table"].items():
+                cells = [_cell(row["epochs_to_target"][n], "g") + ("" if row["interpolated_epochs"][n] is None else
+                                                                 f" ({row['interpolated_epochs'][n]:.2f})")
+                         for n in targets]
+                lines.append(f"| {label} | " + " | ".join(cells) + f" | {row['final_rmse']:.4f} |")
+                if label == "serial" and p["orders"]:
+                    lines.append("| serial, other orders | " + " | ".join(_band(run["serial_other_orders"][n])
+                                                                         for n in targets) + " | |")
+                if label == "orion_par 2D" and p["orders"]:
+                    lines.append("| orion_par 2D, other orders | " + " | ".join(
+                        _band(res["orion_block_order_other_orders"][n]) for n in targets) + " | |")
+            lines += ["", f"orion_par 2D vs the serial loop over its block order: max RMSE difference "
+                      f"{res['orion_vs_serial_on_its_order']:.2g}.", "",
+                      f"## lr {lr}, {w} workers: seconds to target", "",
+                      "| method | " + " | ".join(f"N={n}" for n in targets) + " |", "|---|" + "---|" * len(targets)]
+            for label, row in res["table"].items():
+                lines.append(f"| {label} | " + " | ".join(_cell(row["time_to_target_s"][n], ".2f") for n in targets)
+                             + " |")
+            lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def _band(xs: list[float | None]) -> str:
+    if any(x is None for x in xs):
+        reached = [x for x in xs if x is not None]
+        return f"{len(reached)}/{len(xs)} reached" + (f" ({min(reached):.2f}-{max(reached):.2f})" if reached else "")
+    return f"{min(xs):.2f}-{max(xs):.2f}"  # type: ignore[type-var]
 
 
 def _cell(x: float | None, fmt: str) -> str:

@@ -33,12 +33,20 @@ def test_managed_comm_tiny(tmp_path):
 
 
 def test_orion_vs_dataparallel_tiny(tmp_path):
-    assert orion_vs_dataparallel.main(["--tiny", "--out", str(tmp_path)]) == 0
+    assert orion_vs_dataparallel.main(["--tiny", "--out", str(tmp_path), "--workers", "2", "3"]) == 0
     res = json.loads((tmp_path / "orion_vs_dataparallel.json").read_text())
     (run,) = res["runs"].values()
-    assert set(run["table"]) == {"serial", "orion_par 2D", "data-parallel s=0", "data-parallel s=2"}
-    orion = run["curves"]["orion_par 2D"]["loss"]
-    assert orion[-1] < orion[0]
-    # the targets are the serial run's RMSE after N epochs, so serial reaches target N at epoch N
-    assert run["table"]["serial"]["epochs_to_target"] == {n: float(n) for n in run["targets"]}
-    assert run["table"]["serial"]["interpolated_epochs"] == {n: float(n) for n in run["targets"]}
+    assert set(run["by_workers"]) == {"2", "3"}
+    assert all(len(band) == 1 for band in run["serial_other_orders"].values())
+    for case in run["by_workers"].values():
+        assert set(case["table"]) == {"serial", "orion_par 2D", "data-parallel s=0", "data-parallel s=2"}
+        orion = case["curves"]["orion_par 2D"]["loss"]
+        assert orion[-1] < orion[0]
+        # orion_par's run is the serial loop over its schedule's block order
+        assert case["orion_vs_serial_on_its_order"] < 1e-9
+        assert all(len(band) == 1 for band in case["orion_block_order_other_orders"].values())
+        # the targets are the serial run's RMSE after N epochs, so serial reaches target N at epoch N
+        serial = case["table"]["serial"]
+        assert serial["epochs_to_target"] == {n: float(n) for n in run["targets"]}
+        assert serial["interpolated_epochs"] == {n: float(n) for n in run["targets"]}
+    assert "3 workers: epochs to target" in (tmp_path / "orion_vs_dataparallel.md").read_text()
