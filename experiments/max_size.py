@@ -17,7 +17,9 @@ size both sides run, and the losses they return are compared (the passes must no
 Writes ``experiments/results/max_size_<family>.json`` and ``.md``.
 
 The search assumes that fitting is monotone in the size; each probe builds a fresh graph, so a full run
-of a family takes minutes. ``--tiny`` runs small models under a small budget, as a smoke test.
+of a family takes minutes (hours for ResNet depth). After every probe the probes so far are written to
+``max_size_<family>.partial.json``, removed when the search completes. ``--tiny`` runs small models under a
+small budget, as a smoke test.
 
     python -m experiments.max_size                                # every family, full size
     python -m experiments.max_size moe --budget 64MiB --passes auto
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import json
 import os
 import time
 from collections.abc import Callable
@@ -168,12 +171,15 @@ class Prober:
     steps: int
     progress: tqdm
     rows: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
+    checkpoint: Callable[[list[dict[str, Any]]], None] | None = None   # called with every probe so far
 
     def fits(self, mode: str, size: int) -> bool:
         if (mode, size) not in self.rows:
             self.progress.set_postfix_str(f"{mode} {self.family.label_name}={self.family.label(size)}")
             self.rows[(mode, size)] = self.probe(mode, size)
             self.progress.update()
+            if self.checkpoint is not None:  # a long search that is stopped still leaves its probes behind
+                self.checkpoint(list(self.rows.values()))
         return self.rows[(mode, size)]["status"] == "ok"
 
     def probe(self, mode: str, size: int) -> dict[str, Any]:
@@ -210,11 +216,12 @@ class Prober:
 
 
 def run_family(family: Family, budget: str, passes: str | list[str] | None, plan_fraction: float, steps: int,
-               maximum: int, quiet: bool, modes: tuple[str, ...] = MODES) -> dict[str, Any]:
+               maximum: int, quiet: bool, modes: tuple[str, ...] = MODES,
+               checkpoint: Callable[[list[dict[str, Any]]], None] | None = None) -> dict[str, Any]:
     """Search ``family`` for vanilla then tfmem (``modes``) under ``budget``; the summary and every probe."""
     budget_bytes = parse_bytes(budget, what="budget")
     with Testbed(budget) as tb, tqdm(desc=f"max_size {family.name}", unit="probe", disable=quiet) as bar:
-        prober = Prober(family, tb, budget_bytes, passes, plan_fraction, steps, bar)
+        prober = Prober(family, tb, budget_bytes, passes, plan_fraction, steps, bar, checkpoint=checkpoint)
         vanilla: tuple[int | None, int | None] = (None, None)
         tuned: tuple[int | None, int | None] = (None, None)
         if "vanilla" in modes:
@@ -342,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="give optimize this fraction of the budget (optimize keeps its own safety margin)")
     parser.add_argument("--steps", type=int, help="timed steps per probe (default 2, tiny 1)")
     parser.add_argument("--max-size", type=int, help="largest size to try (default: the family's)")
+    parser.add_argument("--resolution", type=int,
+                        help="stop bisecting when the bracket is this narrow, in sizes (default: the family's)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a builder argument, e.g. --set width=16 (repeatable)")
     parser.add_argument("--modes", default=",".join(MODES),
@@ -362,10 +371,21 @@ def main(argv: list[str] | None = None) -> int:
         maximum = args.max_size or family.maximum
         if maximum < family.start:
             parser.error(f"--max-size must be >= {family.start} for {name}")
+        if args.resolution is not None:
+            family = dataclasses.replace(family, resolution=args.resolution)
+        partial = Path(args.out) / f"max_size_{name}.partial.json"
+
+        def checkpoint(probes: list[dict[str, Any]], partial: Path = partial, name: str = name) -> None:
+            partial.parent.mkdir(parents=True, exist_ok=True)
+            partial.write_text(json.dumps(provenance(argv, family=name, probes=probes, complete=False),
+                                          indent=1, default=str))
+
         result = run_family(family, args.budget or family.budget, _passes(args.passes), args.plan_fraction,
-                            args.steps or (1 if args.tiny else 2), maximum, quiet=args.tiny, modes=modes)
+                            args.steps or (1 if args.tiny else 2), maximum, quiet=args.tiny, modes=modes,
+                            checkpoint=checkpoint)
         result = provenance(argv, **result)
         json_path, md_path = write(f"max_size_{name}", result, markdown(result), Path(args.out))
+        partial.unlink(missing_ok=True)
         print(markdown(result))
         print(f"wrote {json_path} and {md_path}")
     return 0

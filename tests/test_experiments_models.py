@@ -67,6 +67,7 @@ def test_tiny_moe_run_writes_both_sides(tmp_path):
         assert data["summary"]["same_loss_at_vanilla_largest"] is True
         assert data["summary"]["ratio"] == 1.0
     assert "| vanilla | 4 |" in (tmp_path / "max_size_moe.md").read_text()
+    assert not (tmp_path / "max_size_moe.partial.json").exists()   # the checkpoint goes once the search is done
 
 
 def test_run_all_finds_max_size():
