@@ -2,7 +2,11 @@
 
 For each graph: the median measured peak over five runs (TF times ops and runs cheap ones inline, so ops near
 that threshold can change the order between runs), the simulator's peak and Grappler's estimate for a 12 GiB
-virtual GPU. Writes experiments/results/simulator_accuracy.*.
+virtual GPU. One more row is a planned graph (the U-Net that ``tfmem.optimize`` rewrote for a 56 MiB budget: swaps
+to the host, recomputation) measured on a testbed capped at 80 MiB: near its cap TF's BFC hands out free chunks
+whole (a 33.75 MiB scratch took a 59.8 MiB chunk), so that peak depends on the capacity and is compared with
+``simulate(..., device_memory=80 MiB)``; the simulator's unbounded peak is given beside it. Writes
+experiments/results/simulator_accuracy.*.
 
     python -m experiments.simulator_accuracy           # fifteen graphs, about a minute and a half
     python -m experiments.simulator_accuracy --tiny    # two small graphs
@@ -23,7 +27,7 @@ import tfmem  # noqa: E402
 from experiments._common import RESULTS, provenance, write  # noqa: E402
 from tfmem import examples  # noqa: E402
 from tfmem.measure import grappler_peak  # noqa: E402
-from tfmem.testbed import Testbed  # noqa: E402
+from tfmem.testbed import DEVICE, HOST, Testbed  # noqa: E402
 from tfmem.units import format_bytes  # noqa: E402
 
 
@@ -66,18 +70,46 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"graph": name, "measured_bytes": measured, "measured_runs": runs,
                          "simulated_bytes": simulated, "grappler_bytes": grappler,
                          "simulated_over_measured": simulated / measured})
+    if not args.tiny:
+        rows.append(planned_row())
     result = provenance(argv, testbed_budget="4GiB", inter_op_threads=1, rows=rows)
     lines = ["# Simulator vs testbed (device peak, one inter-op thread)", "",
              f"Command: `{result['command']}` ({result['date']}). Measured: testbed, median of 5 runs.", "",
              "| graph | measured (testbed) | simulated | sim / measured | Grappler estimate (12 GiB GPU) |",
              "|---|---:|---:|---:|---:|"]
     lines += [f"| {r['graph']} | {format_bytes(r['measured_bytes'])} | {format_bytes(r['simulated_bytes'])} | "
-              f"{r['simulated_over_measured']:.3f} | {format_bytes(r['grappler_bytes'])} |" for r in rows]
+              f"{r['simulated_over_measured']:.3f} | "
+              f"{format_bytes(r['grappler_bytes']) if r['grappler_bytes'] else 'n/a'} |" for r in rows]
+    planned = [r for r in rows if "unbounded_simulated_bytes" in r]
+    lines += [f"\n{r['graph']}: measured and simulated for a device of {format_bytes(r['device_memory_bytes'])}; "
+              f"without a capacity the simulator says {format_bytes(r['unbounded_simulated_bytes'])} (live bytes; "
+              "the BFC splits every chunk when the region is unbounded)." for r in planned]
     md = "\n".join(lines) + "\n"
     json_path, md_path = write("simulator_accuracy", result, md, Path(args.out))
     print(md)
     print(f"wrote {json_path} and {md_path}")
     return 0
+
+
+PLANNED_BUDGET = "56MiB"
+PLANNED_DEVICE_MEMORY = 80 << 20
+
+
+def planned_row() -> dict:
+    """The U-Net planned for ``PLANNED_BUDGET`` (device and host of the testbed), run on an 80 MiB testbed."""
+    built = examples.unet(batch=8, size=64, channels=16, levels=3)
+    opt = tfmem.optimize(built.graph, built.fetches, budget=PLANNED_BUDGET, device=DEVICE, host=HOST,
+                         inter_op_threads=1)
+    with Testbed(PLANNED_DEVICE_MEMORY, inter_op_threads=1, intra_op_threads=1) as tb:
+        runs = [tb.run(opt.graph_def, built.fetches, built.feeds, steps=1).device_peak_bytes for _ in range(5)]
+    measured = int(statistics.median(runs))
+    simulated = tfmem.simulate(opt.graph_def, built.fetches, device=DEVICE, host=HOST, inter_op_threads=1,
+                               device_memory=PLANNED_DEVICE_MEMORY).peak_bytes
+    return {"graph": f"unet-planned-{PLANNED_BUDGET} @ {format_bytes(PLANNED_DEVICE_MEMORY)} device",
+            "measured_bytes": measured, "measured_runs": runs, "simulated_bytes": simulated,
+            "grappler_bytes": None, "simulated_over_measured": simulated / measured,
+            "device_memory_bytes": PLANNED_DEVICE_MEMORY,
+            "unbounded_simulated_bytes": opt.report.after.peak_bytes}
 
 
 if __name__ == "__main__":
