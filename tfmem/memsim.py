@@ -144,7 +144,14 @@ def simulate(
     cores : compute cores for the step-time estimate (default: this machine's)
     device_memory : the device's capacity, laid out as the testbed's BFC (a 2 MiB region, then the rest);
         requests that no free chunk can serve are counted in ``MemoryProfile.allocation_failures`` (TF would
-        raise out-of-memory there, even when the total in use is below the capacity: fragmentation)
+        raise out-of-memory there, even when the total in use is below the capacity: fragmentation). Near the
+        capacity the BFC hands out free chunks whole (a 33.75 MiB scratch took a free 59.8 MiB chunk), so the peak
+        TF reports depends on the capacity: compare a testbed's measured peak with the simulation at the testbed's
+        ``device_memory``, never with the unbounded one (a planned U-Net: 42.6 MiB unbounded, 69.5 MiB at 80 MiB,
+        measured 69.0 MiB there). Not modelled: in a session's first step, TF copies optimizer slots that share
+        their initial buffer (ResourceApplyAdam's allocation) into new chunks mid-region, and later steps run
+        around them, so the testbed (which measures after a warm-up step) can run out of memory 2-5 MiB above
+        the smallest capacity the simulator finds feasible
 
     Raises
     ------
