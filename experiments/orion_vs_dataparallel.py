@@ -17,16 +17,22 @@ data-parallel run is looked at after its last clock of each epoch).  Two learnin
 ``ssp_vs_bsp``; serial SGD still descends at 15 epochs) and 0.03 (serial SGD reaches its noise floor in
 about 4 epochs, so later targets differ from each other by less than the plateau's order-dependent noise).
 
-Order noise.  Every method visits the ratings in its own order: orion_par 2D in its block rotation (its
-run equals ``sgd_serial_numba`` over ``schedule(w).serial_order()``, checked here every run and recorded
-as ``orion_vs_serial_on_its_order``), data-parallel user by user inside each mini-batch chunk.  Serial
-SGD over ``--orders`` random orders of the same ratings (``serial, other orders``: min-max) shows how far
-the order alone moves the epochs to a target; ``orion_par 2D, other orders`` is orion_par's block order
-built from each of those same orders (the serial loop over it, which is what the run computes).  At lr
-0.01 that block order crosses the targets from N=6 on later than random orders do (every block pairs
-``1/w`` of the users with ``1/(2w)`` of the items, in the same rotation every epoch): that is why
-orion_par 2D trails the serial run there.  Its run matches the serial loop over its block order exactly
-(difference 0), so this is an effect of the visiting order, not an executor bug.
+Order noise.  Every method visits the ratings in its own order: orion_par 2D in its block order (its
+run equals ``sgd_serial_numba`` over ``schedule(w).serial_order(epochs)``, checked here every run and
+recorded as ``orion_vs_serial_on_its_order``), data-parallel user by user inside each mini-batch chunk.
+Serial SGD over ``--orders`` random orders of the same ratings (``serial, other orders``: min-max) shows
+how far the order alone moves the epochs to a target; ``orion_par 2D, other orders`` is orion_par's
+block order built from each of those same orders, and ``orion_par 2D, other stratum seeds`` its block
+order with stratum seeds 1 to ``--orders`` (the serial loop over each, which is what the run computes).
+
+Stratum order.  orion_par 2D runs each epoch's strata in a random order (``parallel_for(...,
+stratum_seed=0)``, the default, as in DSGD); ``orion_par 2D, fixed rotation`` is a real run with
+``stratum_seed=None``, the same rotation every epoch (the default before).  At lr 0.01 the fixed rotation
+crosses the targets from N=6 on later than random orders do (every block pairs ``1/w`` of the users
+with ``1/(2w)`` of the items, in the same sequence every epoch); random strata cross them sooner, though
+with 8 workers stratum seed 0 still trails serial's data order by about half an epoch at N=8 (other
+seeds: the ``other stratum seeds`` band).  Both runs match the serial loop over their block order
+exactly (difference 0), so the difference is the visiting order, not the executor.
 Run: ``python -m experiments.orion_vs_dataparallel`` or ``--tiny``.
 """
 
@@ -56,16 +62,24 @@ ORDERS = {"full": 8, "tiny": 1}
 
 def serial_curve(problem: dict[str, Any], cfg: dict[str, Any], order: np.ndarray | None = None
                  ) -> dict[str, list[float]]:
-    """The serial loop over the ratings in ``order`` (default: data order), the same order every epoch."""
+    """The serial loop over the ratings in ``order`` (default: data order).
+
+    ``order`` is one epoch's order, repeated every epoch, or all epochs' orders one after another.
+    """
     W, H = problem["init"]["W"].copy(), problem["init"]["H"].copy()
-    idx = np.arange(problem["keys"].shape[0]) if order is None else order
+    n = problem["keys"].shape[0]
+    idx = np.arange(n) if order is None else order
+    per_epoch = idx.size != n
+    if per_epoch and idx.size != n * cfg["epochs"]:
+        raise ValueError(f"order has {idx.size} indices: neither one epoch ({n}) nor {cfg['epochs']} epochs")
     keys, values = np.ascontiguousarray(problem["keys"][idx]), np.ascontiguousarray(problem["values"][idx])
     sgd_serial_numba(keys[:1], values[:1], W.copy(), H.copy(), cfg["lr"], cfg["reg"])  # compile before timing
     curve: dict[str, list[float]] = {"epoch": [0], "time_s": [0.0], "loss": [problem["loss"]({"W": W, "H": H})]}
     spent = 0.0
     for e in range(cfg["epochs"]):
+        part = slice(e * n, (e + 1) * n) if per_epoch else slice(0, n)
         t0 = time.perf_counter()
-        sgd_serial_numba(keys, values, W, H, cfg["lr"], cfg["reg"])
+        sgd_serial_numba(keys[part], values[part], W, H, cfg["lr"], cfg["reg"])
         spent += time.perf_counter() - t0
         curve["epoch"].append(e + 1)
         curve["time_s"].append(round(spent, 4))
@@ -73,12 +87,14 @@ def serial_curve(problem: dict[str, Any], cfg: dict[str, Any], order: np.ndarray
     return curve
 
 
-def orion_curve(problem: dict[str, Any], cfg: dict[str, Any]) -> tuple[dict[str, list[float]], np.ndarray]:
-    """orion_par 2D's curve, and the record order of the serial run it equals (one epoch)."""
+def orion_curve(problem: dict[str, Any], cfg: dict[str, Any], stratum_seed: int | None = 0
+                ) -> tuple[dict[str, list[float]], np.ndarray]:
+    """orion_par 2D's curve, and the record order of the serial run it equals (all epochs)."""
     W = DistArray(problem["init"]["W"].copy())
     H = DistArray(problem["init"]["H"].copy())
     ratings = DistArray.from_coo(problem["keys"], problem["values"])
     sgd = parallel_sgd(ratings, W, H, lr=cfg["lr"], reg=cfg["reg"])
+    sgd.stratum_seed = stratum_seed
     sgd.run(workers=cfg["workers"], epochs=0)  # compile before timing
     curve: dict[str, list[float]] = {"epoch": [0], "time_s": [0.0], "loss": [problem["loss"]({"W": W, "H": H})]}
     spent = 0.0
@@ -89,14 +105,17 @@ def orion_curve(problem: dict[str, Any], cfg: dict[str, Any]) -> tuple[dict[str,
         curve["epoch"].append(e + 1)
         curve["time_s"].append(round(spent, 4))
         curve["loss"].append(problem["loss"]({"W": W, "H": H}))
-    return curve, sgd.schedule(cfg["workers"]).serial_order()
+    return curve, sgd.schedule(cfg["workers"]).serial_order(cfg["epochs"])
 
 
-def block_order(problem: dict[str, Any], cfg: dict[str, Any], workers: int, perm: np.ndarray) -> np.ndarray:
-    """One epoch of orion_par 2D's serial order (indices into ``perm``) when the ratings come in order ``perm``."""
+def block_order(problem: dict[str, Any], cfg: dict[str, Any], workers: int, perm: np.ndarray,
+                stratum_seed: int | None = 0) -> np.ndarray:
+    """orion_par 2D's serial order over all epochs (indices into ``perm``) when the ratings come in order ``perm``."""
     ratings = DistArray.from_coo(problem["keys"][perm], problem["values"][perm])
     W, H = DistArray(problem["init"]["W"].copy()), DistArray(problem["init"]["H"].copy())
-    return parallel_sgd(ratings, W, H, lr=cfg["lr"], reg=cfg["reg"]).schedule(workers).serial_order()
+    sgd = parallel_sgd(ratings, W, H, lr=cfg["lr"], reg=cfg["reg"])
+    sgd.stratum_seed = stratum_seed
+    return sgd.schedule(workers).serial_order(cfg["epochs"])
 
 
 def dp_curve(problem: dict[str, Any], cfg: dict[str, Any], staleness: int) -> dict[str, list[float]]:
@@ -151,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                               "machine": machine(), "tiny": args.tiny,
                               "parameters": dict(base, workers=list(workers), orders=orders), "runs": {}}
     lrs = (args.lr,) if args.lr else LRS[size]
-    with tqdm(total=len(lrs) * (1 + orders + 3 * len(workers)), desc="orion_vs_dataparallel", disable=None) as bar:
+    with tqdm(total=len(lrs) * (1 + orders + 4 * len(workers)), desc="orion_vs_dataparallel", disable=None) as bar:
         for lr in lrs:
             record["runs"][str(lr)] = compare(dict(base, lr=lr), workers, orders, TARGET_EPOCHS[size], bar)
     record["machine"]["loadavg_end"] = os.getloadavg()
@@ -183,13 +202,21 @@ def compare(cfg: dict[str, Any], workers: tuple[int, ...], orders: int, target_e
         orion, order = orion_curve(wproblem, wcfg)
         same = serial_curve(wproblem, wcfg, order)
         bar.update(1)
-        # orion_par 2D's block order over the same random orders of the ratings (its run equals this serial run)
+        rotation, rotation_order = orion_curve(wproblem, wcfg, stratum_seed=None)
+        rotation_same = serial_curve(wproblem, wcfg, rotation_order)
+        bar.update(1)
+        # orion_par 2D's block order over the same random orders of the ratings, and with other stratum seeds
+        # (its run equals the serial run over its block order)
         block_spread: dict[str, list[float | None]] = {str(n): [] for n in targets}
-        for perm in perms:
+        seed_spread: dict[str, list[float | None]] = {str(n): [] for n in targets}
+        data_order = np.arange(n_ratings)
+        for k, perm in enumerate(perms):
             other = serial_curve(problem, cfg, perm[block_order(problem, cfg, w, perm)])
+            seeded = serial_curve(problem, cfg, block_order(problem, cfg, w, data_order, stratum_seed=k + 1))
             for n, t in targets.items():
                 block_spread[str(n)].append(crossing(other, t))
-        curves = {"serial": serial, "orion_par 2D": orion}
+                seed_spread[str(n)].append(crossing(seeded, t))
+        curves = {"serial": serial, "orion_par 2D": orion, "orion_par 2D, fixed rotation": rotation}
         for s in (0, 2):
             curves[f"data-parallel s={s}"] = dp_curve(wproblem, wcfg, s)
             bar.update(1)
@@ -199,7 +226,10 @@ def compare(cfg: dict[str, Any], workers: tuple[int, ...], orders: int, target_e
                      "final_rmse": c["loss"][-1]} for k, c in curves.items()}
         out["by_workers"][str(w)] = {
             "workers": w, "table": table, "curves": curves, "orion_block_order_other_orders": block_spread,
-            "orion_vs_serial_on_its_order": max(abs(a - b) for a, b in zip(orion["loss"], same["loss"], strict=True))}
+            "orion_other_stratum_seeds": seed_spread,
+            "orion_vs_serial_on_its_order": max(abs(a - b) for a, b in zip(orion["loss"], same["loss"], strict=True)),
+            "rotation_vs_serial_on_its_order": max(abs(a - b) for a, b in
+                                                   zip(rotation["loss"], rotation_same["loss"], strict=True))}
     return out
 
 
@@ -219,8 +249,10 @@ def markdown(rec: dict[str, Any]) -> str:
              f"run's epochs. 'serial, other orders' = the serial loop over {p['orders']} random orders of the same "
              "ratings (interpolated epochs, min-max; 'k/n reached' when some orders never reach it): how far the "
              "visiting order alone moves a crossing. 'orion_par 2D, other orders' = orion_par's block order built "
-             "from each of those same orders (the serial loop over it, which is what the run computes). Seconds: "
-             "compute "
+             "from each of those same orders, 'orion_par 2D, other stratum seeds' its block order with stratum "
+             f"seeds 1 to {p['orders']} (the serial loop over each, which is what the run computes). orion_par 2D "
+             "runs each epoch's strata in a random order (stratum seed 0, the default); 'fixed rotation' is a "
+             "run with stratum_seed=None, the same rotation every epoch (the default before). Seconds: compute "
              "of the run up to that epoch, loss evaluation excluded.", ""]
     for lr, run in rec["runs"].items():
         targets = run["targets"]
@@ -237,10 +269,13 @@ def markdown(rec: dict[str, Any]) -> str:
                     lines.append("| serial, other orders | " + " | ".join(_band(run["serial_other_orders"][n])
                                                                          for n in targets) + " | |")
                 if label == "orion_par 2D" and p["orders"]:
+                    lines.append("| orion_par 2D, other stratum seeds | " + " | ".join(
+                        _band(res["orion_other_stratum_seeds"][n]) for n in targets) + " | |")
                     lines.append("| orion_par 2D, other orders | " + " | ".join(
                         _band(res["orion_block_order_other_orders"][n]) for n in targets) + " | |")
             lines += ["", f"orion_par 2D vs the serial loop over its block order: max RMSE difference "
-                      f"{res['orion_vs_serial_on_its_order']:.2g}.", "",
+                      f"{res['orion_vs_serial_on_its_order']:.2g} (random strata), "
+                      f"{res['rotation_vs_serial_on_its_order']:.2g} (fixed rotation).", "",
                       f"## lr {lr}, {w} workers: seconds to target", "",
                       "| method | " + " | ".join(f"N={n}" for n in targets) + " |", "|---|" + "---|" * len(targets)]
             for label, row in res["table"].items():

@@ -37,13 +37,16 @@ class _State:
 
 
 def run_local(compiled: CompiledBody, data: BlockData, schedule: Schedule, epochs: int,
-              relaxed: Mapping[str, int], seed: int | None, cpu: list[float] | None = None) -> list[float]:
-    """Run ``epochs`` epochs of ``schedule``; returns each worker's busy seconds (wall time in blocks).
+              relaxed: Mapping[str, int], seed: int | None, cpu: list[float] | None = None,
+              first_epoch: int = 0) -> list[float]:
+    """Run epochs ``first_epoch`` to ``first_epoch + epochs - 1`` of ``schedule``; returns each worker's busy
+    seconds (wall time in blocks).
 
     ``cpu``, if given, receives each worker's CPU seconds in blocks (busy time minus time the OS gave
     the core to other processes).
     """
     workers = schedule.num_workers
+    by_epoch = [schedule.for_epoch(first_epoch + e) for e in range(epochs)]  # stratum orders, drawn here once
     private = _private_copies(data.params, relaxed, workers)
     base = {n: np.array(data.params[n], copy=True) for n in private}
     every = sync_every(relaxed) if private else None
@@ -61,7 +64,7 @@ def run_local(compiled: CompiledBody, data: BlockData, schedule: Schedule, epoch
     cpu_s = [0.0] * workers
     threads = [
         threading.Thread(target=_worker, name=f"orion_par-worker-{w}",
-                         args=(w, compiled, data, schedule, epochs, private, every, barrier, state, (busy, cpu_s), seed))
+                         args=(w, compiled, data, by_epoch, private, every, barrier, state, (busy, cpu_s), seed))
         for w in range(workers)
     ]
     for t in threads:
@@ -83,15 +86,15 @@ def _private_copies(params: Mapping[str, Any], relaxed: Mapping[str, int], worke
     return {n: [np.array(params[n], copy=True) for _ in range(workers)] for n in relaxed if n in params}
 
 
-def _worker(w: int, compiled: CompiledBody, data: BlockData, schedule: Schedule, epochs: int,
+def _worker(w: int, compiled: CompiledBody, data: BlockData, by_epoch: list[Schedule],
             private: Mapping[str, list[np.ndarray]], every: int | None, barrier: threading.Barrier | None,
             state: _State, clocks: tuple[list[float], list[float]], seed: int | None) -> None:
     try:
         if seed is not None:
             compiled.seed(seed + w)
         params = tuple(private[n][w] if n in private else data.params[n] for n in compiled.param_names)
-        mine = schedule.by_worker[w]
-        for epoch in range(epochs):
+        for epoch, schedule in enumerate(by_epoch):
+            mine = schedule.by_worker[w]
             for step in range(schedule.num_steps):
                 task = mine.get(step)
                 if task is not None:

@@ -48,8 +48,8 @@ class RunStats:
         return self.records_per_s / self.workers
 
 
-def parallel_for(data: DistArray, *, ordered: bool = False, allow_data_parallel: bool = False
-                 ) -> Callable[[Callable[[Any, Any], Any]], ParallelFor]:
+def parallel_for(data: DistArray, *, ordered: bool = False, allow_data_parallel: bool = False,
+                 stratum_seed: int | None = 0) -> Callable[[Callable[[Any, Any], Any]], ParallelFor]:
     """Decorate a serial loop body ``def body(key, value)`` over the records of ``data``.
 
     The body reads and writes arrays (DistArrays, Buffers) reached through its globals or closure.  The
@@ -65,6 +65,13 @@ def parallel_for(data: DistArray, *, ordered: bool = False, allow_data_parallel:
     allow_data_parallel : bool
         Arrays that block every scheme go to the parameter server (merged additively every step)
         instead of raising ``NotParallelizableError``.
+    stratum_seed : int or None
+        Unordered 2D plans: each epoch runs the strata (sets of blocks that share no row and no column)
+        in a random order drawn from ``(stratum_seed, epoch)``, as DSGD does; epochs are counted over the
+        loop's ``run`` calls (``ParallelFor.epochs_run``), so ``run(epochs=1)`` twice equals
+        ``run(epochs=2)``.  ``None`` keeps the fixed rotation every epoch, which converges more slowly
+        on MF (``experiments.orion_vs_dataparallel``).  One worker (one stratum) runs the serial loop in
+        data order either way.
 
     Examples
     --------
@@ -88,24 +95,31 @@ def parallel_for(data: DistArray, *, ordered: bool = False, allow_data_parallel:
         )
 
     def wrap(fn: Callable[[Any, Any], Any]) -> ParallelFor:
-        return ParallelFor(fn, data, ordered=ordered, allow_data_parallel=allow_data_parallel)
+        return ParallelFor(fn, data, ordered=ordered, allow_data_parallel=allow_data_parallel,
+                           stratum_seed=stratum_seed)
 
     return wrap
 
 
 class ParallelFor:
-    """A loop body bound to its dataset; call it like the body, or ``run`` the whole loop."""
+    """A loop body bound to its dataset; call it like the body, or ``run`` the whole loop.
+
+    ``epochs_run`` counts the epochs that ``run`` has done; the next ``run`` starts at that epoch's stratum
+    order (set it to 0 to replay the orders from the start).  ``stratum_seed`` may be changed between runs.
+    """
 
     def __init__(self, fn: Callable[[Any, Any], Any], data: DistArray, *, ordered: bool,
-                 allow_data_parallel: bool) -> None:
+                 allow_data_parallel: bool, stratum_seed: int | None = 0) -> None:
         self.fn = fn
         self.data = data
         self.ordered = ordered
         self.allow_data_parallel = allow_data_parallel
+        self.stratum_seed = stratum_seed
+        self.epochs_run = 0
         self.body = load_body(fn)
         self._keys: np.ndarray = data.keys  # type: ignore[assignment]  # checked by parallel_for
         self._plan: tuple[tuple[Any, ...], Plan] | None = None
-        self._schedules: dict[tuple[int, int | None], tuple[Schedule, BlockData]] = {}
+        self._schedules: dict[tuple[int, int | None, int | None], tuple[Schedule, BlockData]] = {}
         self._compiled: dict[tuple[Any, ...], CompiledBody] = {}
         self._ray_pool: dict[str, Any] = {}
         functools.update_wrapper(self, fn)
@@ -145,18 +159,22 @@ class ParallelFor:
         return self._plan[1]
 
     def schedule(self, workers: int, time_partitions: int | None = None) -> Schedule:
-        """The executor's schedule for ``workers`` (its ``serial_order()`` is the equivalent serial run)."""
+        """The executor's schedule for ``workers``.
+
+        ``serial_order(epochs, first_epoch)`` is the serial run equal to ``run(workers, epochs)`` started
+        when ``epochs_run == first_epoch``.
+        """
         return self._prepared(self.plan, workers, time_partitions)[0]
 
     def _prepared(self, plan: Plan, workers: int, time_partitions: int | None) -> tuple[Schedule, BlockData]:
-        key = (workers, time_partitions)
+        key = (workers, time_partitions, self.stratum_seed)
         if key not in self._schedules:
             keys = self._keys
             if plan.scheme is ParallelScheme.TWO_D_ORDERED:
                 check_sorted(keys)
             captured = self.captured()
             space_bytes = sum(int(captured[n].nbytes) for n in plan.space_arrays if n in captured)
-            sched = make_schedule(plan, keys, workers, time_partitions, space_bytes)
+            sched = make_schedule(plan, keys, workers, time_partitions, space_bytes, self.stratum_seed)
             values = np.ascontiguousarray(np.asarray(self.data)[sched.perm])
             self._schedules[key] = (sched, BlockData(np.ascontiguousarray(keys[sched.perm]), values, {}))
         return self._schedules[key]
@@ -197,7 +215,8 @@ class ParallelFor:
         time_partitions : int, optional
             Time partitions (2D) or sub-blocks per worker; default ``2 * workers``.
         seed : int, optional
-            Seeds each worker's ``np.random`` stream (``seed + worker``) for reproducible runs.
+            Seeds each worker's ``np.random`` stream (``seed + worker``) for reproducible runs.  The
+            order of the blocks is set by ``stratum_seed`` and ``epochs_run``, not by this.
 
         Returns
         -------
@@ -219,21 +238,23 @@ class ParallelFor:
             # Arrays no scheme can partition live in the parameter server (orion_par.ps), one table each.
             from orion_par.ps.data_parallel import run_data_parallel
 
-            busy = run_data_parallel(compiled, data, sched, epochs, plan.relaxed, seed)
+            busy = run_data_parallel(compiled, data, sched, epochs, plan.relaxed, seed, first_epoch=self.epochs_run)
         elif backend == "local":
-            busy = run_local(compiled, data, sched, epochs, plan.relaxed, seed, cpu)
+            busy = run_local(compiled, data, sched, epochs, plan.relaxed, seed, cpu, first_epoch=self.epochs_run)
         else:
             from orion_par.ray_backend import run_ray
 
-            busy = run_ray(compiled, data, sched, epochs, plan, seed, self._ray_pool)
+            busy = run_ray(compiled, data, sched, epochs, plan, seed, self._ray_pool, first_epoch=self.epochs_run)
         elapsed = time.perf_counter() - t0
+        self.epochs_run += epochs
         return RunStats(backend, str(plan.scheme), workers, epochs, int(sched.perm.size) * epochs, elapsed,
                         tuple(busy), compiled.compiled, tuple(cpu))
 
     def run_serial(self, order: np.ndarray | None = None, epochs: int = 1, *, seed: int | None = None) -> RunStats:
         """Run the compiled body serially in this thread, over ``order`` (default: data order).
 
-        With ``order=f.schedule(w).serial_order()`` this is the serial run that ``run(workers=w)`` equals.
+        With ``order=f.schedule(w).serial_order(epochs, f.epochs_run)`` this is the serial run that
+        ``run(workers=w, epochs=epochs)`` equals.  It does not advance ``epochs_run``.
         """
         captured = self.captured()
         idx = np.arange(self.data.num_records) if order is None else np.asarray(order, dtype=np.int64)

@@ -114,7 +114,7 @@ def _empty(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def run_ray(compiled: CompiledBody, data: BlockData, sched: Schedule, epochs: int, plan: Plan,
-            seed: int | None, pool: dict[str, Any]) -> list[float]:
+            seed: int | None, pool: dict[str, Any], first_epoch: int = 0) -> list[float]:
     """Run like ``run_local`` on Ray actors; starts (and then stops) a local Ray if none is running.
 
     When Ray was already running, the actors stay in ``pool`` for the next run of the same schedule
@@ -135,7 +135,7 @@ def run_ray(compiled: CompiledBody, data: BlockData, sched: Schedule, epochs: in
         else:
             close_pool(pool)
             actors = _start_actors(ray, compiled, data, sched, plan, relaxed, seed)
-        busy = _drive(ray, actors, data, sched, epochs, relaxed, sync_every(plan.relaxed))
+        busy = _drive(ray, actors, data, sched, epochs, relaxed, sync_every(plan.relaxed), first_epoch)
         _gather(ray, actors, data)
         keep = not started
         return busy
@@ -174,13 +174,14 @@ def _start_actors(ray: Any, compiled: CompiledBody, data: BlockData, sched: Sche
     return [actor_cls.remote(spec, keys_ref, values_ref, params_ref, w) for w in range(sched.num_workers)]
 
 
-def _drive(ray: Any, actors: list[Any], data: BlockData, sched: Schedule, epochs: int, relaxed: tuple[str, ...],
-           every: int | None) -> list[float]:
+def _drive(ray: Any, actors: list[Any], data: BlockData, schedule: Schedule, epochs: int,
+           relaxed: tuple[str, ...], every: int | None, first_epoch: int) -> list[float]:
     base = {n: np.array(data.params[n], copy=True) for n in relaxed}
-    serial_of = {t: i for i, t in enumerate(sched.tasks)}
     tokens: dict[int, Any] = {}
-    busy = [0.0] * sched.num_workers
+    busy = [0.0] * schedule.num_workers
     for epoch in range(epochs):
+        sched = schedule.for_epoch(first_epoch + epoch)  # this epoch's stratum order (the local executor's)
+        serial_of = {t: i for i, t in enumerate(sched.tasks)}
         timings: list[tuple[int, Any]] = []
         for step in range(sched.num_steps):
             for w in range(sched.num_workers):

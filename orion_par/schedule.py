@@ -5,11 +5,23 @@ one step.  Every task holds a *token* (its time partition in 2D, its own sub-blo
 of a token are ordered by step and a task waits for the previous use to finish.  That one rule gives the
 DSGD rotation (2D), independent workers (1D, none) and the wavefront (ordered 2D), and makes the run
 equal to the serial run of the tasks in ``(epoch, step, worker)`` order: ``serial_order``.
+
+Stratum order (unordered 2D).  The blocks one step runs form a *stratum*: no two share a space part (a
+worker) or a time part (a token).  With ``stratum_seed=None`` every epoch runs the same rotation, worker
+``p`` taking time part ``(p + k) % t`` at step ``k``.  With a seed, as in DSGD (Gemulla et al., KDD 2011),
+epoch ``e`` draws its stratum sequence from ``np.random.default_rng([stratum_seed, e])``: a random
+relabelling ``pi`` of the time parts and a random order ``sigma`` of the steps, so worker ``p`` takes time
+part ``pi[(p + k) % t]`` at step ``sigma[k]``.  Each stratum is still conflict-free and each epoch still
+runs every block once; only the order of the blocks changes, and it is the same for a given seed and
+epoch on every executor.  A fixed rotation repeats the same sequence of (user part, item part) pairs
+every epoch; on ``experiments.orion_vs_dataparallel`` it needs more epochs than serial SGD to reach the
+later RMSE targets, and the random sequence reaches them sooner (results in
+``experiments/results/orion_vs_dataparallel.md``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import numpy as np
@@ -33,7 +45,7 @@ class Task:
 
 @dataclass(frozen=True)
 class Schedule:
-    """One epoch's tasks, sorted by ``(step, worker)``; the same tasks repeat every epoch.
+    """One epoch's tasks, sorted by ``(step, worker)``; ``for_epoch(e)`` has epoch ``e``'s (see the module doc).
 
     Attributes
     ----------
@@ -43,6 +55,9 @@ class Schedule:
         Block ``b`` is ``perm[block_start[b]:block_stop[b]]``.
     epoch_barrier : bool
         Whether epoch ``e + 1`` may only start once epoch ``e`` is finished (wavefronts).
+    stratum_seed : int or None
+        Unordered 2D with more than one step: each epoch's stratum order is drawn from this seed; None
+        repeats ``tasks`` (the fixed rotation) every epoch.  Other schemes always repeat ``tasks``.
     """
 
     scheme: ParallelScheme
@@ -53,6 +68,31 @@ class Schedule:
     block_stop: np.ndarray
     tasks: tuple[Task, ...]
     epoch_barrier: bool
+    stratum_seed: int | None = None
+
+    @property
+    def randomised(self) -> bool:
+        """Whether epochs differ in their stratum order."""
+        return self.stratum_seed is not None and self.scheme is ParallelScheme.TWO_D and self.num_steps > 1
+
+    def for_epoch(self, epoch: int) -> Schedule:
+        """Epoch ``epoch``'s schedule: the same blocks, tasks in its stratum order (``self`` if fixed)."""
+        if not self.randomised:
+            return self
+        cache = self._epochs
+        if epoch not in cache:
+            t = self.num_steps
+            rng = np.random.default_rng([int(self.stratum_seed), epoch])  # type: ignore[arg-type]
+            relabel, step_of = rng.permutation(t), rng.permutation(t)
+            # In the rotation, task (p, k) holds token (p + k) % t and runs block p * t + token.
+            tasks = sorted((Task(x.worker, int(step_of[x.step]), x.worker * t + int(relabel[x.token]),
+                                 int(relabel[x.token])) for x in self.tasks), key=lambda x: (x.step, x.worker))
+            cache[epoch] = replace(self, tasks=tuple(tasks), stratum_seed=None)
+        return cache[epoch]
+
+    @cached_property
+    def _epochs(self) -> dict[int, Schedule]:
+        return {}
 
     @cached_property
     def by_worker(self) -> tuple[dict[int, Task], ...]:
@@ -72,10 +112,16 @@ class Schedule:
     def block_records(self, block: int) -> np.ndarray:
         return self.perm[self.block_start[block]:self.block_stop[block]]
 
-    def serial_order(self, epochs: int = 1) -> np.ndarray:
-        """Record indices in the order of a serial run equivalent to the parallel one."""
-        one = np.concatenate([self.block_records(t.block) for t in self.tasks] or [np.zeros(0, np.int64)])
-        return np.tile(one, epochs)
+    def serial_order(self, epochs: int = 1, first_epoch: int = 0) -> np.ndarray:
+        """Record indices in the order of a serial run equivalent to the parallel one.
+
+        The order of epochs ``first_epoch`` to ``first_epoch + epochs - 1``, one after another.
+        """
+        if not self.randomised:
+            one = np.concatenate([self.block_records(t.block) for t in self.tasks] or [np.zeros(0, np.int64)])
+            return np.tile(one, epochs)
+        return np.concatenate([self.for_epoch(e).serial_order() for e in range(first_epoch, first_epoch + epochs)]
+                              or [np.zeros(0, np.int64)])
 
     def worker_sizes(self) -> np.ndarray:
         """Records each worker processes per epoch."""
@@ -86,7 +132,7 @@ class Schedule:
 
 
 def make_schedule(plan: Plan, keys: np.ndarray, num_workers: int, time_parts: int | None = None,
-                  space_bytes: int = 0) -> Schedule:
+                  space_bytes: int = 0, stratum_seed: int | None = 0) -> Schedule:
     """Partition the records and lay out the tasks for ``plan``.
 
     Parameters
@@ -101,6 +147,9 @@ def make_schedule(plan: Plan, keys: np.ndarray, num_workers: int, time_parts: in
     space_bytes : int
         Bytes of the arrays that stay with their space partition (2D): a block visits its records in
         finer space parts of about ``_CACHE_BYTES`` each.
+    stratum_seed : int or None
+        Unordered 2D: seed of the per-epoch random stratum order (default 0); None keeps the fixed
+        rotation every epoch.  Ignored by other schemes and by a single-step schedule (one worker).
     """
     if num_workers < 1:
         raise ValueError(f"workers must be >= 1; got {num_workers}")
@@ -139,7 +188,8 @@ def make_schedule(plan: Plan, keys: np.ndarray, num_workers: int, time_parts: in
     counts = np.bincount(block, minlength=num_workers * t_parts) if n else np.zeros(num_workers * t_parts, np.int64)
     stop = np.cumsum(counts)
     tasks.sort(key=lambda t: (t.step, t.worker))
-    return Schedule(plan.scheme, num_workers, steps, perm, stop - counts, stop, tuple(tasks), barrier)
+    return Schedule(plan.scheme, num_workers, steps, perm, stop - counts, stop, tuple(tasks), barrier,
+                    stratum_seed if plan.scheme is ParallelScheme.TWO_D else None)
 
 
 def _independent_parts(plan: Plan, keys: np.ndarray, num_workers: int) -> Partitioning:

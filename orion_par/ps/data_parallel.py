@@ -61,14 +61,13 @@ def table_specs(params: Mapping[str, Any], relaxed: Mapping[str, int]) -> list[T
 class _Tokens:
     """The local executor's rule: a task waits until the previous use of its token has finished."""
 
-    def __init__(self, schedule: Schedule) -> None:
-        self.schedule = schedule
+    def __init__(self) -> None:
         self.cond = threading.Condition()
         self.done: dict[int, int] = {}
         self.failed = False
 
-    def wait(self, task: Task, epoch: int) -> None:
-        index, per_epoch = self.schedule.token_use[task]
+    def wait(self, task: Task, epoch: int, schedule: Schedule) -> None:
+        index, per_epoch = schedule.token_use[task]
         with self.cond:
             self.cond.wait_for(lambda: self.failed or self.done.get(task.token, 0) >= epoch * per_epoch + index)
             if self.failed:
@@ -87,7 +86,7 @@ class _Tokens:
 
 def run_data_parallel(compiled: CompiledBody, data: BlockData, schedule: Schedule, epochs: int,
                       relaxed: Mapping[str, int], seed: int | None = None,
-                      options: DataParallelOptions | None = None) -> list[float]:
+                      options: DataParallelOptions | None = None, first_epoch: int = 0) -> list[float]:
     """Run ``epochs`` epochs of ``schedule`` with the ``relaxed`` arrays in a parameter server.
 
     Parameters
@@ -103,6 +102,8 @@ def run_data_parallel(compiled: CompiledBody, data: BlockData, schedule: Schedul
     seed : int, optional
         Seeds worker ``w``'s random stream with ``seed + w``.
     options : DataParallelOptions, optional
+    first_epoch : int
+        Number of the first epoch (it picks the stratum order of a randomised 2D schedule).
 
     Returns
     -------
@@ -115,13 +116,14 @@ def run_data_parallel(compiled: CompiledBody, data: BlockData, schedule: Schedul
                  num_shards=options.num_shards, options=options.client)
     for n in names:
         ps.initialize(n, np.asarray(data.params[n]).reshape(ps.specs[n].num_rows, -1))
-    tokens = _Tokens(schedule)
+    tokens = _Tokens()
+    by_epoch = [schedule.for_epoch(first_epoch + e) for e in range(epochs)]
     barrier = threading.Barrier(schedule.num_workers) if schedule.epoch_barrier else None
     busy = [0.0] * schedule.num_workers
     errors: list[BaseException] = []
     threads = [threading.Thread(target=_guarded, name=f"orion_par-dp-worker-{w}",
-                                args=(errors, tokens, barrier, _worker, w, ps.client(w), compiled, data, schedule,
-                                      epochs, names, tokens, barrier, busy, seed))
+                                args=(errors, tokens, barrier, _worker, w, ps.client(w), compiled, data, by_epoch,
+                                      names, tokens, barrier, busy, seed))
                for w in range(schedule.num_workers)]
     for t in threads:
         t.start()
@@ -147,7 +149,7 @@ def _guarded(errors: list[BaseException], tokens: _Tokens, barrier: threading.Ba
             barrier.abort()
 
 
-def _worker(w: int, client: PSClient, compiled: CompiledBody, data: BlockData, schedule: Schedule, epochs: int,
+def _worker(w: int, client: PSClient, compiled: CompiledBody, data: BlockData, by_epoch: list[Schedule],
             names: list[str], tokens: _Tokens, barrier: threading.Barrier | None, busy: list[float],
             seed: int | None) -> None:
     if seed is not None:
@@ -157,12 +159,12 @@ def _worker(w: int, client: PSClient, compiled: CompiledBody, data: BlockData, s
     base = {n: flat[n].copy() for n in names}
     every_row = {n: np.arange(flat[n].shape[0]) for n in names}
     args = tuple(replicas[n] if n in replicas else data.params[n] for n in compiled.param_names)
-    mine = schedule.by_worker[w]
-    for epoch in range(epochs):
+    for epoch, schedule in enumerate(by_epoch):
+        mine = schedule.by_worker[w]
         for step in range(schedule.num_steps):
             task = mine.get(step)
             if task is not None:
-                tokens.wait(task, epoch)
+                tokens.wait(task, epoch, schedule)
                 t0 = time.perf_counter()
                 compiled.block(data.keys, data.values, int(schedule.block_start[task.block]),
                                int(schedule.block_stop[task.block]), *args)

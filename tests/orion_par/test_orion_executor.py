@@ -345,3 +345,51 @@ def test_division_by_zero_follows_numpy_as_the_python_body_does():
             ratio((r,), np.asarray(data)[r])  # the plain Python body on the same numpy scalars
     assert np.array_equal(compiled, out, equal_nan=True)
     assert np.isinf(compiled[0]) and np.isnan(compiled[1]) and compiled[2] == -np.inf
+
+
+def _mf_case(n=900, nu=40, ni=30, seed=7):
+    rng = np.random.default_rng(seed)
+    keys = np.stack([rng.integers(0, nu, n), rng.integers(0, ni, n)], axis=1)
+    return keys, rng.random(n), nu, ni
+
+
+def test_stratum_order_is_random_per_epoch_and_reproducible():
+    keys, vals, nu, ni = _mf_case()
+    sgd, _, _ = _mf(keys, vals, nu, ni)
+    sched = sgd.schedule(3)
+    epochs = [sched.for_epoch(e) for e in range(4)]
+    orders = {tuple(t.block for t in s.tasks) for s in epochs}
+    assert len(orders) == 4  # four epochs, four different block sequences
+    for s in epochs:  # the same blocks each epoch; a worker keeps its own space part
+        assert sorted((t.worker, t.block) for t in s.tasks) == sorted((t.worker, t.block) for t in sched.tasks)
+        assert all(t.block // s.num_steps == t.worker and t.block % s.num_steps == t.token for t in s.tasks)
+    again, _, _ = _mf(keys, vals, nu, ni)
+    assert np.array_equal(again.schedule(3).serial_order(4), sched.serial_order(4))  # same seed, same order
+    assert np.array_equal(sched.serial_order(2, first_epoch=1), np.concatenate(
+        [epochs[1].serial_order(), epochs[2].serial_order()]))
+    again.stratum_seed = 1
+    assert not np.array_equal(again.schedule(3).serial_order(4), sched.serial_order(4))
+    again.stratum_seed = None  # the fixed rotation repeats one epoch
+    rotation = again.schedule(3)
+    assert np.array_equal(rotation.serial_order(3), np.tile(rotation.serial_order(), 3))
+    assert [(t.worker, t.step, t.block) for t in rotation.tasks] == [
+        (p, k, p * 6 + (p + k) % 6) for k in range(6) for p in range(3)]
+
+
+@pytest.mark.parametrize("stratum_seed", [0, 3, None])
+def test_runs_continue_the_epoch_sequence_and_equal_the_serial_run(stratum_seed):
+    keys, vals, nu, ni = _mf_case()
+    sgd, W, H = _mf(keys, vals, nu, ni)
+    sgd.stratum_seed = stratum_seed
+    W0, H0 = W.copy(), H.copy()
+    sgd.run(workers=3, epochs=1)
+    sgd.run(workers=3, epochs=2)
+    assert sgd.epochs_run == 3
+    got = W.copy(), H.copy()
+    W[:], H[:] = W0, H0
+    sgd.run_serial(order=sgd.schedule(3).serial_order(epochs=3))
+    assert np.array_equal(W, got[0]) and np.array_equal(H, got[1])
+    W[:], H[:] = W0, H0
+    sgd.epochs_run = 0
+    sgd.run(workers=3, epochs=3)
+    assert np.array_equal(W, got[0]) and np.array_equal(H, got[1])

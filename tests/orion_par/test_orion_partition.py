@@ -85,8 +85,14 @@ def test_concurrent_blocks_of_a_2d_schedule_are_conflict_free(problem):
         H[key[1], 1] += W[key[0], 1]
 
     plan = sgd.plan
-    sched = sgd.schedule(workers, tparts)
     assert plan.scheme == "2d"
+    for epoch in range(3):  # each epoch has its own random stratum order; every one must be conflict-free
+        _check_conflict_free(keys, plan, sgd.schedule(workers, tparts).for_epoch(epoch), workers)
+    sgd.stratum_seed = None  # the fixed rotation
+    _check_conflict_free(keys, plan, sgd.schedule(workers, tparts), workers)
+
+
+def _check_conflict_free(keys, plan, sched, workers):
     assert sorted(sched.serial_order().tolist()) == list(range(len(keys)))  # every record exactly once
     s, t = plan.space_dim, plan.time_dim
     for step in range(sched.num_steps):

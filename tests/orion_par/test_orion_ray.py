@@ -20,10 +20,12 @@ def ray_cluster():
 
 def _compare(fn, arrays, **run):
     start = [a.copy() for a in arrays]
+    first_epoch = fn.epochs_run  # both backends run the same epochs, so the same stratum orders
     fn.run(backend="local", **run)
     local = [a.copy() for a in arrays]
     for a, s in zip(arrays, start, strict=True):
         a[...] = s
+    fn.epochs_run = first_epoch
     fn.run(backend="ray", **run)
     for a, want in zip(arrays, local, strict=True):
         assert np.array_equal(a, want)
@@ -52,6 +54,8 @@ def test_mf_2d_on_ray_equals_local(ray_cluster):
     _compare(sgd, [W, H], workers=2, epochs=2, time_partitions=3)
     assert not np.array_equal(W, before)
     _compare(sgd, [W, H], workers=2, epochs=1, time_partitions=3)  # reused actors start from new values
+    sched = sgd.schedule(2, 3)
+    assert sched.for_epoch(0).tasks != sched.for_epoch(1).tasks  # the epochs above ran different stratum orders
     sgd.close()
 
 

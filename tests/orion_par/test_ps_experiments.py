@@ -39,12 +39,16 @@ def test_orion_vs_dataparallel_tiny(tmp_path):
     assert set(run["by_workers"]) == {"2", "3"}
     assert all(len(band) == 1 for band in run["serial_other_orders"].values())
     for case in run["by_workers"].values():
-        assert set(case["table"]) == {"serial", "orion_par 2D", "data-parallel s=0", "data-parallel s=2"}
+        assert set(case["table"]) == {"serial", "orion_par 2D", "orion_par 2D, fixed rotation", "data-parallel s=0",
+                                      "data-parallel s=2"}
         orion = case["curves"]["orion_par 2D"]["loss"]
         assert orion[-1] < orion[0]
-        # orion_par's run is the serial loop over its schedule's block order
+        # orion_par's run is the serial loop over its schedule's block order, random strata or fixed rotation
         assert case["orion_vs_serial_on_its_order"] < 1e-9
+        assert case["rotation_vs_serial_on_its_order"] < 1e-9
+        assert orion != case["curves"]["orion_par 2D, fixed rotation"]["loss"]  # the two orders differ
         assert all(len(band) == 1 for band in case["orion_block_order_other_orders"].values())
+        assert all(len(band) == 1 for band in case["orion_other_stratum_seeds"].values())
         # the targets are the serial run's RMSE after N epochs, so serial reaches target N at epoch N
         serial = case["table"]["serial"]
         assert serial["epochs_to_target"] == {n: float(n) for n in run["targets"]}
