@@ -13,7 +13,8 @@ It follows TensorFlow's executor and allocator:
   step); fed tensors arrive before the step and, like fetched ones, are held to its end; a tensor crossing devices occupies both until the receiver is done with its copy;
 * kernels' scratch buffers (``tfmem.opmemory``) live while their op runs;
 * allocations go through a model of TF's BFC allocator (``tfmem.bfc``), so peaks are chunk sizes as TF
-  reports them.
+  reports them; with a capacity (``device_memory``) a warm-up step is replayed first, as the
+  testbed runs one, since where the first step leaves buffers decides what fits later.
 
 Examples
 --------
@@ -148,10 +149,10 @@ def simulate(
         capacity the BFC hands out free chunks whole (a 33.75 MiB scratch took a free 59.8 MiB chunk), so the peak
         TF reports depends on the capacity: compare a testbed's measured peak with the simulation at the testbed's
         ``device_memory``, never with the unbounded one (a planned U-Net: 42.6 MiB unbounded, 69.5 MiB at 80 MiB,
-        measured 69.0 MiB there). Not modelled: in a session's first step, TF copies optimizer slots that share
-        their initial buffer (ResourceApplyAdam's allocation) into new chunks mid-region, and later steps run
-        around them, so the testbed (which measures after a warm-up step) can run out of memory 2-5 MiB above
-        the smallest capacity the simulator finds feasible
+        measured 69.0 MiB there). With a capacity the replay also runs the session's first step before the
+        reported one (the testbed measures after a warm-up step): there TF copies one of each variable's two
+        Adam slots, which share their initial buffer, into a new chunk mid-region (``FIRST_UPDATE_COPY_OPS``),
+        and later steps run around it
 
     Raises
     ------
@@ -193,6 +194,9 @@ def simulate(
     return profile
 
 
+# Updates that, in a session's first step, copy a slot whose initial buffer the other slot shares.
+FIRST_UPDATE_COPY_OPS = frozenset({"ResourceApplyAdam"})
+
 # Draws of TF's hashed successor orders (``ExecutionGraph.activation_order``) emulated per simulation.
 ORDER_SAMPLES = 5
 
@@ -227,6 +231,7 @@ class _Replay:
         self.views = views or {}   # output -> the input whose buffer it views (Analysis.views)
         self.domain = {u: placement.domain(self.graph[eg.members[u][0]].device) for u in eg.units}
         self.allocators = {d: BFCAllocator() for d in ("device", "host", "other")}
+        self.bounded = device_memory is not None
         if device_memory is not None:
             self.allocators["device"] = BFCAllocator(limit_bytes=device_memory)
         self.persistent = {"device": 0, "host": 0, "other": 0}
@@ -258,21 +263,71 @@ class _Replay:
                 self.device_log.append((False, buf))
 
     def run(self, sched: Schedule) -> MemoryProfile:
-        self._allocate_persistent_and_fed()
+        # With a capacity, where buffers sit decides what fits: replay the session's first step first, as the
+        # testbed runs a warm-up step before it measures, and report the step after it.
+        relocated = self._first_update_copies() if self.bounded else {}
+        self._allocate_persistent(set().union(*relocated.values()))
+        if relocated:
+            self._allocate_fed()
+            self._replay(sched, relocated)
+            self._end_step()
+        self._allocate_fed()
         self._record(0.0, "<start>")
+        self._replay(sched, {})
+        return self._profile(sched)
+
+    def _replay(self, sched: Schedule, relocated: dict[str, set[str]]) -> None:
         events = sorted(
             [(s, 1, i) for i, s in enumerate(sched.start_s)] + [(e, 0, i) for i, e in enumerate(sched.end_s)]
         )
         for time_s, is_start, i in events:
             unit = sched.order[i]
             if is_start:
+                for var in sorted(relocated.get(unit, ())):  # copy-on-write of a shared slot: its own chunk now
+                    self.var_storage[var] = self._alloc(TensorRef(var, 0), variable_bytes(self.graph[var]),
+                                                        self.domain[self.eg.unit_of[var]], "persistent")
                 self._start(unit)
             else:
                 self._end(unit)
             self._record(time_s, unit)
-        return self._profile(sched)
 
-    def _allocate_persistent_and_fed(self) -> None:
+    def _first_update_copies(self) -> dict[str, set[str]]:
+        """Slots that share their initial buffer, by the update op that gives each its own in the first step.
+
+        Adam's two slots of one variable start from identical zeros colocated with the variable; after
+        initialisation they hold one buffer between them (measured: resident bytes after init count one buffer
+        per pair; every Adam update of a U-Net's first step allocates the size of its variable, later steps
+        none). The first ``ResourceApplyAdam`` finds the buffer shared and copies one slot into a new chunk,
+        allocated mid-step and kept for the session, so every later step runs around it.
+        """
+        out: dict[str, set[str]] = {}
+        for unit in self.eg.units:
+            node = None if self.eg.is_region(unit) else self.graph[unit]
+            if node is None or node.op not in FIRST_UPDATE_COPY_OPS or len(node.inputs) < 3:
+                continue
+            m, v = (self.graph[node.inputs[i].node] for i in (1, 2))
+            if (m.op in RESOURCE_VARIABLE_OPS and v.op in RESOURCE_VARIABLE_OPS and m.name != v.name
+                    and m.name in self.eg.unit_of and v.name in self.eg.unit_of
+                    and variable_bytes(m) == variable_bytes(v) > 0):
+                out.setdefault(unit, set()).add(v.name)
+        return out
+
+    def _end_step(self) -> None:
+        """Free what the step left (fed and fetched tensors) and start the next step's accounting afresh."""
+        for buf in list(self.buffers.values()):
+            if buf.kind != "persistent" and not buf.freed:
+                buf.held = False
+                self._free(buf)
+        self.buffers = {k: b for k, b in self.buffers.items() if b.kind == "persistent"}
+        self.temps.clear()
+        kept = {id(b): b for b in [*self.buffers.values(), *self.var_storage.values()]}
+        self.device_log = [(True, b) for b in kept.values() if b.domain == "device"]
+        self.peak = {"device": -1, "host": 0}
+        self.peak_info = ("", 0.0, 0)
+        self.timeline = []
+
+    def _allocate_persistent(self, shared: set[str] = frozenset()) -> None:
+        """Constants and variable storage; variables in ``shared`` hold their partner slot's buffer for now."""
         # Variables first: initialising them ran before this graph's first step, whose Const kernels then
         # allocate their tensors. The order decides which buffers land in the BFC's first 2 MiB region.
         nodes = [(u, self.graph[n]) for u in self.eg.units for n in self.eg.members[u]]
@@ -282,9 +337,11 @@ class _Replay:
                 ref = TensorRef(node.name, 0)
                 self.buffers[(ref, self.domain[u])] = self._alloc(
                     ref, node.outputs[0].nbytes or 0, self.domain[u], "persistent")
-            elif node.op in RESOURCE_VARIABLE_OPS:
+            elif node.op in RESOURCE_VARIABLE_OPS and node.name not in shared:
                 self.var_storage[node.name] = self._alloc(TensorRef(node.name, 0), variable_bytes(node),
                                                           self.domain[u], "persistent")
+
+    def _allocate_fed(self) -> None:
         for ref in sorted(self.eg.fed, key=str):  # a frozenset: a fixed order keeps the BFC layout reproducible
             consumers = self.eg.consumers(ref)
             domain = self.domain[consumers[0]] if consumers else "device"
