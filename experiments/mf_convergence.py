@@ -76,8 +76,10 @@ class Problem:
         self.sgd = parallel_sgd(self.data.ratings, self.W, self.H, lr=cfg["lr"], reg=cfg["reg"])
 
     def reset(self) -> None:
+        """Back to the initial factors, and to epoch 0 of orion_par's schedule (its stratum order is per epoch)."""
         self.W[...] = self.W0
         self.H[...] = self.H0
+        self.sgd.epochs_run = 0
 
     def serial_epoch(self) -> None:
         sgd_serial_numba(self.data.keys, self.data.values, np.asarray(self.W), np.asarray(self.H),
