@@ -67,3 +67,23 @@ def test_greedy_is_near_the_exact_optimum_on_small_problems():
         greedy = sum(options[i].cost_s for i in _greedy(options, cover, excess))
         ratios.append(greedy / best)
     assert ratios and sum(ratios) / len(ratios) <= 1.10
+
+
+def test_best_single_strategy_fits_the_budget_or_says_none():
+    from passes.planner import Planner
+    from tfmem import examples, load
+    from tfmem.pipeline import PassContext
+
+    built = examples.mlp(batch=256, dims=(256, 1024, 1024, 1024, 10))
+    graph = load(built.graph, built.feed_shapes)
+    roomy = PassContext(tuple(built.fetches), None, "/job:worker", "/job:host", dict(built.feed_shapes))
+    peak = roomy.simulate(graph).peak_bytes
+    budget = int(peak * 0.85)
+    ctx = PassContext(tuple(built.fetches), budget, "/job:worker", "/job:host", dict(built.feed_shapes))
+    found = Planner()._best_single_strategy(graph, ctx, budget)
+    assert found is not None
+    new, profile, plans, label = found
+    assert profile.peak_bytes <= budget and plans == [] and "alone" in label
+    assert ctx.simulate(new).peak_bytes == profile.peak_bytes
+    impossible = PassContext(tuple(built.fetches), 1, "/job:worker", "/job:host", dict(built.feed_shapes))
+    assert Planner()._best_single_strategy(graph, impossible, 1) is None
