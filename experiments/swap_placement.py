@@ -78,7 +78,8 @@ def run_graph(built: examples.Built, fractions: list[float], fits: float, steps:
                    else "ran")
         vanilla_fit = "vanilla" in row and not row["vanilla"]["oom"]  # type: ignore[index]
         tried.append({"fraction": fraction, "budget_bytes": row["budget_bytes"], "tfmem": outcome,
-                      "vanilla": "fits" if vanilla_fit else "OOM" if "vanilla" in row else "-"})
+                      "vanilla": "fits" if vanilla_fit else "OOM" if "vanilla" in row else "-",
+                      "detail": t.get("refused") or t.get("error")})  # type: ignore[union-attr]
         if outcome == "ran" or vanilla_fit:
             break
     row["ladder"] = tried
@@ -168,6 +169,7 @@ def markdown(result: dict[str, object]) -> str:
     for name, row in result["graphs"].items():
         lines.append(f"- {name}: " + "; ".join(
             f"{a['fraction']}x = {format_bytes(a['budget_bytes'])}: vanilla {a['vanilla']}, tfmem {a['tfmem']}"
+            + (f" ({a['detail']})" if a.get("detail") and a["tfmem"] != "ran" else "")
             for a in row.get("ladder", [])))
     lines += ["", "What each pass did:", ""]
     for name, row in result["graphs"].items():
