@@ -355,7 +355,9 @@ def test_ctrl_c_of_the_user_process_cleans_up(users: dict[str, subprocess.Popen[
     proc = users["ctrl_c"]
     info = _info(proc)
     os.killpg(proc.pid, signal.SIGINT)  # the servers ignore it; the user's `with` closes the testbed
-    assert proc.wait(timeout=30) != 0
+    # An interrupt that lands mid-step makes TF's session close wait for the step (TF gives up after 30 s and
+    # logs "Session failed to close after 30 seconds"), so allow more than that before calling it a hang.
+    assert proc.wait(timeout=90) != 0
     _assert_cleaned_up(info)
     assert not Path(info["workdir"]).exists()
 
