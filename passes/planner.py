@@ -13,12 +13,14 @@ options of least total cost that cover them all:
                 x_swap(t) + x_recompute(t) <= 1                     for every tensor t
                 x_o in {0, 1}
 
-The solver starts from the greedy heuristic's plan (cheapest bytes first) and has a time limit; when it
-runs out, the heuristic plan is used and the report says so. The chosen plan is applied and re-simulated:
+The solver starts from the greedy heuristic's plan (least cost per byte of excess removed, then redundant
+picks dropped) and has a time limit; when it runs out, the heuristic plan is used and the report says so. The chosen plan is applied and re-simulated:
 options interact (a swap-in lands while another tensor is back), so if the peak is still over the budget the
 excess is added to the requirement and the plan is solved again, a few times. If the budget stays out of
-reach, the planner retries with the large device ops chained one after another (their working sets then
-never add up), and finally repairs the best plan greedily, re-simulating after each step.
+reach, each strategy is tried alone (its greedy pass re-simulates after every step, so it sees interactions the
+model misses) and the fitting one of least estimated step time is kept; failing that, the planner retries with
+the large device ops chained one after another (their working sets then never add up), and finally repairs the
+best plan greedily, re-simulating after each step.
 
 Requires: a budget (without one it leaves the graph alone). Ensures: the same values are computed.
 """
