@@ -73,17 +73,18 @@ def test_best_single_strategy_fits_the_budget_or_says_none():
     from passes.planner import Planner
     from tfmem import examples, load
     from tfmem.pipeline import PassContext
+    from tfmem.testbed import DEVICE, HOST
 
     built = examples.mlp(batch=256, dims=(256, 1024, 1024, 1024, 10))
     graph = load(built.graph, built.feed_shapes)
-    roomy = PassContext(tuple(built.fetches), None, "/job:worker", "/job:host", dict(built.feed_shapes))
+    roomy = PassContext(tuple(built.fetches), None, DEVICE, HOST, dict(built.feed_shapes))
     peak = roomy.simulate(graph).peak_bytes
     budget = int(peak * 0.85)
-    ctx = PassContext(tuple(built.fetches), budget, "/job:worker", "/job:host", dict(built.feed_shapes))
+    ctx = PassContext(tuple(built.fetches), budget, DEVICE, HOST, dict(built.feed_shapes))
     found = Planner()._best_single_strategy(graph, ctx, budget)
     assert found is not None
     new, profile, plans, label = found
     assert profile.peak_bytes <= budget and plans == [] and "alone" in label
     assert ctx.simulate(new).peak_bytes == profile.peak_bytes
-    impossible = PassContext(tuple(built.fetches), 1, "/job:worker", "/job:host", dict(built.feed_shapes))
+    impossible = PassContext(tuple(built.fetches), 1, DEVICE, HOST, dict(built.feed_shapes))
     assert Planner()._best_single_strategy(graph, impossible, 1) is None
