@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+import numpy as np
 import pulp
 
 from passes.place_persistent import (
@@ -239,8 +240,8 @@ class Planner:
         x = [problem.add_variable(f"x{i}", cat="Binary") for i in range(len(options))]
         # A tiny charge per byte breaks ties toward moving less.
         problem += pulp.lpSum((o.cost_s + o.nbytes * 1e-15) * x[i] for i, o in enumerate(options))
-        for row, need in zip(cover, excess, strict=True):
-            problem += pulp.lpSum(b * x[i] for i, b in row) >= need
+        for row, need in zip(cover, excess, strict=True):  # built from (variable, bytes) pairs: fast at scale
+            problem += pulp.LpAffineExpression([(x[i], b) for i, b in row]) >= need
         by_tensor: dict[str, list[int]] = {}
         for i, o in enumerate(options):
             by_tensor.setdefault(o.key, []).append(i)
@@ -370,20 +371,29 @@ def _greedy(options: Sequence[Option], cover: list[list[tuple[int, int]]], exces
     >>> _greedy(opts, cover=[[(0, 4), (2, 8)], [(1, 4), (2, 8)]], excess=[4, 4])   # c covers both at once
     [2]
     """
-    remaining = list(excess)
-    by_option: dict[int, list[tuple[int, int]]] = {}
+    # Per option, the segments it spans and the bytes it frees there, as arrays: a 20,000-op graph has millions
+    # of (option, segment) pairs, and re-scoring them in Python loops took minutes.
+    pairs: dict[int, tuple[list[int], list[int]]] = {}
     for s, row in enumerate(cover):
         for i, b in row:
-            by_option.setdefault(i, []).append((s, b))
+            segs, frees = pairs.setdefault(i, ([], []))
+            segs.append(s)
+            frees.append(b)
+    by_option = {i: (np.array(segs, dtype=np.int64), np.array(frees, dtype=np.int64))
+                 for i, (segs, frees) in pairs.items()}
+    need = np.array(excess, dtype=np.int64)
+    remaining = need.copy()
+    unmet = int((remaining > 0).sum())
 
     def ratio(i: int) -> float:  # cost per byte of excess removed; inf when it removes none
-        worth = sum(min(b, remaining[s]) for s, b in by_option[i] if remaining[s] > 0)
+        segs, frees = by_option[i]
+        worth = int(np.minimum(frees, np.maximum(remaining[segs], 0)).sum())
         return (options[i].cost_s + 1e-12) / worth if worth > 0 else float("inf")
 
     heap = [(ratio(i), i) for i in by_option]
     heapq.heapify(heap)
     chosen, used_keys = [], set()
-    while heap and any(r > 0 for r in remaining):
+    while heap and unmet:
         stale, i = heapq.heappop(heap)
         if options[i].key in used_keys:
             continue
@@ -395,14 +405,16 @@ def _greedy(options: Sequence[Option], cover: list[list[tuple[int, int]]], exces
             continue
         chosen.append(i)
         used_keys.add(options[i].key)
-        for s, b in by_option[i]:
-            remaining[s] -= b
-    covered = [need - left for need, left in zip(excess, remaining, strict=True)]
+        segs, frees = by_option[i]
+        before = remaining[segs] > 0
+        np.subtract.at(remaining, segs, frees)
+        unmet -= int((before & (remaining[segs] <= 0)).sum())
+    covered = need - remaining
     for i in sorted(chosen, key=lambda i: -options[i].cost_s):
-        if all(covered[s] - b >= excess[s] for s, b in by_option[i] if excess[s] > 0):
+        segs, frees = by_option[i]
+        if bool(np.all(covered[segs] - frees >= need[segs])):
             chosen.remove(i)
-            for s, b in by_option[i]:
-                covered[s] -= b
+            np.subtract.at(covered, segs, frees)
     return chosen
 
 
