@@ -298,7 +298,8 @@ def _assert_cleaned_up(info: dict, timeout_s: float = 15.0) -> None:
 
 
 _USER = r"""
-import json, sys
+import faulthandler, json, signal, sys
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for a stack dump when a process hangs
 import tensorflow as tf
 from tfmem.testbed import Testbed
 g = tf.Graph()
@@ -317,19 +318,37 @@ with tb:
 
 
 @pytest.fixture(scope="module")
-def users() -> Iterator[dict[str, subprocess.Popen[str]]]:
+def users(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, subprocess.Popen[str]]]:
     """Three user processes, started together because TF start-up dominates: two loop, one exits at once."""
     # Own sessions, so that a group SIGINT reaches a user and its servers as a Ctrl-C in a terminal would.
-    procs = {
-        name: subprocess.Popen([sys.executable, "-c", _USER, mode], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=subprocess.DEVNULL, text=True, cwd=REPO, start_new_session=True)
-        for name, mode in (("sigkill", "loop"), ("ctrl_c", "loop"), ("exit", "exit"))
-    }
+    logdir = tmp_path_factory.mktemp("users")
+    procs = {}
+    for name, mode in (("sigkill", "loop"), ("ctrl_c", "loop"), ("exit", "exit")):
+        log = logdir / f"{name}.stderr"
+        with log.open("w") as stderr:  # the child keeps its own descriptor
+            procs[name] = subprocess.Popen([sys.executable, "-c", _USER, mode], stdin=subprocess.PIPE,
+                                           stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=REPO,
+                                           start_new_session=True)
+        procs[name].stderr_log = log  # type: ignore[attr-defined]
     yield procs
     for proc in procs.values():
         if proc.poll() is None:
             proc.kill()
         proc.wait()
+
+
+def _wait_or_dump(proc: subprocess.Popen[str], timeout_s: float) -> int:
+    """``proc.wait(timeout_s)``; on a hang, fail with the process's Python stacks (faulthandler on SIGUSR1)."""
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(2.0)
+        log = proc.stderr_log.read_text(errors="replace")  # type: ignore[attr-defined]
+        children = subprocess.run(["ps", "-o", "pid,stat,etime,args", "--ppid", str(proc.pid)],
+                                  capture_output=True, text=True).stdout
+        pytest.fail(f"the user process did not exit within {timeout_s:.0f} s; its children:\n{children}\n"
+                    f"its stderr (last 6000 chars, stacks at the end):\n{log[-6000:]}")
 
 
 def _info(proc: subprocess.Popen[str], go: bool = True) -> dict:
@@ -360,7 +379,7 @@ def test_ctrl_c_of_the_user_process_cleans_up(users: dict[str, subprocess.Popen[
     os.killpg(proc.pid, signal.SIGINT)  # the servers ignore it; the user's `with` closes the testbed
     # An interrupt that lands mid-step makes TF's session close wait for the step (TF gives up after 30 s and
     # logs "Session failed to close after 30 seconds"), so allow more than that before calling it a hang.
-    assert proc.wait(timeout=90) != 0
+    assert _wait_or_dump(proc, 90) != 0
     _assert_cleaned_up(info)
     assert not Path(info["workdir"]).exists()
 
