@@ -16,10 +16,15 @@ largest size, the ratio tfmem/vanilla, and each side's throughput at its largest
 size both sides run, and the losses they return are compared (the passes must not change results).
 Writes ``experiments/results/max_size_<family>.json`` and ``.md``.
 
-The search assumes that fitting is monotone in the size; each probe builds a fresh graph, so a full run
-of a family takes minutes (hours for ResNet depth). After every probe the probes so far are written to
-``max_size_<family>.partial.json``, removed when the search completes. ``--tiny`` runs small models under a
-small budget, as a smoke test.
+The search assumes that fitting is monotone in the size; each probe builds a fresh graph, and optimize's time
+grows with the graph (48 experts: 3.4 min to plan), so each family's default ``maximum`` keeps a full run near
+10 minutes on 2 cores: 48 experts, 24 blocks per stage (ResNet-218). A search that ends there without a failure
+says so ("the search stopped at its maximum": tfmem's true largest may be larger); raise ``--max-size`` to
+search further. After every probe the probes so far are written to ``max_size_<family>.partial.json``, removed
+when the search completes. ``--tiny`` runs small models under a small budget, as a smoke test.
+
+The testbed's step times are a CPU's; a GPU's slowdown depends on its link. Every probe that runs also gets the
+cost model's step time on a named GPU and link (``NAMED_GPU``, see ``gpu_estimate``), reported beside them.
 
     python -m experiments.max_size                                # every family, full size
     python -m experiments.max_size moe --budget 64MiB --passes auto
@@ -47,11 +52,15 @@ from tqdm import tqdm  # noqa: E402
 import tfmem  # noqa: E402
 from experiments._common import RESULTS, provenance, write  # noqa: E402
 from models import deepspeech, moe_transformer, resnet  # noqa: E402
+from tfmem.costmodel import DEVICES  # noqa: E402
 from tfmem.examples import Built  # noqa: E402
+from tfmem.loading import load  # noqa: E402
 from tfmem.testbed import DEVICE, HOST, Testbed  # noqa: E402
 from tfmem.units import format_bytes, parse_bytes  # noqa: E402
 
 MODES = ("vanilla", "tfmem")
+BENCH = False   # ``make bench`` runs the families through max_experts, max_resnet_depth and deepspeech_seq_len
+NAMED_GPU = "V100+PCIe3"   # the cost model's device for step-time estimates that do not come from the CPU testbed
 
 
 @dataclass(frozen=True)
@@ -84,7 +93,7 @@ def _resnet(name: str, batch: int, tiny: bool) -> Family:
     kwargs = ({"batch": batch // 4, "image": 16, "width": 8, "classes": 10} if tiny
               else {"batch": batch, "image": 32, "width": 8, "classes": 10})
     return Family(name, "bottleneck blocks per stage", resnet.build, lambda n: {"depth": resnet.depth_of(n)},
-                  resnet.depth_of, "depth", "40MiB" if tiny else "96MiB", 1, 1, 8 if tiny else 200, 1, kwargs)
+                  resnet.depth_of, "depth", "40MiB" if tiny else "96MiB", 1, 1, 8 if tiny else 24, 1, kwargs)
 
 
 def families(tiny: bool) -> dict[str, Family]:
@@ -104,7 +113,7 @@ def families(tiny: bool) -> dict[str, Family]:
                  else {"batch": 32, "freq": 32, "rnn_layers": 1, "hidden": 512, "cell": "rnn"})
     return {
         "moe": Family("moe", "experts per MoE layer", moe_transformer.build, lambda e: {"experts": e},
-                      lambda e: e, "experts", "2MiB" if tiny else "64MiB", 2, 2, 16 if tiny else 512, 1,
+                      lambda e: e, "experts", "2MiB" if tiny else "64MiB", 2, 2, 16 if tiny else 48, 1,
                       {"top_k": 2, **moe_kwargs}),
         "resnet16": _resnet("resnet16", 16, tiny),
         "resnet32": _resnet("resnet32", 32, tiny),
@@ -112,6 +121,40 @@ def families(tiny: bool) -> dict[str, Family]:
                              lambda t: {"seq_len": t}, lambda t: t, "seq_len", "2MiB" if tiny else "128MiB",
                              16, 2, 64 if tiny else 2048, 2 if tiny else 4, ds_kwargs),
     }
+
+
+def gpu_estimate(graph: Any, fetches: list[str], feed_shapes: Any, gpu: str = NAMED_GPU) -> dict[str, float]:
+    """The cost model's step time for ``graph`` on a named GPU and link: compute, link traffic, and bounds.
+
+    ``compute_s`` is the simulated step's estimate on the GPU (ops on the host count too, at GPU speed: a
+    slight underestimate); ``link_s`` the time to move every tensor that crosses between the device and the
+    host once per step (swaps out, prefetches in, host-resident weights and their gradients). The step takes
+    at least ``max(compute_s, link_s)`` (transfers fully overlapped) and at most their sum (none overlapped).
+
+    Examples
+    --------
+    >>> import tensorflow as tf
+    >>> g = tf.Graph()
+    >>> with g.as_default():
+    ...     x = tf.ones([256, 256], name="x")
+    ...     with tf.device(HOST):
+    ...         y = tf.identity(x, name="y")     # 256 KiB to the host
+    ...     z = tf.matmul(y, y, name="z")        # and back
+    >>> est = gpu_estimate(g, ["z:0"], None)
+    >>> est["link_bytes"] == 2 * 256 * 256 * 4, est["low_s"] <= est["high_s"]
+    (True, True)
+    """
+    spec = DEVICES[gpu]
+    ir = load(graph, feed_shapes)
+    profile = tfmem.simulate(ir, fetches, feed_shapes=feed_shapes, device=DEVICE, host=HOST, cost_device=spec,
+                             grappler=False, cores=1)
+    on_host = {n.name: n.device.startswith("/job:host") for n in ir.nodes}
+    crossing = {(t, on_host[n.name]) for n in ir.nodes for t in n.inputs if on_host.get(t.node) != on_host[n.name]}
+    link_bytes = sum(ir.spec(t).nbytes or 0 for t, _ in crossing)
+    link_s = sum(spec.transfer_s(ir.spec(t).nbytes or 0) for t, _ in crossing)
+    compute_s = profile.estimated_step_s
+    return {"gpu": spec.name, "compute_s": compute_s, "link_bytes": link_bytes, "link_s": link_s,
+            "low_s": max(compute_s, link_s), "high_s": compute_s + link_s}
 
 
 def search_largest(fits: Callable[[int], bool], start: int, minimum: int, maximum: int,
@@ -209,6 +252,7 @@ class Prober:
         if result.oom:
             return {**row, "status": "oom", "error": result.error}
         step_s = float(result.step_time_s or 0.0)
+        row["gpu_estimate"] = gpu_estimate(graph, built.fetches, built.feed_shapes)
         return {**row, "status": "ok", "device_peak_bytes": result.device_peak_bytes,
                 "host_peak_bytes": result.host_peak_bytes, "step_time_s": step_s,
                 "samples_per_s": self.family.batch / step_s if step_s else None,
@@ -241,22 +285,28 @@ def run_family(family: Family, budget: str, passes: str | list[str] | None, plan
             "builder": f"{family.builder.__module__}.build", "builder_kwargs": family.kwargs,
             "search": {"minimum": family.minimum, "start": family.start, "maximum": maximum,
                        "resolution": family.resolution},
-            "summary": summarise(family, prober.rows, vanilla, tuned), "probes": rows}
+            "summary": summarise(family, prober.rows, vanilla, tuned, maximum), "probes": rows}
 
 
 def summarise(family: Family, rows: dict[tuple[str, int], dict[str, Any]], vanilla: tuple[int | None, int | None],
-              tuned: tuple[int | None, int | None]) -> dict[str, Any]:
+              tuned: tuple[int | None, int | None], maximum: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for mode, (lo, hi) in (("vanilla", vanilla), ("tfmem", tuned)):
         best = rows.get((mode, lo)) if lo is not None else None
         out[mode] = {"largest_size": lo, f"largest_{family.label_name}": family.label(lo) if lo else None,
                      "first_failing_size": hi, "failing_status": rows[(mode, hi)]["status"] if hi else None,
                      "params": best and best["params"], "device_peak_bytes": best and best["device_peak_bytes"],
-                     "step_time_s": best and best["step_time_s"], "samples_per_s": best and best["samples_per_s"]}
+                     "step_time_s": best and best["step_time_s"], "samples_per_s": best and best["samples_per_s"],
+                     # the search stopped at its maximum with that size fitting: the true largest may be larger
+                     "capped": lo is not None and hi is None and lo == maximum,
+                     "gpu_estimate": best and best.get("gpu_estimate")}
     v, t = out["vanilla"], out["tfmem"]
     out["ratio"] = t[f"largest_{family.label_name}"] / v[f"largest_{family.label_name}"] \
         if v["largest_size"] and t["largest_size"] else None
     out["slowdown"] = v["samples_per_s"] / t["samples_per_s"] if v["samples_per_s"] and t["samples_per_s"] else None
+    if v["gpu_estimate"] and t["gpu_estimate"]:   # the same ratio from the cost model's named GPU and link
+        out["gpu_slowdown_range"] = [t["gpu_estimate"]["low_s"] / v["gpu_estimate"]["low_s"],
+                                     t["gpu_estimate"]["high_s"] / v["gpu_estimate"]["high_s"]]
     same = rows.get(("tfmem", vanilla[0])) if vanilla[0] is not None else None
     base = rows.get(("vanilla", vanilla[0])) if vanilla[0] is not None else None
     out["same_loss_at_vanilla_largest"] = (same["loss"] == base["loss"]) if same and base and \
@@ -278,6 +328,13 @@ def _fmt(value: Any, kind: str = "") -> str:
     return f"{value:,.1f}" if isinstance(value, float) else f"{value:,}" if isinstance(value, int) else str(value)
 
 
+def _gpu(est: dict[str, Any] | None) -> str:
+    if not est:
+        return "-"
+    low, high = f"{est['low_s'] * 1e3:.3g}", f"{est['high_s'] * 1e3:.3g}"
+    return f"{low} ms" if low == high else f"{low}-{high} ms"
+
+
 def markdown(result: dict[str, Any]) -> str:
     label, s = result["label_name"], result["summary"]
     v, t = s["vanilla"], s["tfmem"]
@@ -291,15 +348,21 @@ def markdown(result: dict[str, Any]) -> str:
         f"`{result['passes']}`. Peaks: testbed (measured); throughput: samples/s over {result['steps']} timed "
         "step(s) on the testbed (CPU).",
         "",
-        f"| | largest {label} | params | device peak | step time | samples/s | first failure |",
-        "|---|---:|---:|---:|---:|---:|---|",
+        f"| | largest {label} | params | device peak | step time | samples/s | step on {NAMED_GPU} "
+        "(cost model) | first failure |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for mode, row in (("vanilla", v), ("tfmem", t)):
-        fail = f"{row['first_failing_size']} ({row['failing_status']})" if row["first_failing_size"] else "-"
-        lines.append(f"| {mode} | {_fmt(row[f'largest_{label}'])} | {_fmt(row['params'])} | "
+        fail = f"{row['first_failing_size']} ({row['failing_status']})" if row["first_failing_size"] else \
+            "none: the search stopped at its maximum" if row.get("capped") else "-"
+        largest = ("≥ " if row.get("capped") else "") + _fmt(row[f"largest_{label}"])
+        lines.append(f"| {mode} | {largest} | {_fmt(row['params'])} | "
                      f"{_fmt(row['device_peak_bytes'], 'bytes')} | {_fmt(row['step_time_s'], 's')} | "
-                     f"{_fmt(row['samples_per_s'])} | {fail} |")
-    lines += ["", f"Ratio tfmem/vanilla: **{ratio}**; throughput slowdown at each side's largest: {slowdown}; "
+                     f"{_fmt(row['samples_per_s'])} | {_gpu(row.get('gpu_estimate'))} | {fail} |")
+    gpu = s.get("gpu_slowdown_range")
+    gpu_text = f"; on {NAMED_GPU} (cost model) {gpu[0]:.2f}x-{gpu[1]:.2f}x" if gpu else ""
+    lines += ["", f"Ratio tfmem/vanilla: **{ratio}**; throughput slowdown at each side's largest: {slowdown} on the "
+              f"testbed{gpu_text}; "
               f"same loss at vanilla's largest: {_fmt(s['same_loss_at_vanilla_largest'])}; "
               f"tfmem refusals: {s['tfmem_refusals']}; errors: {s['errors']}.", "",
               "## Probes", "",
@@ -366,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown family {unknown[0]!r}; choose from {', '.join(known)}")
     if not 0.0 < args.plan_fraction <= 1.0:
         parser.error(f"--plan-fraction must be in (0, 1], got {args.plan_fraction}")
-    for name in args.families or list(known):
+    for name in dict.fromkeys(args.families) or list(known):   # each family once, in the order given
         family = _override(known[name], args.set)
         maximum = args.max_size or family.maximum
         if maximum < family.start:

@@ -1,7 +1,7 @@
 """``make bench``: run every experiment in full, one after another, and list the results files.
 
-Experiments are the modules of this package with a ``main(argv)``; private modules (``_*``) and this one are
-skipped. A failing experiment is reported and the rest still run; the exit code says whether all passed.
+Experiments are the modules of this package with a ``main(argv)``; private modules (``_*``), this one and
+modules that set ``BENCH = False`` (a generic harness run through other modules) are skipped. A failing experiment is reported and the rest still run; the exit code says whether all passed.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
         if only and name not in only:
             continue
         module = importlib.import_module(f"experiments.{name}")
-        if not hasattr(module, "main"):
+        if not hasattr(module, "main") or (not getattr(module, "BENCH", True) and name not in only):
             continue
         print(f"== experiments.{name}", flush=True)
         start = time.perf_counter()

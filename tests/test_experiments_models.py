@@ -70,5 +70,14 @@ def test_tiny_moe_run_writes_both_sides(tmp_path):
     assert not (tmp_path / "max_size_moe.partial.json").exists()   # the checkpoint goes once the search is done
 
 
-def test_run_all_finds_max_size():
-    assert "max_size" in run_all.experiment_names()
+def test_run_all_finds_the_max_size_tables():
+    assert {"max_experts", "max_resnet_depth", "deepspeech_seq_len", "max_size"} <= set(run_all.experiment_names())
+    assert max_size.BENCH is False   # its families run once, through the three tables above
+
+
+def test_a_table_module_passes_its_families_and_arguments_on(monkeypatch):
+    from experiments import max_resnet_depth
+    seen = []
+    monkeypatch.setattr(max_size, "main", lambda argv: seen.append(argv) or 0)
+    assert max_resnet_depth.main(["--tiny"]) == 0
+    assert seen == [["resnet16", "resnet32", "--tiny"]]

@@ -214,7 +214,9 @@ def _infeasible(ir: GraphIR, ctx: PassContext, budget: int, after: MemoryProfile
         + ("the lower bound alone exceeds it less its safety margin, so nothing was tried; vanilla peak "
            if unplanned else "best peak found ")
         + f"{format_bytes(after.peak_bytes)} "
-        f"(simulator; a plan must stay {SAFETY_MARGIN:.0%} under the budget) at {after.peak_unit}; lower bound {format_bytes(bound)} (working set of {op}); "
+        f"(simulator) at {after.peak_unit}; a plan must stay under {format_bytes(max(planning_budget(budget), 0))} "
+        f"(the budget less {SAFETY_MARGIN:.0%} or {format_bytes(SAFETY_MARGIN_MIN_BYTES)}, whichever is more, for "
+        f"allocator rounding and fragmentation); lower bound {format_bytes(bound)} (working set of {op}); "
         f"largest live: {top}. "
         + ("The best plan fits in total but not in the device allocator's chunks with a safe margin. "
            if fragmented else "")

@@ -1,0 +1,25 @@
+"""Benchmark: the largest experts per MoE layer (Transformer-MoE) that trains under a fixed testbed budget, vanilla TensorFlow vs tfmem.
+
+TensorFlowMem's table under its own name: ``experiments.max_size`` restricted to ``moe``
+(see that module for the search, the probes and the results files it writes). Any other argument is passed on.
+
+    python -m experiments.max_experts              # full size
+    python -m experiments.max_experts --tiny       # CI smoke run
+"""
+
+from __future__ import annotations
+
+import sys
+
+from experiments import max_size
+
+FAMILIES = ["moe"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    return max_size.main([*FAMILIES, *args])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
