@@ -287,6 +287,9 @@ class PSClient:
                 self.transmit(shard, parts, self.flush_seq[shard], self.clock_, prepaid)
             sent += nbytes
             self.stats.messages_sent += 1
+            if early:
+                for p in parts:
+                    self.stats.early_bytes_by_table[p.table] = self.stats.early_bytes_by_table.get(p.table, 0) + p.nbytes
         self.stats.bytes_sent += sent
         if early:
             self.stats.early_bytes += sent

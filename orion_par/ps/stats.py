@@ -22,6 +22,8 @@ class WorkerStats:
         Seconds ``get`` waited for slower workers (the SSP bound).
     throttled_s : float
         Seconds spent waiting for the bandwidth budget.
+    early_bytes_by_table : dict
+        Table -> bytes managed communication sent before the clock boundary (which rows it chose).
 
     Examples
     --------
@@ -44,6 +46,7 @@ class WorkerStats:
     throttled_s: float = 0.0
     clocks: int = 0
     staleness_hist: dict[int, int] = field(default_factory=dict)
+    early_bytes_by_table: dict[str, int] = field(default_factory=dict)
 
     def record_reads(self, stamps: np.ndarray, clock: int) -> None:
         self.reads += 1
