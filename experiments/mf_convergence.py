@@ -12,8 +12,12 @@ Methods, all from the same synthetic ratings (rank-32 ground truth plus noise) a
 
 "Converges like serial" is checked on equal terms (the shuffle study): for several random orders of the
 ratings, the serial loop and orion_par with 2 workers both start from that order (orion_par keeps it
-inside each block), and their per-epoch RMSE, averaged over the orders, is compared.  The serial loop
-against itself on another order is the yardstick for how much SGD's curve depends on the order alone.
+inside each block), and their per-epoch RMSE, averaged over the orders, is compared (``rmse_within_1pct[lr]``:
+the gap of the mean curves <= 1% at every epoch).  Yardsticks for how much SGD's curve depends on the
+order alone: the serial loop against itself on another order (one curve against one), and the mean serial
+curve over as many other orders (a gap of means against a gap of means).  On two orders the serial loop
+also runs in orion_par 2w's own visit order (``schedule(2).serial_order``), which must equal 2w bitwise:
+then any difference from the serial loop comes from DSGD's visit order, not from running in parallel.
 
 A throughput phase runs single epochs many times, 1 and 2 workers interleaved with a compute-only
 1- and 2-thread control, and reports medians (and bests) with the load average.  Targets from the issue:
@@ -45,7 +49,7 @@ from models.mf import Ratings, init_factors, parallel_sgd, rmse, sgd_serial_numb
 from orion_par import DistArray
 
 FULL = dict(users=10000, items=5000, ratings=2_000_000, rank=32, epochs=15, lr=0.03, reg=0.02, init=0.3,
-            repeats=15, surprise_epochs=[1, 2, 4, 8, 15], gentle_lr=0.01, gentle_init=0.5, shuffles=8)
+            repeats=15, surprise_epochs=[1, 2, 4, 8, 15], gentle_lr=0.01, gentle_init=0.5, shuffles=16)
 TINY = dict(users=400, items=300, ratings=20000, rank=32, epochs=3, lr=0.03, reg=0.02, init=0.3, repeats=2,
             surprise_epochs=[1, 3], gentle_lr=0.01, gentle_init=0.5, shuffles=2)
 
@@ -218,29 +222,88 @@ def _ray_curve(p: Problem) -> dict[str, Any]:
         ray.shutdown()
 
 
+def _visit_order_curve(p: Problem, label: str, workers: int) -> dict[str, list[float]]:
+    """The hand-written serial loop visiting the ratings in the order ``run(workers=workers)`` visits them
+    (``schedule(workers).serial_order``: the blocks of each stratum one after another, DSGD's order)."""
+    sched = p.sgd.schedule(workers)
+    keys, values = p.data.keys, p.data.values
+
+    def step() -> None:
+        order = sched.serial_order(1, p.sgd.epochs_run)
+        sgd_serial_numba(keys[order], values[order], np.asarray(p.W), np.asarray(p.H), p.cfg["lr"], p.cfg["reg"])
+        p.sgd.epochs_run += 1  # the next epoch's stratum order, as run() would advance it
+
+    return _curve(p, label, step)
+
+
+def _lag_epochs(mean_ref: np.ndarray, mean_other: np.ndarray) -> list[float]:
+    """Per epoch e: how many epochs later ``mean_other`` first reaches ``mean_ref[e]`` (linear interpolation
+    between epochs; NaN if it never does).  Both curves decrease in the phase where this matters."""
+    out = []
+    for e, target in enumerate(mean_ref):
+        hit = np.nonzero(mean_other <= target)[0]
+        if hit.size == 0:
+            out.append(float("nan"))
+            continue
+        j = int(hit[0])
+        x = float(j)
+        if j > 0 and mean_other[j - 1] != mean_other[j]:
+            x = j - 1 + (mean_other[j - 1] - target) / (mean_other[j - 1] - mean_other[j])
+        out.append(x - e)
+    return out
+
+
 def _shuffle_study(data: Ratings, cfg: dict[str, Any], lr: float, init: float) -> dict[str, Any]:
     """Serial loop vs orion_par 2 workers on ``cfg["shuffles"]`` random orders of the same ratings.
 
     For each order both start from the same factors; orion_par keeps that order inside each block.
     Returns per-epoch RMSE per order, and the gaps: between the mean curves (what "converges like
-    serial" means for a method whose order differs), per order (paired), and the serial loop against
-    itself on the next order (the yardstick: SGD's own dependence on the order).
+    serial" means for a method whose order differs), per order (paired), and two yardsticks for how much
+    SGD's curve depends on the order alone: the serial loop against itself on the next order (one curve
+    against one curve), and the mean serial curve over as many *other* orders (set B) against the mean
+    over the first set (a gap of means against a gap of means, same number of orders).  On the first
+    orders it also runs the serial loop in orion_par 2w's own visit order, which must equal 2w bitwise.
     """
     c = dict(cfg, lr=lr, init=init)
-    serial, orion = [], []
+    serial, orion, serial_b = [], [], []
+    visit_equal: list[bool] = []
     for s in range(c["shuffles"]):
         p = Problem(c, _shuffled(data, 100 + s))
         p.sgd.run(workers=2, epochs=0)  # build the schedule
         serial.append(_curve(p, f"serial lr={lr} order {s}", p.serial_epoch)["rmse"])
         orion.append(_curve(p, f"orion_par 2w lr={lr} order {s}", lambda p=p: p.sgd.run(workers=2))["rmse"])
-    ser, par = np.array(serial), np.array(orion)
-    mean_s, mean_p = ser.mean(axis=0), par.mean(axis=0)
+        if s < 2:
+            final_2w = (p.W.copy(), p.H.copy())
+            visit = _visit_order_curve(p, f"serial loop in 2w's visit order lr={lr} order {s}", 2)["rmse"]
+            visit_equal.append(bool(visit == orion[-1] and np.array_equal(p.W, final_2w[0])
+                                    and np.array_equal(p.H, final_2w[1])))
+        pb = Problem(c, _shuffled(data, 10_000 + s))  # set B: other orders, the serial-vs-serial yardstick
+        serial_b.append(_curve(pb, f"serial lr={lr} order B{s}", pb.serial_epoch)["rmse"])
+    ser, par, ser_b = np.array(serial), np.array(orion), np.array(serial_b)
+    mean_s, mean_p, mean_b = ser.mean(axis=0), par.mean(axis=0), ser_b.mean(axis=0)
     gap_means = np.abs(mean_p - mean_s)[1:] / mean_s[1:]
+    gap_means_ss = np.abs(mean_b - mean_s)[1:] / mean_s[1:]
+    n = len(ser)
+    # The paired difference per order (2w minus serial, same order and start): its standard error per epoch.
+    diff = (par - ser)[:, 1:] / mean_s[1:]
+    se_paired = diff.std(axis=0, ddof=1) / np.sqrt(n) if n > 1 else np.zeros(diff.shape[1])
+    se_ss = (np.sqrt(ser.var(axis=0, ddof=1) / n + ser_b.var(axis=0, ddof=1) / n)[1:] / mean_s[1:] if n > 1
+             else np.zeros(diff.shape[1]))
     paired = np.max(np.abs(par - ser)[:, 1:] / ser[:, 1:], axis=1)
     other = np.max(np.abs(np.roll(ser, 1, axis=0) - ser)[:, 1:] / ser[:, 1:], axis=1) if len(ser) > 1 else paired * 0
+    worst = int(np.argmax(gap_means)) + 1
     return {"lr": lr, "init": init, "shuffles": c["shuffles"], "rmse_serial": ser.tolist(), "rmse_orion_par_2w": par.tolist(),
+            "rmse_serial_other_orders": ser_b.tolist(),
             "mean_rmse_serial": mean_s.tolist(), "mean_rmse_orion_par_2w": mean_p.tolist(),
+            "mean_rmse_serial_other_orders": mean_b.tolist(),
             "gap_of_means_per_epoch": gap_means.tolist(), "max_gap_of_means": float(gap_means.max()),
+            "epoch_of_max_gap_of_means": worst, "final_epoch_gap_of_means": float(gap_means[-1]),
+            "gap_of_means_serial_vs_serial_other_orders_per_epoch": gap_means_ss.tolist(),
+            "max_gap_of_means_serial_vs_serial_other_orders": float(gap_means_ss.max()),
+            "paired_diff_mean_per_epoch": diff.mean(axis=0).tolist(), "paired_diff_standard_error_per_epoch": se_paired.tolist(),
+            "serial_vs_serial_gap_of_means_standard_error_per_epoch": se_ss.tolist(),
+            "lag_epochs_2w_behind_serial_mean": _lag_epochs(mean_s, mean_p),
+            "orion_par_2w_equals_serial_loop_in_its_visit_order": visit_equal,
             "max_gap_paired_median": float(np.median(paired)),
             "max_gap_serial_vs_serial_other_order_median": float(np.median(other)),
             "serial_sd_over_mean_per_epoch": (ser.std(axis=0, ddof=1) / mean_s).tolist() if len(ser) > 1 else []}
@@ -280,6 +343,19 @@ def run(cfg: dict[str, Any], use_ray: bool) -> dict[str, Any]:
         checks[f"max_gap_paired_2w_vs_serial_median_over_orders[lr={lr}]"] = o["max_gap_paired_median"]
         checks[f"max_gap_serial_vs_serial_other_order_median[lr={lr}]"] = o["max_gap_serial_vs_serial_other_order_median"]
         checks[f"rmse_within_1pct[lr={lr}]"] = checks["orion_par_1w_bitwise_equals_serial"] and o["max_gap_of_means"] <= 0.01
+        checks[f"epoch_of_max_gap_of_means[lr={lr}]"] = o["epoch_of_max_gap_of_means"]
+        checks[f"final_epoch_gap_of_means[lr={lr}]"] = o["final_epoch_gap_of_means"]
+        checks[f"max_gap_of_means_serial_vs_serial_other_orders[lr={lr}]"] = o["max_gap_of_means_serial_vs_serial_other_orders"]
+        # Is 2w's gap of means larger than two serial sets of as many orders differ, at the worst epoch?
+        e = o["epoch_of_max_gap_of_means"]
+        checks[f"gap_of_means_at_worst_epoch_over_serial_vs_serial[lr={lr}]"] = (
+            o["max_gap_of_means"] / max(o["gap_of_means_serial_vs_serial_other_orders_per_epoch"][e - 1], 1e-12))
+        checks[f"gap_of_means_at_worst_epoch_in_paired_standard_errors[lr={lr}]"] = (
+            o["max_gap_of_means"] / max(o["paired_diff_standard_error_per_epoch"][e - 1], 1e-12))
+        checks[f"orion_par_2w_equals_serial_loop_in_its_visit_order[lr={lr}]"] = all(
+            o["orion_par_2w_equals_serial_loop_in_its_visit_order"])
+    checks["rmse_per_epoch_within_1pct_of_serial[lr=both]"] = all(
+        checks[f"rmse_within_1pct[lr={o['lr']}]"] for o in study)
     p.reset()
     thr = _throughput(p, cfg["repeats"])
     checks.update(_throughput_checks(thr))
@@ -346,7 +422,15 @@ def _checks_and_throughput(res: dict[str, Any]) -> list[str]:
 
 def _markdown(res: dict[str, Any]) -> str:
     curves = {k: v for k, v in res["curves"].items() if "rmse" in v}
-    lines = _header(res, "mf_convergence") + _checks_and_throughput(res)
+    lines = _header(res, "mf_convergence")
+    verdict = []
+    for o in res["shuffle_study"]:
+        ok = o["max_gap_of_means"] <= 0.01
+        verdict.append(f"lr {o['lr']}: **{'met' if ok else 'not met'}** (max gap of the mean curves over "
+                       f"{o['shuffles']} orders {o['max_gap_of_means']:.2%} at epoch {o.get('epoch_of_max_gap_of_means', '?')})")
+    lines.append("Issue criterion, RMSE per epoch of 2 workers within 1% of the serial loop (mean curves over random "
+                 "orders, every epoch): " + "; ".join(verdict) + ". One worker equals the serial loop bitwise.\n")
+    lines += _checks_and_throughput(res)
     lines += ["\n## Training RMSE per epoch, one data order (cumulative seconds in brackets)\n",
               "| epoch | " + " | ".join(curves) + " |", "| --- |" + " --- |" * len(curves)]
     epochs = sorted({e for c in curves.values() for e in c["epoch"]})
@@ -360,19 +444,42 @@ def _markdown(res: dict[str, Any]) -> str:
     lines.append("The Ray curve's first epoch includes starting the actors.\n")
     lines.append("\n## Shuffle study: serial vs orion_par 2 workers from the same random orders\n\nFor each of "
                  "several random orders of the ratings, the serial loop visits them in that order and orion_par "
-                 "keeps it inside each block. Mean RMSE over the orders per epoch; the spread (standard deviation "
-                 "over orders / mean) shows how much SGD's curve depends on the order alone.\n")
+                 "keeps it inside each block (both from the same initial factors). `rmse_within_1pct[lr]` is the "
+                 "issue's criterion on the *mean* curves over the orders: at every epoch, |mean RMSE (2w) - mean "
+                 "RMSE (serial)| / mean RMSE (serial) <= 0.01. The yardstick for a gap of means is the same gap "
+                 "between the serial loop's mean curve over these orders and over as many other orders (set B); "
+                 "`paired SE` is the standard error of the per-order difference 2w - serial (same order, same "
+                 "start). `lag` is how many epochs later the 2w mean curve reaches the serial mean's RMSE of that "
+                 "epoch. On the first two orders the serial loop was also run in orion_par 2w's own visit order "
+                 "(each stratum's blocks one after another, DSGD's order): equal bitwise to 2w means the "
+                 "difference from the serial loop comes from the visit order, not from running in parallel.\n")
     for o in res["shuffle_study"]:
-        lines += [f"\nlr {o['lr']}, init {o['init']}, {o['shuffles']} orders: max gap of the means "
-                  f"{o['max_gap_of_means']:.4f}; per order (paired) max gap, median over orders "
-                  f"{o['max_gap_paired_median']:.4f}; the serial loop against itself on another order "
-                  f"{o['max_gap_serial_vs_serial_other_order_median']:.4f}.\n",
-                  "| epoch | serial (mean) | orion_par 2w (mean) | gap of means | serial spread |",
-                  "| --- | --- | --- | --- | --- |"]
+        met = "met" if o["max_gap_of_means"] <= 0.01 else "NOT met"
+        lines += [f"\n### lr {o['lr']}, init {o['init']}, {o['shuffles']} orders: 1% criterion {met}\n\n"
+                  f"Max gap of the means {o['max_gap_of_means']:.4f} at epoch {o['epoch_of_max_gap_of_means']}, "
+                  f"{o['final_epoch_gap_of_means']:.4f} at the last epoch; serial vs serial on other orders (gap of "
+                  f"means): max {o['max_gap_of_means_serial_vs_serial_other_orders']:.4f}. Per order (paired) max "
+                  f"gap, median over orders {o['max_gap_paired_median']:.4f}; the serial loop against itself on "
+                  f"another order (one curve against one) {o['max_gap_serial_vs_serial_other_order_median']:.4f}. "
+                  f"Serial loop in 2w's visit order equals 2w bitwise: "
+                  f"{o.get('orion_par_2w_equals_serial_loop_in_its_visit_order', 'not run')}.\n",
+                  "| epoch | serial (mean) | orion_par 2w (mean) | serial, other orders (mean) | gap of means 2w vs "
+                  "serial | paired SE | gap of means serial vs serial | its SE | serial spread (sd/mean) | "
+                  "2w lag (epochs) |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         sd = o["serial_sd_over_mean_per_epoch"] or [0.0] * len(o["mean_rmse_serial"])
         for e, (a, b) in enumerate(zip(o["mean_rmse_serial"], o["mean_rmse_orion_par_2w"], strict=True)):
-            gap = o["gap_of_means_per_epoch"][e - 1] if e else 0.0
-            lines.append(f"| {e} | {a:.4f} | {b:.4f} | {gap:.4f} | {sd[e]:.4f} |")
+            if "mean_rmse_serial_other_orders" not in o:  # results written before set B existed
+                gap = o["gap_of_means_per_epoch"][e - 1] if e else 0.0
+                lines.append(f"| {e} | {a:.4f} | {b:.4f} | | {gap:.4f} | | | | {sd[e]:.4f} | |")
+                continue
+            ob = o["mean_rmse_serial_other_orders"][e]
+            cells = [o[k][e - 1] if e else 0.0 for k in ("gap_of_means_per_epoch", "paired_diff_standard_error_per_epoch",
+                                                         "gap_of_means_serial_vs_serial_other_orders_per_epoch",
+                                                         "serial_vs_serial_gap_of_means_standard_error_per_epoch")]
+            lag = o["lag_epochs_2w_behind_serial_mean"][e]
+            lines.append(f"| {e} | {a:.4f} | {b:.4f} | {ob:.4f} | " + " | ".join(f"{x:.4f}" for x in cells)
+                         + f" | {sd[e]:.4f} | {lag:.2f} |")
     lines.append("\n## Plan\n\n```\n" + res["plan"] + "\n```\n")
     return "\n".join(lines)
 
@@ -387,15 +494,32 @@ def _plot(res: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    studies = res.get("shuffle_study", [])
+    rows = 1 + (len(studies) + 1) // 2
+    fig, grid = plt.subplots(rows, 2, figsize=(11, 4 * rows), squeeze=False)
+    axes = grid.ravel()
+    ax1, ax2 = axes[0], axes[1]
     for name, c in res["curves"].items():
         if "rmse" not in c:
             continue
         ax1.plot(c["epoch"], c["rmse"], marker="o", ms=3, label=name)
         ax2.plot(np.maximum(c["time_s"], 1e-3), c["rmse"], marker="o", ms=3, label=name)
-    ax1.set(xlabel="epoch", ylabel="training RMSE", title="RMSE vs epoch")
+    ax1.set(xlabel="epoch", ylabel="training RMSE", title="RMSE vs epoch (one data order)")
     ax2.set(xlabel="seconds", ylabel="training RMSE", title="RMSE vs time", xscale="log")
     ax1.legend()
+    for ax, o in zip(axes[2:2 + len(studies)], studies, strict=True):
+        # Every order's curve (thin) and the mean over the orders (thick), per method.
+        for i, (key, name) in enumerate((("rmse_serial", "serial"), ("rmse_orion_par_2w", "orion_par 2w"),
+                                         ("rmse_serial_other_orders", "serial, other orders"))):
+            if key not in o:
+                continue
+            runs = np.array(o[key])
+            for r in runs:
+                ax.plot(r, color=f"C{i}", lw=0.4, alpha=0.4)
+            ax.plot(runs.mean(axis=0), color=f"C{i}", lw=2, label=f"{name} (mean of {len(runs)})")
+        ax.set(xlabel="epoch", ylabel="training RMSE", yscale="log",
+               title=f"shuffle study, lr {o['lr']}: max gap of means {o['max_gap_of_means']:.1%}")
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

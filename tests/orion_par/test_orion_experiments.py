@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 from experiments import lda_convergence, mf_convergence
 
 
@@ -17,6 +19,12 @@ def test_mf_convergence_tiny(tmp_path):
     assert res["curves"]["orion_par 1w"]["rmse"] == serial
     study = res["shuffle_study"][0]
     assert len(study["rmse_serial"]) == len(study["rmse_orion_par_2w"]) == 2  # two orders, both methods
+    assert len(study["rmse_serial_other_orders"]) == 2  # the serial-vs-serial yardstick: two other orders
+    # DSGD's visit order run by the serial loop is what 2 workers compute, bitwise.
+    assert study["orion_par_2w_equals_serial_loop_in_its_visit_order"] == [True, True]
+    gap = np.abs(np.array(study["mean_rmse_orion_par_2w"]) - study["mean_rmse_serial"])[1:] / study["mean_rmse_serial"][1:]
+    assert np.allclose(gap, study["gap_of_means_per_epoch"])
+    assert res["checks"]["rmse_within_1pct[lr=0.03]"] == (max(gap) <= 0.01)
     assert res["command"].startswith("python -m experiments.mf_convergence")
     assert (tmp_path / "mf_convergence.md").read_text().startswith("# mf_convergence")
     assert (tmp_path / "mf_convergence.png").stat().st_size > 0
@@ -33,9 +41,14 @@ def test_lda_convergence_tiny(tmp_path):
     assert lda_convergence.main(["--tiny", "--out", str(tmp_path)]) == 0
     res = json.loads((tmp_path / "lda_convergence.json").read_text())
     assert {"serial", "orion_par 1w", "orion_par 2w", "tomotopy"} <= set(res["curves"])
-    ll = res["curves"]["orion_par 2w"]["ll"]
+    assert all(len(chains) == 2 for chains in res["curves"].values())  # two chains per method
+    ll = res["curves"]["orion_par 2w"][0]["ll"]
     assert ll[-1] > ll[0]
-    assert "within_2x_of_tomotopy" in res["checks"]
+    assert res["checks"]["orion_par_1w_equals_serial_same_seeds[3 sweeps]"] is True
+    s = res["summary"]
+    gap = abs(s["orion_par 2w"]["mean"] - s["serial"]["mean"]) / abs(s["serial"]["mean"])
+    assert res["checks"]["final_ll_gap_of_means_vs_serial[orion_par 2w]"] == gap
+    assert "final_ll_within_1pct" in res["checks"] and "within_2x_of_tomotopy" in res["checks"]
     assert (tmp_path / "lda_convergence.png").stat().st_size > 0
 
 
