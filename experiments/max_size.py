@@ -42,6 +42,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,7 @@ from tqdm import tqdm  # noqa: E402
 import tfmem  # noqa: E402
 from experiments._common import RESULTS, provenance, write  # noqa: E402
 from models import deepspeech, moe_transformer, resnet  # noqa: E402
-from tfmem.costmodel import DEVICES  # noqa: E402
+from tfmem.costmodel import DEVICES, op_flops  # noqa: E402
 from tfmem.examples import Built  # noqa: E402
 from tfmem.loading import load  # noqa: E402
 from tfmem.testbed import DEVICE, HOST, Testbed  # noqa: E402
@@ -155,6 +156,16 @@ def gpu_estimate(graph: Any, fetches: list[str], feed_shapes: Any, gpu: str = NA
     compute_s = profile.estimated_step_s
     return {"gpu": spec.name, "compute_s": compute_s, "link_bytes": link_bytes, "link_s": link_s,
             "low_s": max(compute_s, link_s), "high_s": compute_s + link_s}
+
+
+def step_flops(built: Built) -> float:
+    """The cost model's floating-point operations in one training step of ``built`` (as built, unoptimized).
+
+    The work a step does, so that throughputs at different sizes compare per unit of work: a ResNet's grows
+    with its depth, an unrolled RNN's with its length, a top-k MoE's hardly with its expert count.
+    """
+    ir = load(built.graph, built.feed_shapes)
+    return float(sum(op_flops(node, ir) for node in ir.nodes))
 
 
 def search_largest(fits: Callable[[int], bool], start: int, minimum: int, maximum: int,
@@ -300,7 +311,15 @@ def summarise(family: Family, rows: dict[tuple[str, int], dict[str, Any]], vanil
                      # the search stopped at its maximum with that size fitting: the true largest may be larger
                      "capped": lo is not None and hi is None and lo == maximum,
                      "gpu_estimate": best and best.get("gpu_estimate")}
+    for mode, (lo, _) in (("vanilla", vanilla), ("tfmem", tuned)):
+        step = out[mode]["step_time_s"]
+        if lo is not None and step:
+            flops = rows[(mode, lo)].get("step_flops") or step_flops(family.build(lo))
+            out[mode].update(step_flops=flops, flops_per_s=flops / step)
     v, t = out["vanilla"], out["tfmem"]
+    # Throughput per unit of work: the slowdown that the passes cost, apart from the larger model's extra work.
+    out["work_slowdown"] = v["flops_per_s"] / t["flops_per_s"] if v.get("flops_per_s") and t.get("flops_per_s") \
+        else None
     out["ratio"] = t[f"largest_{family.label_name}"] / v[f"largest_{family.label_name}"] \
         if v["largest_size"] and t["largest_size"] else None
     out["slowdown"] = v["samples_per_s"] / t["samples_per_s"] if v["samples_per_s"] and t["samples_per_s"] else None
@@ -361,8 +380,10 @@ def markdown(result: dict[str, Any]) -> str:
                      f"{_fmt(row['samples_per_s'])} | {_gpu(row.get('gpu_estimate'))} | {fail} |")
     gpu = s.get("gpu_slowdown_range")
     gpu_text = f"; on {NAMED_GPU} (cost model) {gpu[0]:.2f}x-{gpu[1]:.2f}x" if gpu else ""
+    work = (f"; per unit of work (cost-model FLOPs per step, vanilla {v['step_flops'] / 1e9:,.2f} G, tfmem "
+            f"{t['step_flops'] / 1e9:,.2f} G) {s['work_slowdown']:.2f}x" if s.get("work_slowdown") else "")
     lines += ["", f"Ratio tfmem/vanilla: **{ratio}**; throughput slowdown at each side's largest: {slowdown} on the "
-              f"testbed{gpu_text}; "
+              f"testbed{work}{gpu_text}; "
               f"same loss at vanilla's largest: {_fmt(s['same_loss_at_vanilla_largest'])}; "
               f"tfmem refusals: {s['tfmem_refusals']}; errors: {s['errors']}.", "",
               "## Probes", "",
@@ -378,6 +399,23 @@ def markdown(result: dict[str, Any]) -> str:
         lines += ["", "Why probes failed (first line):", ""]
         lines += [f"- {r['mode']} {label}={r[label]}: {r['status']}: {r['error']}" for r in errors]
     return "\n".join(lines) + "\n"
+
+
+def render(path: Path) -> Path:
+    """Recompute the summary of a results file from its probes and rewrite its ``.json`` and ``.md``.
+
+    For a summary that gained a figure after the probes ran (e.g. the work per step); no probe runs again and
+    the command stays the one that produced the probes. Returns the markdown file's path.
+    """
+    data = json.loads(path.read_text())
+    family = dataclasses.replace(families(tiny=False)[data["family"]], kwargs=data["builder_kwargs"])
+    rows = {(r["mode"], r["size"]): r for r in data["probes"]}
+    old = data["summary"]
+    sides = [(old[m]["largest_size"], old[m]["first_failing_size"]) for m in MODES]
+    data["summary"] = summarise(family, rows, sides[0], sides[1], data["search"]["maximum"])
+    data["summary_rendered"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    _, md_path = write(path.stem, data, markdown(data), path.parent)
+    return md_path
 
 
 def _passes(text: str) -> str | list[str] | None:
@@ -419,7 +457,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default=",".join(MODES),
                         help="which sides to search: 'vanilla,tfmem' (default), 'vanilla' or 'tfmem'")
     parser.add_argument("--out", default=str(RESULTS), help="directory for the results files")
+    parser.add_argument("--render", nargs="+", metavar="JSON", type=Path,
+                        help="recompute the summaries of these results files and rewrite them; runs no probe")
     args = parser.parse_args(argv)
+    if args.render:
+        for path in args.render:
+            if not path.is_file():
+                parser.error(f"--render: no results file {path}")
+            print(f"rewrote {render(path)}")
+        return 0
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
     if not modes or set(modes) - set(MODES):
         parser.error(f"--modes takes a comma-separated subset of {', '.join(MODES)}, got {args.modes!r}")
