@@ -220,7 +220,7 @@ class BoundedStalenessServer:
         out: dict[str, tuple[np.ndarray, Any]] = {}
         nbytes = 0
         for table, store in self.stores.items():
-            rows = np.intersect1d(view.changed[table].members(), view.subscribed[table].members())
+            rows = view.changed[table].intersection(view.subscribed[table])
             view.changed[table].clear()
             if rows.size:
                 out[table] = (rows, store.read(rows))
@@ -231,7 +231,7 @@ class BoundedStalenessServer:
     def has_news(self, worker: int) -> bool:
         """Whether a push to ``worker`` would carry any row."""
         view = self.views[worker]
-        return any(bool(np.any(view.changed[t].contains(view.subscribed[t].members()))) for t in self.stores)
+        return any(view.changed[t].intersects(view.subscribed[t]) for t in self.stores)
 
     # -- persistence ------------------------------------------------------------------------------
     def checkpoint(self) -> ShardState:

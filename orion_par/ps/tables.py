@@ -266,6 +266,17 @@ class RowSet:
             return out
         return np.array([int(r) in self.ids for r in rows], dtype=bool)
 
+    def intersection(self, other: RowSet) -> np.ndarray:
+        """Sorted rows in both sets (a mask ``and`` for dense tables; no sorting of member lists)."""
+        if self.dense:
+            return np.flatnonzero(self.mask & other.mask)
+        return np.array(sorted(self.ids & other.ids), dtype=np.int64)
+
+    def intersects(self, other: RowSet) -> bool:
+        if self.dense:
+            return bool(np.any(self.mask & other.mask))
+        return not self.ids.isdisjoint(other.ids)
+
     def clear(self) -> None:
         self.mask[:] = False
         self.ids.clear()

@@ -9,6 +9,8 @@ import numpy as np
 
 from orion_par.ps import ClientOptions, LocalPS, TableSpec
 from orion_par.ps.oplog import ConsumptionOrder
+from orion_par.ps.param_server import BoundedStalenessServer
+from orion_par.ps.tables import RowSet
 
 
 class _DictOrder:
@@ -104,3 +106,48 @@ def test_early_sent_updates_reach_other_workers_before_the_clock():
     assert _read_before_the_writers_clock(managed) == 5.0
     plain = ClientOptions(bandwidth_bytes_per_s=1e6, async_send=True)
     assert _read_before_the_writers_clock(plain) == 0.0
+
+
+def test_rowset_intersection_matches_intersect1d():
+    rng = np.random.default_rng(1)
+    for kind in ("dense", "sparse"):
+        spec = TableSpec("t", 300, 4, kind=kind)
+        for _ in range(20):
+            a, b = RowSet(spec), RowSet(spec)
+            ra, rb = rng.integers(0, 300, int(rng.integers(0, 120))), rng.integers(0, 300, int(rng.integers(0, 120)))
+            a.add(ra)
+            b.add(rb)
+            want = np.intersect1d(ra, rb)
+            assert a.intersection(b).tolist() == want.tolist()
+            assert a.intersects(b) == bool(want.size)
+
+
+def test_server_push_does_not_sort_member_lists():
+    # Managed communication pushes after every early flush, under the shard's lock: on MF's 4000-row W
+    # table, np.intersect1d of the changed and subscribed row lists took ~0.85 ms per worker and push
+    # (~0.45 CPU s of a 2.3 s run with 4 workers); the mask ``and`` does the same in a fraction of that.
+    spec = TableSpec("W", 4000, 32)
+    srv = BoundedStalenessServer([spec], num_workers=4)
+    for w in range(4):
+        srv.get(w, {"W": np.arange(4000)}, clock=0)
+
+    def pushes() -> float:
+        t0 = time.perf_counter()
+        for i in range(50):
+            srv.inc(0, "W", np.arange(600), np.ones((600, 32)), flush_seq=i + 1)
+            for w in (1, 2, 3):
+                if srv.has_news(w):
+                    srv.deliver(w)
+        return time.perf_counter() - t0
+
+    def reference() -> float:  # the intersections alone that the sorting version made (less than it did)
+        changed, subscribed = np.arange(600), np.arange(4000)
+        t0 = time.perf_counter()
+        for _ in range(50 * 3):
+            np.intersect1d(changed, subscribed)
+        return time.perf_counter() - t0
+
+    srv.inc(0, "W", np.arange(600), np.ones((600, 32)), flush_seq=0)
+    d = srv.deliver(1)
+    assert d.rows["W"][0].tolist() == list(range(600))  # what a push carries is unchanged
+    assert min(pushes() for _ in range(3)) < min(reference() for _ in range(3))
