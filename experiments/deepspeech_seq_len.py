@@ -18,7 +18,7 @@ FAMILIES = ["deepspeech"]
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    return max_size.main([*FAMILIES, *args])
+    return max_size.main(args, default_families=FAMILIES)
 
 
 if __name__ == "__main__":

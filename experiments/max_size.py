@@ -439,7 +439,8 @@ def _override(family: Family, items: list[str]) -> Family:
     return dataclasses.replace(family, kwargs=kwargs)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, default_families: list[str] | None = None) -> int:
+    """The command line; ``default_families`` replaces "every family" when none is named (the table modules)."""
     parser = argparse.ArgumentParser(prog="python -m experiments.max_size", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("families", nargs="*", help="moe, resnet16, resnet32, deepspeech (default: all)")
@@ -475,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown family {unknown[0]!r}; choose from {', '.join(known)}")
     if not 0.0 < args.plan_fraction <= 1.0:
         parser.error(f"--plan-fraction must be in (0, 1], got {args.plan_fraction}")
-    for name in dict.fromkeys(args.families) or list(known):   # each family once, in the order given
+    for name in dict.fromkeys(args.families) or default_families or list(known):   # each once, in the order given
         family = _override(known[name], args.set)
         maximum = args.max_size or family.maximum
         if maximum < family.start:

@@ -78,6 +78,6 @@ def test_run_all_finds_the_max_size_tables():
 def test_a_table_module_passes_its_families_and_arguments_on(monkeypatch):
     from experiments import max_resnet_depth
     seen = []
-    monkeypatch.setattr(max_size, "main", lambda argv: seen.append(argv) or 0)
+    monkeypatch.setattr(max_size, "main", lambda argv, default_families: seen.append((argv, default_families)) or 0)
     assert max_resnet_depth.main(["--tiny"]) == 0
-    assert seen == [["resnet16", "resnet32", "--tiny"]]
+    assert seen == [(["--tiny"], ["resnet16", "resnet32"])]
