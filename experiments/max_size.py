@@ -17,11 +17,13 @@ size both sides run, and the losses they return are compared (the passes must no
 Writes ``experiments/results/max_size_<family>.json`` and ``.md``.
 
 The search assumes that fitting is monotone in the size; each probe builds a fresh graph, and optimize's time
-grows with the graph (48 experts: 3.4 min to plan), so each family's default ``maximum`` keeps a full run near
-10 minutes on 2 cores: 48 experts, 24 blocks per stage (ResNet-218). A search that ends there without a failure
-says so ("the search stopped at its maximum": tfmem's true largest may be larger); raise ``--max-size`` to
-search further. After every probe the probes so far are written to ``max_size_<family>.partial.json``, removed
-when the search completes. ``--tiny`` runs small models under a small budget, as a smoke test.
+grows with the graph (1-3.5 minutes to plan 48 experts, depending on the machine's load). Each family's default
+``maximum`` (64 experts, 24 blocks per stage = ResNet-218) bounds a full run; measured on 2 shared cores: MoE
+7 minutes, ResNet 17 minutes for both batch sizes, DeepSpeech 18 minutes (probes near tfmem's limit replan up
+to 7 times before refusing). A search that ends at the maximum without a failure says so ("the search stopped
+at its maximum": tfmem's true largest may be larger); raise ``--max-size`` to search further.
+After every probe the probes so far are written to ``max_size_<family>.partial.json``, removed when the
+search completes. ``--tiny`` runs small models under a small budget, as a smoke test.
 
 The testbed's step times are a CPU's; a GPU's slowdown depends on its link. Every probe that runs also gets the
 cost model's step time on a named GPU and link (``NAMED_GPU``, see ``gpu_estimate``), reported beside them.
@@ -114,7 +116,7 @@ def families(tiny: bool) -> dict[str, Family]:
                  else {"batch": 32, "freq": 32, "rnn_layers": 1, "hidden": 512, "cell": "rnn"})
     return {
         "moe": Family("moe", "experts per MoE layer", moe_transformer.build, lambda e: {"experts": e},
-                      lambda e: e, "experts", "2MiB" if tiny else "64MiB", 2, 2, 16 if tiny else 48, 1,
+                      lambda e: e, "experts", "2MiB" if tiny else "64MiB", 2, 2, 16 if tiny else 64, 1,
                       {"top_k": 2, **moe_kwargs}),
         "resnet16": _resnet("resnet16", 16, tiny),
         "resnet32": _resnet("resnet32", 32, tiny),
