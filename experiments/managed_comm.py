@@ -15,12 +15,23 @@ has Bösen's background communication thread (``clock()`` returns at once).  Set
   the changed rows to the other workers' caches, so reads between clocks see them;
 * ``managed: absolute``: the same, rows with the largest accumulated change ``sum |delta|`` first;
 * ``managed: consumption``: the same, rows in the order this worker read them in its previous clock (P3);
-* ``managed: random``: the same, rows in random order (no prioritisation; what prioritisation adds).
+* ``managed: random``: the same, rows in random order (no prioritisation; what prioritisation adds);
+* ``managed: push only``: a reference: the server pushes every arriving update to the other workers' caches
+  as in the managed settings, but nothing is sent early (the flusher never wakes during the run) -- what
+  early sending and its priorities add on top of the push;
+* ``plain SSP, unlimited link``: a reference, not a contender: plain SSP with no budget, so each clock's
+  updates arrive at the clock boundary at once -- how much sooner faster communication alone could get.
 
 The flusher is charged from the same bucket as the clock-boundary flush, for exactly the bytes it sends;
 a message costs its payload (row ids and values) only, in every mode.  Reported per setting: time until
 the server's model reaches a target loss (the one plain SSP reaches at ``target_frac`` of its clocks),
-the loss at each clock boundary, bytes sent in all and until the target, and the share sent early.
+the loss at each clock boundary, bytes sent in all and until the target, and the share sent early
+(and per table: which rows the policy chose).  The server's model is copied every ``clock_s /
+SNAPSHOTS_PER_CLOCK`` seconds and at every clock boundary: plain SSP's model changes in steps when a
+clock's burst lands (timed exactly by the boundary copies), managed communication's changes between them,
+so copies only every ``clock_s`` would time managed runs up to a clock late.  Each case states how much of
+the link plain SSP's updates fill (``link use``): near 100% the link is the bottleneck for every setting,
+far below it early sending has nothing to gain.
 
 Run: ``python -m experiments.managed_comm`` or ``--tiny``.
 """
@@ -31,6 +42,7 @@ import argparse
 import datetime
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -51,19 +63,24 @@ from experiments.ssp_vs_bsp import (
     versions,
     write,
 )
-from orion_par.ps import ClientOptions
+from orion_par.ps import ClientOptions, LocalPS
 
 STALENESS = 1
 FLUSH_INTERVAL_S = 0.02  # the flusher sends 20 ms of link time at a time
+SNAPSHOTS_PER_CLOCK = 8  # the server's model is copied every clock_s / 8 (and at every clock boundary)
 MF_MANAGED = dict(users=4000, items=500, ratings=1_200_000, rank=32, batches=1, chunks=8, epochs=10, lr=0.01,
                   reg=0.02, workers=4, clock_s=0.2, link_mbps=8.0)
 LDA_MANAGED = dict(docs=3000, doc_len=80, vocab=1500, topics=20, batches=1, chunks=8, epochs=10, workers=4,
                    clock_s=0.2, link_mbps=2.0)  # tables nwk and nk; each worker keeps its documents' ndk
 TINY = {"lda": dict(LDA_TINY, batches=1, chunks=4, epochs=4, clock_s=0.02, link_mbps=1.0),
         "mf": dict(MF_TINY, batches=1, chunks=4, epochs=4, clock_s=0.02, link_mbps=2.0)}
-# LDA at two budgets: plain SSP's clock-boundary traffic fills ~40% and ~80% of the link (how much is spare).
-FULL = {"lda": LDA_MANAGED, "lda, half the budget": dict(LDA_MANAGED, link_mbps=1.0), "mf": MF_MANAGED}
+# Two budgets per model: plain SSP's updates fill ~45-50% of the link (spare bandwidth during compute)
+# and ~75-85% (little to spare). Per worker and clock LDA sends ~0.17 MB, MF ~1.19 MB.
+FULL = {"lda, 2 MB/s": LDA_MANAGED, "lda, 1 MB/s": dict(LDA_MANAGED, link_mbps=1.0),
+        "mf, 12 MB/s": dict(MF_MANAGED, link_mbps=12.0), "mf, 8 MB/s": MF_MANAGED}
 PROBLEMS = {"lda": lda_problem, "mf": mf_problem}
+UNLIMITED = "plain SSP, unlimited link"
+PUSH_ONLY = "managed: push only"  # server push on arrival, no early sends (a flush interval longer than any run)
 
 
 def settings(link: float) -> dict[str, ClientOptions]:
@@ -74,7 +91,40 @@ def settings(link: float) -> dict[str, ClientOptions]:
             "managed: magnitude": ClientOptions(**managed, policy="magnitude"),
             "managed: absolute": ClientOptions(**managed, policy="absolute"),
             "managed: consumption": ClientOptions(**managed, policy="consumption"),
-            "managed: random": ClientOptions(**managed, policy="random")}
+            "managed: random": ClientOptions(**managed, policy="random"),
+            PUSH_ONLY: ClientOptions(**dict(managed, flush_interval_s=1e9), policy="random"),
+            UNLIMITED: ClientOptions(async_send=True)}
+
+
+def run_once(problem: dict[str, Any], options: ClientOptions) -> dict[str, Any]:
+    """``ssp_vs_bsp.run_setting`` (no straggler), with the model copied ``SNAPSHOTS_PER_CLOCK`` times a clock."""
+    cfg = problem["cfg"]
+    ps = LocalPS(problem["tables"](STALENESS), cfg["workers"], options=options)
+    for name, values in problem["init"].items():
+        ps.initialize(name, values)
+    clocks = cfg["epochs"] * cfg["batches"]
+    program = problem["program"]("none", 0)
+    cpu0 = time.process_time()
+    result = ps.run(program, clocks, snapshot_every=1, snapshot_every_s=cfg["clock_s"] / SNAPSHOTS_PER_CLOCK,
+                    observe=getattr(program, "observe", None))
+    cpu_s = time.process_time() - cpu0
+    points = [(0, 0.0, problem["loss"]({**problem["init"], **problem["local"]}))]
+    points += [(c, t, problem["loss"](tables)) for c, t, tables in result.snapshots]
+    hist: dict[str, int] = {}
+    early: dict[str, int] = {}
+    for st in result.stats:
+        for k, v in st.staleness_hist.items():
+            hist[str(k)] = hist.get(str(k), 0) + v
+        for k, v in st.early_bytes_by_table.items():
+            early[k] = early.get(k, 0) + v
+    return {"clock": [p[0] for p in points], "time_s": [round(p[1], 4) for p in points],
+            "loss": [float(p[2]) for p in points], "clocks": clocks, "elapsed_s": round(result.elapsed_s, 3),
+            "cpu_s": round(cpu_s, 3), "blocked_s": [round(st.blocked_s, 3) for st in result.stats],
+            "throttled_s": [round(st.throttled_s, 3) for st in result.stats],
+            "bytes_sent": sum(st.bytes_sent for st in result.stats),
+            "early_bytes": sum(st.early_bytes for st in result.stats), "early_bytes_by_table": early,
+            "messages_sent": sum(st.messages_sent for st in result.stats), "overruns": program.pace.overruns,
+            "sent": [(round(t, 4), b) for t, b in result.sent], "staleness_hist": hist}
 
 
 def bytes_until(run: dict[str, Any], t: float | None) -> int | None:
@@ -100,9 +150,13 @@ def summarise(runs: dict[str, list[dict[str, Any]]], target: float, lower: bool)
                         "bytes_to_target": (int(np.median([b for b in to_target if b is not None]))
                                             if all(b is not None for b in to_target) else None),
                         "early_share": float(np.median([r["early_bytes"] / r["bytes_sent"] for r in rs])),
+                        "early_mb_by_table": {t: round(float(np.median([r["early_bytes_by_table"].get(t, 0)
+                                                                        for r in rs])) / 1e6, 3)
+                                              for t in sorted({t for r in rs for t in r["early_bytes_by_table"]})},
                         "messages_sent": int(np.median([r["messages_sent"] for r in rs])),
                         "s_per_clock": float(np.median([r["elapsed_s"] / clocks for r in rs])),
                         "cpu_s": float(np.median([r["cpu_s"] for r in rs])),
+                        "elapsed_s": float(np.median([r["elapsed_s"] for r in rs])),
                         "overruns": [r["overruns"] for r in rs], "blocked_s": rs[0]["blocked_s"],
                         "throttled_s": rs[0]["throttled_s"], "staleness_hist": rs[0]["staleness_hist"]}
     base = table["plain SSP"]["time_to_target_s"]
@@ -126,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python -m experiments.managed_comm " + " ".join(argv or sys.argv[1:]),
         "date": datetime.datetime.now().isoformat(timespec="seconds"), "versions": versions(), "machine": machine(),
         "tiny": args.tiny, "parameters": {"staleness": STALENESS, "repeats": repeats, "target_frac": args.target_frac,
-                                          "flush_interval_s": FLUSH_INTERVAL_S, "burst_s": BURST_S},
+                                          "flush_interval_s": FLUSH_INTERVAL_S, "burst_s": BURST_S,
+                                          "snapshots_per_clock": SNAPSHOTS_PER_CLOCK},
         "results": {}}
     with tqdm(total=repeats * len(cases) * len(settings(1.0)), desc="managed_comm", disable=None) as bar:
         for name, base in cases.items():
@@ -145,10 +200,13 @@ def _compare(problem: dict[str, Any], repeats: int, frac: float, bar: Any) -> di
     opts = settings(cfg["link_mbps"] * 1e6)
     for _ in range(repeats):  # interleaved: a slow spell of the shared machine hits every setting
         for label, o in opts.items():
-            runs.setdefault(label, []).append(run_setting(problem, STALENESS, o, "none"))
+            runs.setdefault(label, []).append(run_once(problem, o))
             bar.update(1)
     target = float(np.median([target_from(r, frac) for r in runs["plain SSP"]]))
-    return {"target": target, "table": summarise(runs, target, problem["lower_is_better"]),
+    per_clock = float(np.median([r["bytes_sent"] for r in runs["plain SSP"]])) / (cfg["workers"] * runs["plain SSP"][0]["clocks"])
+    return {"target": target, "plain_bytes_per_worker_clock": per_clock,
+            "link_use": per_clock / (cfg["link_mbps"] * 1e6 * cfg["clock_s"]),
+            "table": summarise(runs, target, problem["lower_is_better"]),
             "curves": {k: {f: v[0][f] for f in ("clock", "time_s", "loss")} for k, v in runs.items()}}
 
 
@@ -160,16 +218,19 @@ def markdown(rec: dict[str, Any]) -> str:
              f"`orion_par.ps`, staleness {p['staleness']}, every worker's link limited by a token bucket with the "
              f"same budget and a depth of {p['burst_s'] * 1e3:g} ms in every setting; all settings but 'sync send' "
              f"have a background sender. Target: the loss plain SSP reaches at {p['target_frac']:.0%} of its clocks, "
-             f"reached on the server's model; median of {p['repeats']} interleaved runs. See the script's docstring "
-             "for the settings.", ""]
+             f"reached on the server's model (copied every 1/{p.get('snapshots_per_clock', 1)} of a clock and at "
+             f"every clock boundary); median of {p['repeats']} interleaved runs. 'link use': the share of the link "
+             "plain SSP's updates fill (bytes per clock / (budget x clock's compute)). 'plain SSP, unlimited link' "
+             "is a reference (no budget), and 'managed: push only' one (the managed settings' server push, nothing sent "
+             "early), not contenders. See the script's docstring for the settings.", ""]
     for name, res in rec["results"].items():
         c = p[name]
         lines += [f"## {name}: {c['workers']} emulated machines, a clock's compute {c['clock_s']} s (one pass over a "
-                  f"worker's share, {c['chunks']} chunks), budget {c['link_mbps']} MB/s per worker; target "
-                  f"{res['target']:.4f}", "",
+                  f"worker's share, {c['chunks']} chunks), budget {c['link_mbps']} MB/s per worker, link use "
+                  f"{res.get('link_use', float('nan')):.0%}; target {res['target']:.4f}", "",
                   "| setting | time to target (s) | sooner than plain SSP | loss after clocks 2, 4, 6 | final loss "
-                  "| MB sent | MB to target | sent early | s per clock | CPU s |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  "| MB sent | MB to target | sent early | early MB by table | s per clock | CPU s |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for label, row in res["table"].items():
             t, pct, b = row["time_to_target_s"], row["sooner_than_plain_pct"], row["bytes_to_target"]
             at = row["loss_at_clock"]
@@ -177,7 +238,9 @@ def markdown(rec: dict[str, Any]) -> str:
                          f"{'-' if pct is None else f'{pct}%'} | "
                          f"{', '.join(f'{at[i]:.3f}' for i in (1, 3, 5) if i < len(at))} | {row['final_loss']:.4f} | "
                          f"{row['bytes_sent'] / 1e6:.1f} | {'-' if b is None else f'{b / 1e6:.1f}'} | "
-                         f"{row['early_share']:.0%} | {row['s_per_clock']:.3f} | {row['cpu_s']:.1f} |")
+                         f"{row['early_share']:.0%} | "
+                         f"{', '.join(f'{t} {v:.2f}' for t, v in row.get('early_mb_by_table', {}).items()) or '-'} | "
+                         f"{row['s_per_clock']:.3f} | {row['cpu_s']:.1f} |")
         lines.append("")
     return "\n".join(lines) + "\n"
 
