@@ -8,7 +8,9 @@ topological, so no cycle can appear.
 
 While partitions ``i..i+k-1`` run, the live bytes are at most what was live when partition ``i`` started plus
 everything the ``k`` partitions allocate (``OrderFootprint.slice_bound``), however TF's threads interleave
-them. ``k="auto"`` uses that bound and a critical-path step-time estimate to rank the candidates, and the
+them. That bound is the footprint model's: ops it treats as views are not gated, and where the simulator's
+replay allocates one of them (a slice of a fed tensor in the wide-branch example: bound 6.10 MiB, simulated
+7.06 MiB) the simulated peak can exceed it, which is why a candidate is accepted on its simulation. ``k="auto"`` uses that bound and a critical-path step-time estimate to rank the candidates, and the
 simulator (with the executor's thread count) to accept one: with a budget, the largest ``k`` that fits (the
 least speed lost); without one, the lowest bound whose estimated step time stays within 10% of the
 original's, if both that bound and the simulated peak are at least ``MIN_GAIN`` below the original's simulated
@@ -99,7 +101,7 @@ class LimitParallelism:
         notes = (
             f"k={chosen.k} of {len(parts)} partitions in flight ({threads} inter-op threads)",
             f"simulated peak {format_bytes(base.peak_bytes)} -> {format_bytes(chosen.profile.peak_bytes)} "
-            f"(at most {format_bytes(chosen.bound_bytes)} however the partitions interleave), "
+            f"(footprint model's worst interleaving {format_bytes(chosen.bound_bytes)}), "
             f"estimated step {base_step * 1e3:.2f} -> {chosen.step_s * 1e3:.2f} ms",
             tried_note,
         )
