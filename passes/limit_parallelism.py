@@ -8,9 +8,10 @@ topological, so no cycle can appear.
 
 While partitions ``i..i+k-1`` run, the live bytes are at most what was live when partition ``i`` started plus
 everything the ``k`` partitions allocate (``OrderFootprint.slice_bound``), however TF's threads interleave
-them. That bound is the footprint model's: ops it treats as views are not gated, and where the simulator's
-replay allocates one of them (a slice of a fed tensor in the wide-branch example: bound 6.10 MiB, simulated
-7.06 MiB) the simulated peak can exceed it, which is why a candidate is accepted on its simulation. ``k="auto"`` uses that bound and a critical-path step-time estimate to rank the candidates, and the
+them. That bound counts the bytes tensors ask for; the simulator counts the allocator's chunks, which the BFC
+hands out whole when a free chunk is less than twice the request, so the simulated peak can exceed it (16
+wide branches at k=1: bound 6.10 MiB, the tensors live at the simulated peak 6.10 MiB, the peak 7.06 MiB).
+That is why a candidate is accepted on its simulation. ``k="auto"`` uses that bound and a critical-path step-time estimate to rank the candidates, and the
 simulator (with the executor's thread count) to accept one: with a budget, the largest ``k`` that fits (the
 least speed lost); without one, the lowest bound whose estimated step time stays within 10% of the
 original's, if both that bound and the simulated peak are at least ``MIN_GAIN`` below the original's simulated
