@@ -467,7 +467,10 @@ def main(argv: list[str] | None = None, default_families: list[str] | None = Non
         for path in args.render:
             if not path.is_file():
                 parser.error(f"--render: no results file {path}")
-            print(f"rewrote {render(path)}")
+            try:
+                print(f"rewrote {render(path)}")
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                parser.error(f"--render: {path} is not a max_size results file ({type(e).__name__}: {e})")
         return 0
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
     if not modes or set(modes) - set(MODES):

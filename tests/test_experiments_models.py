@@ -48,6 +48,11 @@ def test_bad_command_lines_are_refused(tmp_path):
     with pytest.raises(tfmem.BadInputError, match="key=value"):
         max_size.main(["moe", "--tiny", "--set", "width", "--out", str(tmp_path)])
     assert not list(tmp_path.iterdir())
+    (tmp_path / "other.json").write_text('{"rows": []}')
+    with pytest.raises(SystemExit):
+        max_size.main(["--render", str(tmp_path / "other.json")])
+    with pytest.raises(SystemExit):
+        max_size.main(["--render", str(tmp_path / "missing.json")])
 
 
 @pytest.mark.testbed
@@ -68,6 +73,10 @@ def test_tiny_moe_run_writes_both_sides(tmp_path):
         assert data["summary"]["ratio"] == 1.0
     assert "| vanilla | 4 |" in (tmp_path / "max_size_moe.md").read_text()
     assert not (tmp_path / "max_size_moe.partial.json").exists()   # the checkpoint goes once the search is done
+    assert max_size.main(["--render", str(tmp_path / "max_size_moe.json")]) == 0   # recompute the summary only
+    again = json.loads((tmp_path / "max_size_moe.json").read_text())
+    assert again["probes"] == data["probes"] and again["command"] == data["command"]
+    assert again["summary"]["vanilla"]["largest_experts"] == 4 and again["summary"]["vanilla"]["step_flops"] > 0
 
 
 def test_run_all_finds_the_max_size_tables():
