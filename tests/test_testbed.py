@@ -337,18 +337,24 @@ def users(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, subpro
         proc.wait()
 
 
-def _wait_or_dump(proc: subprocess.Popen[str], timeout_s: float) -> int:
-    """``proc.wait(timeout_s)``; on a hang, fail with the process's Python stacks (faulthandler on SIGUSR1)."""
+def _wait_or_dump(proc: subprocess.Popen[str], timeout_s: float, info: dict) -> int:
+    """``proc.wait(timeout_s)``; on a hang, fail with the Python stacks of the process and of its testbed
+    servers (each registers faulthandler on SIGUSR1) and the servers' stderr."""
     try:
         return proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGUSR1)
+        for pid in [proc.pid, *info["pids"]]:
+            if not _gone(pid):
+                os.kill(pid, signal.SIGUSR1)
         time.sleep(2.0)
         log = proc.stderr_log.read_text(errors="replace")  # type: ignore[attr-defined]
         children = subprocess.run(["ps", "-o", "pid,stat,etime,args", "--ppid", str(proc.pid)],
                                   capture_output=True, text=True).stdout
+        servers = "".join(f"\n--- {p.name} (last 4000 chars):\n{p.read_text(errors='replace')[-4000:]}"
+                          for p in sorted(Path(info["workdir"]).glob("*.stderr")))
         report = (f"the user process did not exit within {timeout_s:.0f} s; its children:\n{children}\n"
-                  f"its stderr (last 6000 chars, stacks at the end):\n{log[-6000:]}")
+                  f"its stderr (last 6000 chars, stacks at the end):\n{log[-6000:]}\n"
+                  f"its testbed servers' stderr:{servers or ' none found'}")
         # Kept beside the stderr log too: under xfail, pytest shows the marker's reason, not this message.
         proc.stderr_log.with_suffix(".hang.txt").write_text(report)  # type: ignore[attr-defined]
         pytest.fail(report)
@@ -383,7 +389,7 @@ def test_ctrl_c_of_the_user_process_cleans_up(users: dict[str, subprocess.Popen[
     os.killpg(proc.pid, signal.SIGINT)  # the servers ignore it; the user's `with` closes the testbed
     # An interrupt that lands mid-step makes TF's session close wait for the step (TF gives up after 30 s and
     # logs "Session failed to close after 30 seconds"), so allow more than that before calling it a hang.
-    assert _wait_or_dump(proc, 90) != 0
+    assert _wait_or_dump(proc, 90, info) != 0
     _assert_cleaned_up(info)
     assert not Path(info["workdir"]).exists()
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import collections
 import ctypes
+import faulthandler
 import json
 import os
 import signal
@@ -126,6 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     _die_with_parent(args.parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>`: Python stacks to stderr
     # Keep the protocol stream clean: whatever TensorFlow prints on stdout goes to stderr instead.
     proto = os.dup(1)
     os.dup2(2, 1)
