@@ -4,7 +4,7 @@ For each graph and inter-op thread count (1, 2, 8): vanilla vs ``tfmem.optimize(
 "limit_parallelism"])`` -- measured device peak and median step time (testbed), the simulator's peaks, the
 chosen ``k`` and whether the outputs are bit-identical. Writes experiments/results/partition_parallelism.*.
 
-    python -m experiments.partition_parallelism            # full run (~15 minutes on 2 cores)
+    python -m experiments.partition_parallelism            # full run (2-3 minutes on 2 cores)
     python -m experiments.partition_parallelism --tiny     # CI smoke run
 """
 
