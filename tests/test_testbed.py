@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -352,6 +353,13 @@ def _wait_or_dump(proc: subprocess.Popen[str], timeout_s: float, info: dict) -> 
                                   capture_output=True, text=True).stdout
         servers = "".join(f"\n--- {p.name} (last 4000 chars):\n{p.read_text(errors='replace')[-4000:]}"
                           for p in sorted(Path(info["workdir"]).glob("*.stderr")))
+        # Native stacks too where py-spy is installed (it is not a dependency): two samples show whether the
+        # process is still making progress.
+        spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+        for pid in [proc.pid, *info["pids"]] * 2 if spy else []:
+            out = subprocess.run([spy, "dump", "--native", "--pid", str(pid)], capture_output=True, text=True,
+                                 timeout=60)
+            servers += f"\n--- py-spy dump --native --pid {pid}:\n{(out.stdout + out.stderr)[-6000:]}"
         report = (f"the user process did not exit within {timeout_s:.0f} s; its children:\n{children}\n"
                   f"its stderr (last 6000 chars, stacks at the end):\n{log[-6000:]}\n"
                   f"its testbed servers' stderr:{servers or ' none found'}")
