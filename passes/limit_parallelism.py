@@ -11,7 +11,8 @@ everything the ``k`` partitions allocate (``OrderFootprint.slice_bound``), howev
 them. That bound counts the bytes tensors ask for; the simulator counts the allocator's chunks, which the BFC
 hands out whole when a free chunk is less than twice the request, so the simulated peak can exceed it (16
 wide branches at k=1: bound 6.10 MiB, the tensors live at the simulated peak 6.10 MiB, the peak 7.06 MiB).
-That is why a candidate is accepted on its simulation. ``k="auto"`` uses that bound and a critical-path step-time estimate to rank the candidates, and the
+That is why a candidate is accepted on its simulation. ``k="auto"`` uses that bound and a critical-path
+step-time estimate (each barrier on the path costs ``BARRIER_SYNC_S``) to rank the candidates, and the
 simulator (with the executor's thread count) to accept one: with a budget, the largest ``k`` that fits (the
 least speed lost); without one, the lowest bound whose estimated step time stays within 10% of the
 original's, if both that bound and the simulated peak are at least ``MIN_GAIN`` below the original's simulated
