@@ -360,6 +360,11 @@ def _wait_or_dump(proc: subprocess.Popen[str], timeout_s: float, info: dict) -> 
             out = subprocess.run([spy, "dump", "--native", "--pid", str(pid)], capture_output=True, text=True,
                                  timeout=60)
             servers += f"\n--- py-spy dump --native --pid {pid}:\n{(out.stdout + out.stderr)[-6000:]}"
+        gdb = shutil.which("gdb")  # every native thread (py-spy shows only threads that run Python)
+        for pid in info["pids"] if gdb else []:
+            out = subprocess.run([gdb, "-p", str(pid), "-batch", "-ex", "thread apply all bt 12"],
+                                 capture_output=True, text=True, timeout=120)
+            servers += f"\n--- gdb thread apply all bt, pid {pid}:\n{out.stdout[:200000]}"  # threads print high to low
         report = (f"the user process did not exit within {timeout_s:.0f} s; its children:\n{children}\n"
                   f"its stderr (last 6000 chars, stacks at the end):\n{log[-6000:]}\n"
                   f"its testbed servers' stderr:{servers or ' none found'}")
