@@ -393,7 +393,7 @@ def test_sigkill_of_the_user_process_kills_the_servers(users: dict[str, subproce
 
 
 @pytest.mark.xfail(strict=False, reason=(
-    "open: in 3 of 3 full-suite runs on 2026-11-23 the Ctrl-C'd user process never exited (not even after 90 s); "
+    "open: in all 7 full-suite runs on 2026-11-23 the Ctrl-C'd user process never exited (not even after 90 s); "
     "it passes when run alone. Its stack (users*/ctrl_c.hang.txt under pytest's basetemp): in a TF call, "
     "Session.run/reset; whole gdb traces show the worker's executor in a random op's intra-op ParallelFor, "
     "waiting on shards while the pool threads sit idle; see the session-4 note"))
