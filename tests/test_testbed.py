@@ -339,38 +339,44 @@ def users(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, subpro
 
 
 def _wait_or_dump(proc: subprocess.Popen[str], timeout_s: float, info: dict) -> int:
-    """``proc.wait(timeout_s)``; on a hang, fail with the Python stacks of the process and of its testbed
-    servers (each registers faulthandler on SIGUSR1) and the servers' stderr."""
+    """``proc.wait(timeout_s)``; on a hang, fail with ``_hang_report`` (also written beside the user's stderr:
+    under xfail, pytest shows the marker's reason, not the failure message)."""
     try:
         return proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        for pid in [proc.pid, *info["pids"]]:
-            if not _gone(pid):
-                os.kill(pid, signal.SIGUSR1)
-        time.sleep(2.0)
-        log = proc.stderr_log.read_text(errors="replace")  # type: ignore[attr-defined]
-        children = subprocess.run(["ps", "-o", "pid,stat,etime,args", "--ppid", str(proc.pid)],
-                                  capture_output=True, text=True).stdout
-        servers = "".join(f"\n--- {p.name} (last 4000 chars):\n{p.read_text(errors='replace')[-4000:]}"
-                          for p in sorted(Path(info["workdir"]).glob("*.stderr")))
-        # Native stacks too where py-spy is installed (it is not a dependency): two samples show whether the
-        # process is still making progress.
-        spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
-        for pid in [proc.pid, *info["pids"]] * 2 if spy else []:
-            out = subprocess.run([spy, "dump", "--native", "--pid", str(pid)], capture_output=True, text=True,
-                                 timeout=60)
-            servers += f"\n--- py-spy dump --native --pid {pid}:\n{(out.stdout + out.stderr)[-6000:]}"
-        gdb = shutil.which("gdb")  # every native thread (py-spy shows only threads that run Python)
-        for pid in info["pids"] if gdb else []:
-            out = subprocess.run([gdb, "-p", str(pid), "-batch", "-ex", "thread apply all bt 12"],
-                                 capture_output=True, text=True, timeout=120)
-            servers += f"\n--- gdb thread apply all bt, pid {pid}:\n{out.stdout[:200000]}"  # threads print high to low
-        report = (f"the user process did not exit within {timeout_s:.0f} s; its children:\n{children}\n"
-                  f"its stderr (last 6000 chars, stacks at the end):\n{log[-6000:]}\n"
-                  f"its testbed servers' stderr:{servers or ' none found'}")
-        # Kept beside the stderr log too: under xfail, pytest shows the marker's reason, not this message.
+        report = f"the user process did not exit within {timeout_s:.0f} s; " + _hang_report(proc, info)
         proc.stderr_log.with_suffix(".hang.txt").write_text(report)  # type: ignore[attr-defined]
         pytest.fail(report)
+
+
+def _hang_report(proc: subprocess.Popen[str], info: dict) -> str:
+    """Python stacks of the user and its servers (faulthandler on SIGUSR1), the servers' stderr, and native
+    stacks where py-spy (two samples: progress or stall?) and gdb (every thread) are installed."""
+    pids = [proc.pid, *info["pids"]]
+    for pid in pids:
+        if not _gone(pid):
+            os.kill(pid, signal.SIGUSR1)
+    time.sleep(2.0)
+    user_log: Path = proc.stderr_log  # type: ignore[attr-defined]
+    server_logs = sorted(Path(info["workdir"]).glob("*.stderr"))
+    parts = [
+        "its children:\n" + _run(["ps", "-o", "pid,stat,etime,args", "--ppid", str(proc.pid)]),
+        "its stderr (stacks at the end):\n" + user_log.read_text(errors="replace")[-6000:],
+        *(f"{p.name}:\n{p.read_text(errors='replace')[-4000:]}" for p in server_logs),
+    ]
+    spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    if spy:
+        parts += [f"py-spy dump --native --pid {pid}:\n" + _run([spy, "dump", "--native", "--pid", str(pid)])[-6000:]
+                  for pid in pids * 2]
+    if shutil.which("gdb"):  # threads print from high to low: keep the whole output
+        parts += [f"gdb, pid {pid}:\n" + _run(["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt 12"])
+                  for pid in info["pids"]]
+    return "\n--- ".join(parts)
+
+
+def _run(cmd: list[str]) -> str:
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    return out.stdout + out.stderr
 
 
 def _info(proc: subprocess.Popen[str], go: bool = True) -> dict:
