@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from orion_par.ps.bandwidth import TokenBucket
-from orion_par.ps.oplog import POLICIES, Batch, ConsumptionOrder, OpLog, priority_candidates, select
+from orion_par.ps.oplog import POLICIES, Batch, ConsumptionOrder, OpLog, pieces, priority_candidates, select
 from orion_par.ps.param_server import Delivery
 from orion_par.ps.stats import WorkerStats
 from orion_par.ps.tables import (
@@ -65,6 +65,15 @@ class ClientOptions:
     async_send : bool
         ``clock()`` hands the oplog to a background sender (Bösen's communication thread) and returns at
         once; reads still wait for whatever the staleness bound needs.  Default: send before returning.
+    resends_last : bool
+        Managed communication: rows not yet sent early in this clock go before rows sent early already,
+        whatever the policy's score (a row written again before the boundary must be sent then anyway, so
+        resending it early spends link time without shrinking the boundary flush).  ``False``: the
+        policy's score alone (Bösen's rule).
+    ordered_boundary : bool
+        Managed communication: the clock-boundary flush sends the oplog in the policy's order, in pieces
+        of ``flush_interval_s`` of link time, so the first rows reach the server (and, pushed, the
+        readers) before the whole burst has been carried.  ``False``: one message per shard.
     """
 
     bandwidth_bytes_per_s: float | None = None
@@ -72,6 +81,8 @@ class ClientOptions:
     burst_bytes: int | None = None
     async_send: bool = False
     flush_interval_s: float = 0.002
+    resends_last: bool = True
+    ordered_boundary: bool = True
 
     def __post_init__(self) -> None:
         if self.policy is not None and self.policy not in POLICIES:
@@ -226,7 +237,14 @@ class PSClient:
     def clock(self) -> None:
         """End this worker's clock: send the whole oplog, then tell every shard."""
         with self.lock:
-            self._send(self.oplog.take_all(), early=False)
+            if self.options.policy is not None and self.options.ordered_boundary and self.bucket is not None:
+                cands = priority_candidates(self.oplog, self.cache, self.options.policy, self.order)
+                piece = max(1, int(self.bucket.rate * self.options.flush_interval_s))
+                for chosen in pieces(cands, piece):
+                    self._send([self.oplog.take(t, rows) for t, rows in chosen], early=False)
+            else:
+                self._send(self.oplog.take_all(), early=False)
+            self.oplog.next_clock()
             for shard in range(self.num_shards):
                 if self.outbox is not None:
                     self.outbox.put(("tick", shard, None, 0, 0))
@@ -261,8 +279,11 @@ class PSClient:
         with self.lock:
             if self.oplog.empty():
                 return 0
-            chosen = select(priority_candidates(self.oplog, self.cache, policy, self.order), budget_bytes)
-            batches = [self.oplog.take(t, rows) for t, rows in chosen]
+            cands = priority_candidates(self.oplog, self.cache, policy, self.order)
+            if self.options.resends_last:
+                cands = {t: (*c, self.oplog.resent(t, c[0])) for t, c in cands.items()}
+            chosen = select(cands, budget_bytes)
+            batches = [self.oplog.take(t, rows, early=True) for t, rows in chosen]
             return self._send(batches, early=True, prepaid=prepaid)
 
     def _send(self, batches: list[Batch], early: bool, prepaid: bool = False) -> int:

@@ -56,6 +56,7 @@ class OpLog:
         self.specs = {s.name: s for s in specs}
         self.deltas: dict[str, Store] = {n: make_store(s) for n, s in self.specs.items()}
         self.dirty_rows: dict[str, RowSet] = {n: RowSet(s) for n, s in self.specs.items()}
+        self.sent: dict[str, RowSet] = {n: RowSet(s) for n, s in self.specs.items()}  # sent early this clock
         self.coalesced = 0  # increments merged into a row that was already dirty
         self.rng = np.random.default_rng(0)  # the "random" policy's order
 
@@ -71,13 +72,28 @@ class OpLog:
     def read(self, table: str, rows: np.ndarray) -> Any:
         return self.deltas[table].read(rows)
 
-    def take(self, table: str, rows: np.ndarray) -> Batch:
-        """Remove ``rows`` from the oplog and return their deltas."""
+    def take(self, table: str, rows: np.ndarray, early: bool = False) -> Batch:
+        """Remove ``rows`` from the oplog and return their deltas (``early``: sent before the clock boundary)."""
         store = self.deltas[table]
         out = Batch(table, rows, store.read(rows), store.payload_bytes(rows))
         store.zero(rows)
         self.dirty_rows[table].discard(rows)
+        if early:
+            self.sent[table].add(rows)
         return out
+
+    def resent(self, table: str, rows: np.ndarray) -> np.ndarray:
+        """Which of ``rows`` were already sent early since the last clock boundary (``next_clock``).
+
+        Sending such a row again does not shrink the clock-boundary flush when the worker writes it again
+        before the boundary (it is dirty again by then), so it costs link time that first sends save.
+        """
+        return self.sent[table].contains(rows)
+
+    def next_clock(self) -> None:
+        """The clock boundary: no row has been sent early in the new clock yet."""
+        for t in self.specs:
+            self.sent[t].clear()
 
     def take_all(self) -> list[Batch]:
         return [self.take(t, rows) for t in self.specs if (rows := self.dirty(t)).size]
@@ -89,6 +105,7 @@ class OpLog:
         for t in self.specs:
             self.deltas[t].zero(self.dirty(t))
             self.dirty_rows[t].clear()
+            self.sent[t].clear()
 
 
 class ConsumptionOrder:
@@ -169,14 +186,34 @@ def magnitude_scores(deltas: Store, values: Store, rows: np.ndarray) -> np.ndarr
     return out
 
 
-def select(candidates: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]], budget_bytes: int
-           ) -> list[tuple[str, np.ndarray]]:
+def _ranked(candidates: Mapping[str, tuple[np.ndarray, ...]]
+            ) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every candidate row in priority order: ``(tables, rows, table index, bytes, order)``."""
+    tables = sorted(candidates)
+    rows = np.concatenate([candidates[t][0] for t in tables])
+    scores = np.concatenate([candidates[t][1] for t in tables])
+    nbytes = np.concatenate([candidates[t][2] for t in tables])
+    resent = np.concatenate([candidates[t][3] if len(candidates[t]) > 3 else np.zeros(candidates[t][0].size, bool)
+                             for t in tables])
+    tix = np.concatenate([np.full(candidates[t][0].size, i) for i, t in enumerate(tables)])
+    order = np.lexsort((rows, tix, -scores, resent))
+    return tables, rows, tix, nbytes, order
+
+
+def _grouped(tables: list[str], rows: np.ndarray, tix: np.ndarray, chosen: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    return [(t, np.sort(rows[chosen[tix[chosen] == i]])) for i, t in enumerate(tables) if np.any(tix[chosen] == i)]
+
+
+def select(candidates: Mapping[str, tuple[np.ndarray, ...]], budget_bytes: int) -> list[tuple[str, np.ndarray]]:
     """Highest-scoring rows (across tables) whose payload fits in ``budget_bytes``.
 
     Parameters
     ----------
     candidates : mapping
-        ``table -> (rows, scores, bytes per row)``; higher score goes first, ties by table then row.
+        ``table -> (rows, scores, bytes per row)`` or ``(rows, scores, bytes per row, resent)``; higher
+        score goes first, ties by table then row.  ``resent`` (bool per row) marks rows already sent
+        since the last clock boundary: every row not yet sent goes before every resent one (see
+        ``OpLog.resent``).
     budget_bytes : int
 
     Returns
@@ -192,21 +229,40 @@ def select(candidates: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]], 
     ...      "b": (np.array([7]), np.array([3.0]), np.array([10]))}
     >>> [(t, r.tolist()) for t, r in select(c, budget_bytes=25)]
     [('a', [1]), ('b', [7])]
+    >>> c["a"] += (np.array([False, True]),)   # row 1 of "a" was sent already: it goes last
+    >>> [(t, r.tolist()) for t, r in select(c, budget_bytes=25)]
+    [('a', [0]), ('b', [7])]
     """
     if budget_bytes < 0:
         raise BadTableError(f"select: budget_bytes={budget_bytes} must be >= 0.")
-    tables = sorted(candidates)
-    if not tables:
+    if not candidates:
         return []
-    rows = np.concatenate([candidates[t][0] for t in tables])
-    scores = np.concatenate([candidates[t][1] for t in tables])
-    nbytes = np.concatenate([candidates[t][2] for t in tables])
-    tix = np.concatenate([np.full(candidates[t][0].size, i) for i, t in enumerate(tables)])
-    order = np.lexsort((rows, tix, -scores))
+    tables, rows, tix, nbytes, order = _ranked(candidates)
     fits = np.cumsum(nbytes[order]) <= budget_bytes
     n = int(np.argmin(fits)) if not fits.all() else fits.size
-    chosen = order[:n]
-    return [(t, np.sort(rows[chosen[tix[chosen] == i]])) for i, t in enumerate(tables) if np.any(tix[chosen] == i)]
+    return _grouped(tables, rows, tix, order[:n])
+
+
+def pieces(candidates: Mapping[str, tuple[np.ndarray, ...]], piece_bytes: int) -> list[list[tuple[str, np.ndarray]]]:
+    """All candidate rows in priority order, cut into consecutive pieces of about ``piece_bytes`` each.
+
+    The clock-boundary flush of managed communication sends its oplog this way: the first piece reaches
+    the server (and is pushed to readers) after its own transmission time, not the whole burst's.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> c = {"a": (np.array([0, 1, 2]), np.array([1.0, 5.0, 3.0]), np.array([10, 10, 10]))}
+    >>> [[(t, r.tolist()) for t, r in p] for p in pieces(c, piece_bytes=20)]
+    [[('a', [1, 2])], [('a', [0])]]
+    """
+    if piece_bytes < 1:
+        raise BadTableError(f"pieces: piece_bytes={piece_bytes} must be >= 1.")
+    if not candidates:
+        return []
+    tables, rows, tix, nbytes, order = _ranked(candidates)
+    cut = (np.cumsum(nbytes[order]) - 1) // piece_bytes  # piece number of each row, in priority order
+    return [_grouped(tables, rows, tix, order[cut == k]) for k in np.unique(cut).tolist()]
 
 
 def row_bytes(store: Store, rows: np.ndarray) -> np.ndarray:
