@@ -81,6 +81,7 @@ FULL = {"lda, 2 MB/s": LDA_MANAGED, "lda, 1 MB/s": dict(LDA_MANAGED, link_mbps=1
 PROBLEMS = {"lda": lda_problem, "mf": mf_problem}
 UNLIMITED = "plain SSP, unlimited link"
 PUSH_ONLY = "managed: push only"  # server push on arrival, no early sends (a flush interval longer than any run)
+SCORE_ONLY = "managed: magnitude, score only"  # Bösen's rule as before: the score alone, one boundary message
 
 
 def settings(link: float) -> dict[str, ClientOptions]:
@@ -92,6 +93,7 @@ def settings(link: float) -> dict[str, ClientOptions]:
             "managed: absolute": ClientOptions(**managed, policy="absolute"),
             "managed: consumption": ClientOptions(**managed, policy="consumption"),
             "managed: random": ClientOptions(**managed, policy="random"),
+            SCORE_ONLY: ClientOptions(**managed, policy="magnitude", resends_last=False, ordered_boundary=False),
             PUSH_ONLY: ClientOptions(**dict(managed, flush_interval_s=1e9), policy="random"),
             UNLIMITED: ClientOptions(async_send=True)}
 
