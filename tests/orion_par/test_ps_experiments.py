@@ -26,8 +26,8 @@ def test_managed_comm_tiny(tmp_path):
     for case in res["results"].values():
         table = case["table"]
         assert set(table) == {"plain SSP", "plain SSP, sync send", "managed: magnitude", "managed: absolute",
-                              "managed: consumption", "managed: random", "managed: push only",
-                              "plain SSP, unlimited link"}
+                              "managed: consumption", "managed: random", "managed: magnitude, score only",
+                              "managed: push only", "plain SSP, unlimited link"}
         assert table["plain SSP"]["early_share"] == 0 and table["managed: magnitude"]["early_share"] > 0
         assert table["managed: push only"]["early_share"] == 0  # the references send nothing early
         assert table["plain SSP, unlimited link"]["early_share"] == 0
