@@ -8,6 +8,7 @@ import time
 import numpy as np
 
 from orion_par.ps import ClientOptions, LocalPS, TableSpec
+from orion_par.ps.client import PSClient
 from orion_par.ps.oplog import ConsumptionOrder
 from orion_par.ps.param_server import BoundedStalenessServer
 from orion_par.ps.tables import RowSet
@@ -151,3 +152,63 @@ def test_server_push_does_not_sort_member_lists():
     d = srv.deliver(1)
     assert d.rows["W"][0].tolist() == list(range(600))  # what a push carries is unchanged
     assert min(pushes() for _ in range(3)) < min(reference() for _ in range(3))
+
+
+class _Recorder:
+    """A channel that records each message's rows (no server): what the client sends, in order."""
+
+    num_shards = 1
+
+    def __init__(self) -> None:
+        self.messages: list[dict[str, list[int]]] = []
+
+    def send_inc(self, client, shard, batches, flush_seq, clock):
+        self.messages.append({b.table: b.rows.tolist() for b in batches})
+
+    def send_tick(self, client, shard):
+        pass
+
+    def fetch(self, client, shard, requests):
+        raise AssertionError("no reads in these tests")
+
+
+def _client(**options):
+    spec = TableSpec("t", 8, 1)  # one row: 8 bytes of id + 8 of value
+    opts = ClientOptions(bandwidth_bytes_per_s=1e9, policy="absolute", **options)
+    channel = _Recorder()
+    return PSClient(0, {"t": spec}, channel, opts), channel, spec.row_bytes
+
+
+def test_rows_not_yet_sent_this_clock_go_before_resends():
+    # MF's H rows are written in every chunk: sent after chunk 0, dirty again after chunk 1.  A row that is
+    # written again before the boundary must be sent then anyway, so its early resend does not shrink the
+    # clock-boundary flush; a first send does.  Row 0 changed most (absolute), but it was sent already.
+    client, channel, row = _client()
+    client.inc("t", [0], [[5.0]])
+    assert client.flush_some(row) == row and channel.messages[-1] == {"t": [0]}
+    client.inc("t", [0, 1], [[5.0], [1.0]])
+    assert client.flush_some(row) == row and channel.messages[-1] == {"t": [1]}  # the first send wins
+    assert client.flush_some(row) == row and channel.messages[-1] == {"t": [0]}  # then the resend
+    client.inc("t", [0, 1], [[5.0], [1.0]])
+    client.clock()  # a new clock: nothing sent early in it yet, the score decides again
+    client.inc("t", [0, 1], [[5.0], [1.0]])
+    assert client.flush_some(row) == row and channel.messages[-1] == {"t": [0]}
+
+    score_only, channel, row = _client(resends_last=False)
+    score_only.inc("t", [0], [[5.0]])
+    score_only.flush_some(row)
+    score_only.inc("t", [0, 1], [[5.0], [1.0]])
+    assert score_only.flush_some(row) == row and channel.messages[-1] == {"t": [0]}  # Bösen's rule: score only
+
+
+def test_clock_boundary_flush_goes_in_priority_order_in_pieces():
+    # The boundary flush leaves in pieces of flush_interval_s of link time, highest priority first, so the
+    # first rows arrive (and are pushed to readers) before the whole burst has been carried.
+    client, channel, row = _client(flush_interval_s=2 * 16 / 1e9)  # a piece: two rows
+    client.inc("t", [0, 1, 2, 3, 4], [[1.0], [5.0], [2.0], [4.0], [3.0]])
+    client.clock()
+    assert channel.messages == [{"t": [1, 3]}, {"t": [2, 4]}, {"t": [0]}]
+    one, channel, _ = _client(flush_interval_s=2 * 16 / 1e9, ordered_boundary=False)
+    one.inc("t", [0, 1, 2, 3, 4], [[1.0], [5.0], [2.0], [4.0], [3.0]])
+    one.clock()
+    assert channel.messages == [{"t": [0, 1, 2, 3, 4]}]
