@@ -5,7 +5,8 @@ every clock.  Stale Synchronous Parallel: with staleness ``s`` a worker at clock
 include every update made before clock ``c - s`` (``s=0`` is BSP, ``s=None`` is ASP); see
 ``orion_par.ps.param_server`` for the exact invariant.  Managed communication spends a bandwidth budget
 between clocks on the rows that matter most (``policy="magnitude"``, ``"absolute"`` or ``"consumption"``;
-``"random"`` is the unprioritised baseline).  The same logic runs on two transports: ``LocalPS`` (threads in this process,
+``"random"`` is the unprioritised baseline; rows not yet sent in the clock before resends, and the
+clock-boundary flush in the same order, in pieces).  The same logic runs on two transports: ``LocalPS`` (threads in this process,
 the default) and ``RayPS`` (actors).
 
 >>> import numpy as np

@@ -11,6 +11,14 @@ clock boundary when there is bandwidth to spare; which rows go first is the poli
   first read each row during its previous clock (P3, SysML'19: layers consumed first are sent first);
 * ``"absolute"``: largest accumulated change first, ``sum |delta|`` (rows whose values moved most);
 * ``"random"``: no priority, dirty rows in random order (Bösen's baseline for prioritisation).
+
+Whatever the policy, by default (``ClientOptions.resends_last``) rows not yet sent early in the current
+clock go before rows sent early already: a row the worker writes again before the boundary has to be sent
+then anyway, so resending it early costs link time without shrinking the clock-boundary flush.  In MF every
+chunk rewrites all of ``H`` while a chunk's ``W`` rows are final, and the scores of the two are alike, so
+under a binding budget Bösen's score alone spent it on ``H`` resends and left ``W`` for the boundary burst
+(``experiments/managed_comm``).  The boundary flush itself goes in the policy's order, in pieces
+(``pieces``; ``ClientOptions.ordered_boundary``).
 """
 
 from __future__ import annotations
