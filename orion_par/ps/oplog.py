@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from orion_par.ps.tables import BadTableError, RowSet, Store, TableSpec, make_store
+from orion_par.ps.tables import BadTableError, RowSet, Store, TableSpec, increasing, make_store
 
 Policy = Literal["magnitude", "absolute", "consumption", "random"]
 POLICIES: tuple[str, ...] = ("magnitude", "absolute", "consumption", "random")
@@ -70,7 +70,7 @@ class OpLog:
 
     def add(self, table: str, rows: np.ndarray, deltas: Any) -> None:
         already = int(np.count_nonzero(self.dirty_rows[table].contains(rows)))
-        self.coalesced += already + int(rows.size - np.unique(rows).size)
+        self.coalesced += already + (0 if increasing(rows) else int(rows.size - np.unique(rows).size))
         self.deltas[table].add(rows, deltas)
         self.dirty_rows[table].add(rows)
 

@@ -139,20 +139,26 @@ class DenseStore(Store):
         self.values = np.zeros((spec.num_rows, spec.width), dtype=spec.dtype)
 
     def read(self, rows: np.ndarray) -> np.ndarray:
-        out: np.ndarray = self.values[rows]
+        span = contiguous(rows)
+        out: np.ndarray = self.values[span].copy() if span is not None else self.values[rows]
         return out
 
     def write(self, rows: np.ndarray, values: Any) -> None:
-        self.values[rows] = values
+        span = contiguous(rows)
+        self.values[span if span is not None else rows] = values
 
     def add(self, rows: np.ndarray, deltas: Any) -> None:
-        if rows.size and np.unique(rows).size != rows.size:
+        span = contiguous(rows)
+        if span is not None:
+            self.values[span] += deltas
+        elif not increasing(rows) and np.unique(rows).size != rows.size:
             np.add.at(self.values, rows, deltas)  # repeated rows: every delta counts
         else:
             self.values[rows] += deltas
 
     def zero(self, rows: np.ndarray) -> None:
-        self.values[rows] = 0
+        span = contiguous(rows)
+        self.values[span if span is not None else rows] = 0
 
     def abs_sums(self, rows: np.ndarray) -> np.ndarray:
         return np.abs(self.values[rows]).sum(axis=1, dtype=np.float64)  # type: ignore[no-any-return]
@@ -206,6 +212,24 @@ class SparseStore(Store):
 
     def load(self, state: Any) -> None:
         self.rows = {int(r): dict(v) for r, v in state.items()}
+
+
+def increasing(rows: np.ndarray) -> bool:
+    """Whether ``rows`` is strictly increasing (so free of repeats): O(n), unlike ``np.unique``."""
+    return rows.size < 2 or bool(np.all(rows[1:] > rows[:-1]))
+
+
+def contiguous(rows: np.ndarray) -> slice | None:
+    """``rows`` as a slice when they are ``a, a+1, ..., b`` (reads and updates then skip fancy indexing).
+
+    Examples
+    --------
+    >>> contiguous(np.array([3, 4, 5])), contiguous(np.array([3, 5, 4])), contiguous(np.array([], int))
+    (slice(3, 6, None), None, None)
+    """
+    if not rows.size or int(rows[-1]) - int(rows[0]) + 1 != rows.size or not increasing(rows):
+        return None
+    return slice(int(rows[0]), int(rows[-1]) + 1)
 
 
 def make_store(spec: TableSpec) -> Store:
