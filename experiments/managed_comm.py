@@ -16,6 +16,8 @@ has Bösen's background communication thread (``clock()`` returns at once).  Set
 * ``managed: absolute``: the same, rows with the largest accumulated change ``sum |delta|`` first;
 * ``managed: consumption``: the same, rows in the order this worker read them in its previous clock (P3);
 * ``managed: random``: the same, rows in random order (no prioritisation; what prioritisation adds);
+* ``managed: magnitude, score only``: ``managed: magnitude`` as it was before the two fixes below (the
+  score alone decides, resends included, and the clock-boundary flush is one message) -- what they add;
 * ``managed: push only``: a reference: the server pushes every arriving update to the other workers' caches
   as in the managed settings, but nothing is sent early (the flusher never wakes during the run) -- what
   early sending and its priorities add on top of the push;
@@ -32,6 +34,22 @@ clock's burst lands (timed exactly by the boundary copies), managed communicatio
 so copies only every ``clock_s`` would time managed runs up to a clock late.  Each case states how much of
 the link plain SSP's updates fill (``link use``): near 100% the link is the bottleneck for every setting,
 far below it early sending has nothing to gain.
+
+Why MF gained less than LDA (measured on the previous results, 7 repeats; see ``results/managed_comm.md``
+of 2026-11-23T03:01 in git): each of MF's 8 chunks rewrites all 500 ``H`` rows (every item is rated in
+every chunk) while a chunk's ``W`` rows are final once it ends (ratings are visited user by user), and the
+relative (and absolute) change of a ``W`` row and of an ``H`` row after one chunk are alike, so the scores
+cannot tell them apart.  At 8 MB/s (link use 74%) the scored policies spent the budget resending ``H``
+(13-17 MB of ``H`` sent early per run, where plain SSP sends 5.3 MB of ``H`` in all) and the ``W`` rows
+waited for the clock-boundary burst; ``random`` resent less and did best (14.2%).  The boundary burst
+went as one message per shard, so its first rows reached the readers only with its last.  At 12 MB/s the
+budget does not bind for managed communication at all (95-98% of its bytes leave early, every policy picks
+the same rows): its loss per clock already matched the unlimited link's, and what is left is what fresher
+reads are worth to MF here -- all workers visit users in the same order, so a ``W`` row sent early is read
+by the others only in the same chunk of the next clock, and only ``H`` is read fresher within a clock.
+Two fixes in ``orion_par.ps`` (``ClientOptions.resends_last``, ``ordered_boundary``): rows not yet sent
+in the clock go before resends, and the boundary flush leaves in the policy's order in pieces of
+``FLUSH_INTERVAL_S`` of link time, each pushed to the readers as it lands.
 
 Run: ``python -m experiments.managed_comm`` or ``--tiny``.
 """
