@@ -57,3 +57,101 @@ def testbed_run(budget: int, graph: Any, built: Any, steps: int, step_timeout_s:
     except TestbedError as e:
         return RunResult(oom=True, error=f"testbed failure: {str(e).splitlines()[0][:200]}", device_peak_bytes=None,
                          host_peak_bytes=None, step_time_s=None)
+
+
+# --- shared by the per-model tables (peak_memory, baselines) ---------------------------------------------------
+
+NAMED_GPU = "V100+PCIe3"   # the cost model's device + link for step-time estimates (as in experiments.max_size)
+
+
+def load_average() -> dict[str, float]:
+    """The machine's 1/5/15-minute load averages, to store with step times measured on shared cores."""
+    one, five, fifteen = os.getloadavg()
+    return {"1m": round(one, 2), "5m": round(five, 2), "15m": round(fifteen, 2)}
+
+
+def table_models(tiny: bool) -> dict[str, Any]:
+    """The benchmark models at sizes that run in seconds on the testbed (simulated peaks 40-110 MiB).
+
+    ``tiny``: one small graph for a CI smoke run.
+    """
+    from models import deepspeech, moe_transformer, resnet, transformer, wgan_gp
+
+    if tiny:
+        return {"wgan_gp": wgan_gp.build(batch=128, data_dim=256, z_dim=64, hidden=512, layers=2)}
+    return {
+        "moe_transformer": moe_transformer.build(experts=4, layers=2, d_model=128, d_ff=512, seq=64, batch=16),
+        "deepspeech": deepspeech.build(seq_len=16, batch=16, freq=64, hidden=128),
+        "resnet": resnet.build(depth=20, batch=16, image=32),
+        "transformer": transformer.build(layers=1, d_model=128, d_ff=512, seq=64, batch=32),
+        "wgan_gp": wgan_gp.build(batch=256, data_dim=512, z_dim=128, hidden=1024, layers=3),
+    }
+
+
+def budget_at(peak_bytes: int, fraction: float) -> int:
+    """``fraction`` x ``peak_bytes``, rounded down to whole MiB (the testbed's cap unit), at least 2 MiB."""
+    return max(int(peak_bytes * fraction) // 2**20, 2) * 2**20
+
+
+def run_on(tb: Any, graph: Any, built: Any, steps: int, config: Any = None) -> Any:
+    """``tb.run`` that records a crashed server or a TF error as a failed run (``oom=True``, ``error`` set)."""
+    from tfmem.errors import TestbedError
+    from tfmem.testbed import RunResult
+
+    try:
+        return tb.run(graph, list(built.fetches), built.feeds, steps=steps, config=config)
+    except TestbedError as e:
+        return RunResult(oom=True, error=f"testbed failure: {str(e).splitlines()[0][:200]}", device_peak_bytes=None,
+                         host_peak_bytes=None, step_time_s=None)
+
+
+def outputs_equal(reference: Any, run: Any) -> bool | None:
+    """Whether ``run`` fetched bit-identical values to ``reference``; None when ``run`` produced none (OOM)."""
+    import numpy as np
+
+    if run.oom or not run.outputs:
+        return None
+    return set(run.outputs) == set(reference.outputs) and all(
+        np.array_equal(reference.outputs[k], run.outputs[k]) for k in reference.outputs)
+
+
+def max_relative_difference(reference: Any, run: Any) -> float | None:
+    """The largest ``|run - reference| / max(|reference|, 1e-30)`` over every fetched value; None without outputs."""
+    import numpy as np
+
+    if run.oom or not run.outputs or set(run.outputs) != set(reference.outputs):
+        return None
+    worst = 0.0
+    for k, ref in reference.outputs.items():
+        ref64, got = np.asarray(ref, dtype=np.float64), np.asarray(run.outputs[k], dtype=np.float64)
+        if ref64.size:
+            worst = max(worst, float(np.max(np.abs(got - ref64) / np.maximum(np.abs(ref64), 1e-30))))
+    return worst
+
+
+def run_record(run: Any, reference: Any) -> dict[str, Any]:
+    """One testbed run as JSON: OOM, error, measured peaks, step time, its ratio to ``reference``'s, same outputs."""
+    ratio = (run.step_time_s / reference.step_time_s) if run.step_time_s and reference.step_time_s else None
+    return {"oom": run.oom, "error": run.error, "peak_bytes": run.device_peak_bytes,
+            "host_peak_bytes": run.host_peak_bytes, "step_s": run.step_time_s, "step_vs_vanilla": ratio,
+            "outputs_equal_vanilla": outputs_equal(reference, run),
+            "max_relative_difference": max_relative_difference(reference, run)}
+
+
+def fmt_run(r: dict[str, Any] | None) -> str:
+    """A table cell for ``run_record``'s output: 'OOM', 'failed' or the measured peak."""
+    from tfmem.units import format_bytes
+
+    if not r:
+        return "-"
+    if r.get("error") and "testbed failure" in str(r["error"]):
+        return "failed"
+    return "OOM" if r["oom"] else format_bytes(r["peak_bytes"])
+
+
+def fmt_same(r: dict[str, Any]) -> str:
+    """A table cell for whether a run's outputs equal vanilla's: 'yes', 'NO (max rel. diff x)' or '-'."""
+    same = r.get("outputs_equal_vanilla")
+    if same is None:
+        return "-"
+    return "yes" if same else f"NO (max rel. diff {r.get('max_relative_difference') or 0:.1e})"
