@@ -2,8 +2,8 @@
 
 Each pass is a frozen dataclass with ``name`` and ``run(graph, ctx) -> PassResult`` (``tfmem.pipeline``).
 ``DEFAULT_PASSES`` is what ``passes="auto"`` runs, in order; ``PASSES`` maps every pass name to an instance.
-``auto`` runs partition, limit_parallelism and the planner; place_persistent, swap_activations and recompute
-can also run on their own, each stopping as soon as the simulated peak meets the budget.
+``auto`` runs split_addn, partition, limit_parallelism and the planner; place_persistent, swap_activations
+and recompute can also run on their own, each stopping as soon as the simulated peak meets the budget.
 """
 
 from __future__ import annotations
@@ -13,11 +13,13 @@ from passes.partition import Partition
 from passes.place_persistent import PlacePersistent
 from passes.planner import Planner
 from passes.recompute import Recompute
+from passes.split_addn import SplitAddN
 from passes.swap_activations import SwapActivations
 from tfmem.pipeline import Pass
 
 DEFAULT_PASSES: tuple[Pass, ...] = (
-    Partition(),          # first: a memory-aware order and its partitions, on the graph as the user wrote it
+    SplitAddN(),          # first: exact, budget-free; a large AddN otherwise holds all its inputs at once
+    Partition(),          # then: a memory-aware order and its partitions
     LimitParallelism(),   # then: enforce that order with control edges, as loosely as the budget allows
     Planner(),            # then, if the budget needs it: keep, swap, recompute or host-place each candidate
 )

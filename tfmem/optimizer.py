@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import takewhile
 
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
@@ -147,6 +148,14 @@ def optimize(
     shapes = {k: tuple(v) for k, v in (feed_shapes or {}).items()}
     before = PassContext(tuple(fetch_list), None, device, host, shapes, inter_op_threads=inter_op_threads,
                          grappler=faithful).simulate(ir)  # the budget does not change the unoptimized graph's peak
+    pipeline = resolve_passes(passes)
+    # Exact rewrites that do not depend on the budget (split_addn) run once, first: they lower the lower bound
+    # itself, so the bound is taken on their output, and every replan below starts from it.
+    leading = list(takewhile(lambda p: getattr(p, "budget_independent", False), pipeline))
+    pipeline = pipeline[len(leading):]
+    prepared = PassContext(tuple(fetch_list), target, device, host, shapes, check=check,
+                           inter_op_threads=inter_op_threads, grappler=faithful)
+    ir, leading_reports = run_pipeline(ir, leading, prepared)
     bound = 0
     if target is not None and budget_bytes is not None:
         # No rewrite goes below the lower bound, so a plan that simulates under it would be a simulator error
@@ -160,7 +169,8 @@ def optimize(
     for _ in range(CAPACITY_RETRIES + 1):
         ctx = PassContext(tuple(fetch_list), target, device, host, shapes, check=check,
                           inter_op_threads=inter_op_threads, grappler=faithful)
-        new_ir, reports = run_pipeline(ir, resolve_passes(passes), ctx)
+        new_ir, reports = run_pipeline(ir, pipeline, ctx)
+        reports = leading_reports + reports
         new_ir = strip_tags(new_ir)
         after = ctx.simulate(new_ir) if any(r.changed for r in reports) else before
         if budget_bytes is None or target is None or after.peak_bytes > target:

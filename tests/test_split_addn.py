@@ -1,0 +1,166 @@
+"""split_addn: the chain of adds reproduces the AddN kernel's sums bit for bit, and frees inputs early.
+
+Values are compared in real sessions (Grappler on, as users run them), on random sums with random names
+(Grappler sorts AddN's inputs by name, so names decide the order) and on a DeepSpeech training step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import passes.split_addn as split_addn
+import tfmem
+from models import deepspeech
+from passes.split_addn import SplitAddN, kernel_order_groups
+from tfmem.editor import DO_NOT_REMOVE
+from tfmem.grappler import runtime_graph_def
+from tfmem.optimizer import lower_bound_bytes
+from tfmem.pipeline import PassContext
+from tfmem.shapes import annotate
+
+v1 = tf.compat.v1
+
+
+def _run(graph_def, fetches, feeds=None, steps=1):
+    g = tf.Graph()
+    with g.as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")
+        init = [op.name for op in g.get_operations()
+                if op.type in ("AssignVariableOp", "Assign") and op.name.endswith("/Assign")]
+        weights = [op.name + ":0" for op in g.get_operations()
+                   if op.type == "VarHandleOp" and "Adam" not in op.name]
+    with v1.Session(graph=g) as sess:
+        if init:
+            sess.run(init)
+        out = [sess.run(fetches, feeds) for _ in range(steps)]
+        if weights:
+            out.append(sess.run([w.replace(":0", "/Read/ReadVariableOp:0") for w in weights]))
+        return out
+
+
+def _equal(a, b):
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
+    return a is None and b is None or np.array_equal(a, b)
+
+
+def _sum_graph(values, names, forward_every=0):
+    """AddN of placeholders named ``names`` (fed with ``values``), some read through an Identity."""
+    g = tf.Graph()
+    with g.as_default():
+        xs = []
+        for i, (v, name) in enumerate(zip(values, names, strict=True)):
+            x = v1.placeholder(v.dtype, v.shape, name=name)
+            if forward_every and i % forward_every == 0:
+                x = tf.identity(x, name=f"{name}_fwd")
+            xs.append(x)
+        tf.math.add_n(xs, name="total")
+    return g.as_graph_def(), {f"{name}:0": v for name, v in zip(names, values, strict=True)}
+
+
+def _split(graph_def, fetches, feeds=None):
+    shapes = {k: v.shape for k, v in (feeds or {}).items()}
+    return SplitAddN().run(annotate(graph_def, shapes), PassContext(tuple(fetches), feed_shapes=shapes))
+
+
+@st.composite
+def sums(draw):
+    n = draw(st.integers(split_addn.MIN_INPUTS, 40))
+    names = draw(st.lists(st.from_regex(r"[a-z][a-z0-9_]{0,6}", fullmatch=True), min_size=n, max_size=n,
+                          unique=True))
+    seed = draw(st.integers(0, 2**16))
+    dtype = draw(st.sampled_from([np.float32, np.float64]))
+    rng = np.random.default_rng(seed)
+    shape = (128, 160)   # 80 KiB in float32: above MIN_BYTES
+    values = [(rng.standard_normal(shape) * 10.0 ** rng.integers(-6, 7, shape)).astype(dtype) for _ in range(n)]
+    return values, names, draw(st.integers(0, 3))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sums())
+def test_random_sums_are_bit_identical(case):
+    values, names, forward_every = case
+    gd, feeds = _sum_graph(values, names, forward_every)
+    result = _split(gd, ["total:0"], feeds)
+    assert result.changed, result.report.notes
+    assert _equal(_run(gd, "total:0", feeds), _run(result.graph.to_graph_def(), "total:0", feeds))
+
+
+def test_the_check_fails_for_any_other_order():
+    """The same comparison catches a chain in graph order (not Grappler's sorted order): the test can fail."""
+    rng = np.random.default_rng(3)
+    names = [f"g{i}" for i in range(23)]
+    values = [(rng.standard_normal((128, 160)) * 10.0 ** rng.integers(-6, 7, (128, 160))).astype(np.float32)
+              for _ in names]
+    gd, feeds = _sum_graph(values, names)
+    ir = annotate(gd)
+    node = next(n for n in ir.nodes if n.op == "AddN")
+    wrong = ir.replace_nodes(tuple(
+        n for m in ir.nodes for n in (split_addn._chain(node, node.inputs) if m.name == "total" else [m])))
+    assert not _equal(_run(gd, "total:0", feeds), _run(wrong.to_graph_def(), "total:0", feeds))
+    right = _split(gd, ["total:0"], feeds).graph
+    assert _equal(_run(gd, "total:0", feeds), _run(right.to_graph_def(), "total:0", feeds))
+
+
+def test_grappler_keeps_the_chain():
+    gd, feeds = _sum_graph([np.ones((128, 160), np.float32)] * 12, [f"x{i}" for i in range(12)])
+    new = _split(gd, ["total:0"], feeds).graph
+    adds = [n for n in new.nodes if n.name.startswith("total")]
+    assert len(adds) == 11 and all(n.op == "AddV2" and n.attr_bool(DO_NOT_REMOVE) for n in adds)
+    runtime = runtime_graph_def(new.to_graph_def(), ["total:0"])
+    assert sum(n.op == "AddV2" for n in runtime.node) == 11
+    assert not any(n.op == "AddN" for n in runtime.node)
+
+
+@pytest.mark.parametrize("n, sizes", [(4, [4]), (8, [8]), (9, [9]), (10, [2, 8]), (17, [9, 8]), (30, [6, 8, 8, 8])])
+def test_kernel_groups(n, sizes):
+    groups = kernel_order_groups(n)
+    assert [len(g) for g in groups] == sizes
+    assert [i for g in groups for i in g] == list(range(n))
+
+
+def test_small_half_precision_and_looped_sums_are_left_alone():
+    g = tf.Graph()
+    with g.as_default():
+        tf.math.add_n([v1.placeholder(tf.float32, (8, 8)) for _ in range(6)], name="small")
+        tf.math.add_n([v1.placeholder(tf.float16, (256, 256)) for _ in range(6)], name="half")
+        tf.math.add_n([v1.placeholder(tf.float32, (256, 256)) for _ in range(3)], name="few")
+        v1.disable_control_flow_v2()
+        try:
+            loop = v1.while_loop(lambda i, a: i < 3,
+                                 lambda i, a: (i + 1, tf.math.add_n([a * float(k) for k in range(1, 5)])),
+                                 [tf.constant(0), tf.zeros((256, 256))], name="loop")
+        finally:
+            v1.enable_control_flow_v2()
+        tf.identity(loop[1], name="looped")
+    result = _split(g.as_graph_def(), ["small:0", "half:0", "few:0", "looped:0"])
+    assert not result.changed
+
+
+@pytest.fixture(scope="module")
+def rnn():
+    return deepspeech.build(seq_len=32, batch=4, freq=16, conv_layers=0, rnn_layers=1, hidden=512, cell="rnn")
+
+
+def test_a_training_step_is_bit_identical_and_needs_less(rnn):
+    gd = rnn.graph.as_graph_def()
+    ctx = PassContext(tuple(rnn.fetches), feed_shapes=rnn.feed_shapes)
+    ir = annotate(gd, rnn.feed_shapes)
+    result = SplitAddN().run(ir, ctx)
+    assert result.report.details["split"]
+    assert _equal(_run(gd, rnn.fetches, rnn.feeds, steps=2), _run(result.graph.to_graph_def(), rnn.fetches,
+                                                                     rnn.feeds, steps=2))
+    before, after = lower_bound_bytes(ir, ctx)[0], lower_bound_bytes(result.graph, ctx)[0]
+    assert after < before
+    assert ctx.simulate(result.graph).peak_bytes < ctx.simulate(ir).peak_bytes
+
+
+def test_optimize_runs_it_first_and_takes_the_bound_after_it(rnn):
+    opt = tfmem.optimize(rnn.graph, rnn.fetches, feed_shapes=rnn.feed_shapes, budget="64MiB")
+    assert opt.report.passes[0].name == "split_addn" and opt.report.passes[0].changed
+    assert _equal(_run(rnn.graph.as_graph_def(), rnn.fetches, rnn.feeds, steps=2),
+                  _run(opt.graph_def, rnn.fetches, rnn.feeds, steps=2))
