@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orion_par import Buffer, CompileFallbackWarning, DataOrderError, DistArray, parallel_for
+from orion_par import schedule as schedule_module
 from orion_par.errors import BadBodyError
 
 
@@ -48,17 +50,19 @@ def sparse_ratings(draw):
     seed = draw(st.integers(0, 2**16))
     rng = np.random.default_rng(seed)
     keys = np.stack([rng.integers(0, nu, n), rng.integers(0, ni, n)], axis=1)
-    return keys, rng.random(n), nu, ni, draw(st.integers(1, 3)), draw(st.sampled_from([None, 4, 7]))
+    return (keys, rng.random(n), nu, ni, draw(st.integers(1, 3)), draw(st.sampled_from([None, 4, 7])),
+            draw(st.sampled_from([2, 5, 4096])))
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sparse_ratings())
 def test_parallel_equals_serial_in_executor_order(case):
-    keys, vals, nu, ni, workers, tparts = case
+    keys, vals, nu, ni, workers, tparts, min_chunk = case  # a small minimum chunk: several chunks per block
     sgd, W, H = _mf(keys, vals, nu, ni)
     tparts = max(tparts or 2 * workers, workers)
     W0, H0 = W.copy(), H.copy()
-    sgd.run(workers=workers, epochs=2, time_partitions=tparts)
+    with mock.patch.object(schedule_module, "_MIN_CHUNK", min_chunk):
+        sgd.run(workers=workers, epochs=2, time_partitions=tparts)
     par_W, par_H = W.copy(), H.copy()
     W[:], H[:] = W0, H0
     sgd.run_serial(order=sgd.schedule(workers, tparts).serial_order(epochs=2))
@@ -353,27 +357,29 @@ def _mf_case(n=900, nu=40, ni=30, seed=7):
     return keys, rng.random(n), nu, ni
 
 
-def test_stratum_order_is_random_per_epoch_and_reproducible():
+def test_fine_strata_repeat_one_seeded_order_every_epoch(monkeypatch):
     keys, vals, nu, ni = _mf_case()
+    monkeypatch.setattr(schedule_module, "_MIN_CHUNK", 16)  # 900 records, 3 workers x 6 time parts: 3 chunks
     sgd, _, _ = _mf(keys, vals, nu, ni)
     sched = sgd.schedule(3)
-    epochs = [sched.for_epoch(e) for e in range(4)]
-    orders = {tuple(t.block for t in s.tasks) for s in epochs}
-    assert len(orders) == 4  # four epochs, four different block sequences
-    for s in epochs:  # the same blocks each epoch; a worker keeps its own space part
-        assert sorted((t.worker, t.block) for t in s.tasks) == sorted((t.worker, t.block) for t in sched.tasks)
-        assert all(t.block // s.num_steps == t.worker and t.block % s.num_steps == t.token for t in s.tasks)
+    m, t = sched.chunks, 6
+    assert m == 3 and sched.num_steps == t * m
+    assert all(sched.for_epoch(e) is sched for e in range(3))  # every epoch runs one order, as the serial loop
+    assert np.array_equal(sched.serial_order(3), np.tile(sched.serial_order(), 3))
+    # Chunk j of block (p, g) has id (p * t + g) * m + j, worker p, token g; g rotates with the coarse step.
+    assert all(t_.block // (t * m) == t_.worker and t_.block // m % t == t_.token for t_ in sched.tasks)
+    # Every chunk j of block (p, g) holds the pairs of p's and g's sub-parts on one diagonal: per space key, its
+    # records in a chunk share one time sub-part, so a user's ratings in a block are spread over the m steps.
+    sizes = sched.block_stop - sched.block_start
+    assert sizes.sum() == len(keys) and sizes.min() > 0
     again, _, _ = _mf(keys, vals, nu, ni)
-    assert np.array_equal(again.schedule(3).serial_order(4), sched.serial_order(4))  # same seed, same order
-    assert np.array_equal(sched.serial_order(2, first_epoch=1), np.concatenate(
-        [epochs[1].serial_order(), epochs[2].serial_order()]))
+    assert np.array_equal(again.schedule(3).serial_order(), sched.serial_order())  # same seed, same order
     again.stratum_seed = 1
-    assert not np.array_equal(again.schedule(3).serial_order(4), sched.serial_order(4))
-    again.stratum_seed = None  # the fixed rotation repeats one epoch
+    assert not np.array_equal(again.schedule(3).serial_order(), sched.serial_order())
+    again.stratum_seed = None  # identity squares, steps in rotation order
     rotation = again.schedule(3)
-    assert np.array_equal(rotation.serial_order(3), np.tile(rotation.serial_order(), 3))
-    assert [(t.worker, t.step, t.block) for t in rotation.tasks] == [
-        (p, k, p * 6 + (p + k) % 6) for k in range(6) for p in range(3)]
+    assert [(x.worker, x.step, x.block, x.token) for x in rotation.tasks] == [
+        (p, k * m + j, (p * t + (p + k) % t) * m + j, (p + k) % t) for k in range(t) for j in range(m) for p in range(3)]
 
 
 @pytest.mark.parametrize("stratum_seed", [0, 3, None])

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orion_par import DistArray, parallel_for
+from orion_par import schedule as schedule_module
 from orion_par.partition import partition_by_key, partition_by_whole_key
 
 keys_1d = st.lists(st.integers(0, 30), min_size=1, max_size=300).map(lambda v: np.array(v)[:, None])
@@ -67,7 +70,7 @@ def mf_problem(draw):
     rng = np.random.default_rng(draw(st.integers(0, 1000)))
     keys = np.stack([rng.integers(0, nu, n), rng.integers(0, ni, n)], axis=1)
     workers = draw(st.integers(1, 4))
-    return keys, nu, ni, workers, draw(st.integers(workers, 3 * workers))
+    return keys, nu, ni, workers, draw(st.integers(workers, 3 * workers)), draw(st.sampled_from([1, 3, 4096]))
 
 
 W = DistArray(np.zeros((15, 2)))
@@ -77,7 +80,7 @@ H = DistArray(np.zeros((15, 2)))
 @settings(max_examples=60, deadline=None)
 @given(mf_problem())
 def test_concurrent_blocks_of_a_2d_schedule_are_conflict_free(problem):
-    keys, nu, ni, workers, tparts = problem
+    keys, nu, ni, workers, tparts, min_chunk = problem  # a small minimum chunk: several chunks per block
 
     @parallel_for(DistArray.from_coo(keys, np.zeros(len(keys))))
     def sgd(key, value):
@@ -86,10 +89,10 @@ def test_concurrent_blocks_of_a_2d_schedule_are_conflict_free(problem):
 
     plan = sgd.plan
     assert plan.scheme == "2d"
-    for epoch in range(3):  # each epoch has its own random stratum order; every one must be conflict-free
-        _check_conflict_free(keys, plan, sgd.schedule(workers, tparts).for_epoch(epoch), workers)
-    sgd.stratum_seed = None  # the fixed rotation
-    _check_conflict_free(keys, plan, sgd.schedule(workers, tparts), workers)
+    with mock.patch.object(schedule_module, "_MIN_CHUNK", min_chunk):
+        _check_conflict_free(keys, plan, sgd.schedule(workers, tparts), workers)
+        sgd.stratum_seed = None  # identity Latin squares, steps in rotation order
+        _check_conflict_free(keys, plan, sgd.schedule(workers, tparts), workers)
 
 
 def _check_conflict_free(keys, plan, sched, workers):

@@ -54,8 +54,31 @@ def test_mf_2d_on_ray_equals_local(ray_cluster):
     _compare(sgd, [W, H], workers=2, epochs=2, time_partitions=3)
     assert not np.array_equal(W, before)
     _compare(sgd, [W, H], workers=2, epochs=1, time_partitions=3)  # reused actors start from new values
-    sched = sgd.schedule(2, 3)
-    assert sched.for_epoch(0).tasks != sched.for_epoch(1).tasks  # the epochs above ran different stratum orders
+    sgd.close()
+
+
+def test_mf_2d_with_several_chunks_per_block_on_ray_equals_local(ray_cluster, monkeypatch):
+    from orion_par import schedule as schedule_module
+
+    monkeypatch.setattr(schedule_module, "_MIN_CHUNK", 200)  # 4000 records, 2 workers x 3 time parts: 3 chunks
+    rng = np.random.default_rng(1)
+    keys = np.stack([rng.integers(0, 60, 4000), rng.integers(0, 25, 4000)], axis=1)
+    W = DistArray(rng.random((60, 3)))
+    H = DistArray(rng.random((25, 3)))
+
+    @parallel_for(DistArray.from_coo(keys, rng.random(4000)))
+    def sgd(key, value):
+        u, i = key
+        err = value
+        for r in range(3):
+            err -= W[u, r] * H[i, r]
+        for r in range(3):
+            wr = W[u, r]
+            W[u, r] += 0.02 * err * H[i, r]
+            H[i, r] += 0.02 * err * wr
+
+    assert sgd.schedule(2, 3).chunks == 3
+    _compare(sgd, [W, H], workers=2, epochs=2, time_partitions=3)
     sgd.close()
 
 
