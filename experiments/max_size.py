@@ -18,9 +18,9 @@ Writes ``experiments/results/max_size_<family>.json`` and ``.md``.
 
 The search assumes that fitting is monotone in the size; each probe builds a fresh graph, and optimize's time
 grows with the graph (1-3.5 minutes to plan 48 experts, depending on the machine's load). Each family's default
-``maximum`` (64 experts, 24 blocks per stage = ResNet-218) bounds a full run; measured on 2 shared cores: MoE
-7 minutes, ResNet 17 minutes for both batch sizes, DeepSpeech 18 minutes (probes near tfmem's limit replan up
-to 7 times before refusing). A search that ends at the maximum without a failure says so ("the search stopped
+``maximum`` (64 experts, 24 blocks per stage = ResNet-218, 96 frames = twice vanilla's largest, the factor of
+TensorFlowMem's own DeepSpeech table, 400 -> 800) bounds a full run; measured on 2 shared cores: MoE 7 minutes,
+ResNet 17 minutes for both batch sizes (probes near tfmem's limit replan up to 7 times before refusing). A search that ends at the maximum without a failure says so ("the search stopped
 at its maximum": tfmem's true largest may be larger); raise ``--max-size`` to search further.
 After every probe the probes so far are written to ``max_size_<family>.partial.json``, removed when the
 search completes. ``--tiny`` runs small models under a small budget, as a smoke test.
@@ -122,7 +122,7 @@ def families(tiny: bool) -> dict[str, Family]:
         "resnet32": _resnet("resnet32", 32, tiny),
         "deepspeech": Family("deepspeech", "frames (sequence length)", deepspeech.build,
                              lambda t: {"seq_len": t}, lambda t: t, "seq_len", "2MiB" if tiny else "128MiB",
-                             16, 2, 64 if tiny else 2048, 2 if tiny else 4, ds_kwargs),
+                             16, 2, 64 if tiny else 96, 2 if tiny else 4, ds_kwargs),
     }
 
 
