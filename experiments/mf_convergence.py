@@ -5,14 +5,15 @@ Methods, all from the same synthetic ratings (rank-32 ground truth plus noise) a
 * ``serial``: the serial loop compiled by hand with numba (``models.mf.sgd_serial_numba``), data order;
 * ``orion_par 1w`` / ``orion_par 2w``: the same loop body under ``@parallel_for`` (2D plan), local threads.
   With one worker the plan is one block in data order, so its run must equal the serial one bitwise
-  (checked); with two, each block keeps data order but blocks run in DSGD rotation;
+  (checked); with two, blocks (DSGD rotation) are cut into Latin-square chunks that keep data order and
+  run in a seeded random step order, the same every epoch (``orion_par/schedule.py``);
 * ``orion_par ray 2w``: the same plan on Ray actors (Ray started here, 2 CPUs);
 * ``surprise SVD``: scikit-surprise's SVD (unbiased, same rank, learning rate and regularisation), which
   has no per-epoch hook, so it is refitted for a few epoch counts.
 
 "Converges like serial" is checked on equal terms (the shuffle study): for several random orders of the
 ratings, the serial loop and orion_par with 2 workers both start from that order (orion_par keeps it
-inside each block), and their per-epoch RMSE, averaged over the orders, is compared (``rmse_within_1pct[lr]``:
+inside each chunk, with a stratum seed of its own per order), and their per-epoch RMSE, averaged over the orders, is compared (``rmse_within_1pct[lr]``:
 the gap of the mean curves <= 1% at every epoch).  Yardsticks for how much SGD's curve depends on the
 order alone: the serial loop against itself on another order (one curve against one), and the mean serial
 curve over as many other orders (a gap of means against a gap of means).  On two orders the serial loop
@@ -80,7 +81,7 @@ class Problem:
         self.sgd = parallel_sgd(self.data.ratings, self.W, self.H, lr=cfg["lr"], reg=cfg["reg"])
 
     def reset(self) -> None:
-        """Back to the initial factors, and to epoch 0 of orion_par's schedule (its stratum order is per epoch)."""
+        """Back to the initial factors, and to epoch 0 of orion_par's epoch count."""
         self.W[...] = self.W0
         self.H[...] = self.H0
         self.sgd.epochs_run = 0
@@ -231,7 +232,7 @@ def _visit_order_curve(p: Problem, label: str, workers: int) -> dict[str, list[f
     def step() -> None:
         order = sched.serial_order(1, p.sgd.epochs_run)
         sgd_serial_numba(keys[order], values[order], np.asarray(p.W), np.asarray(p.H), p.cfg["lr"], p.cfg["reg"])
-        p.sgd.epochs_run += 1  # the next epoch's stratum order, as run() would advance it
+        p.sgd.epochs_run += 1  # as run() would advance it (every epoch repeats one order)
 
     return _curve(p, label, step)
 
@@ -256,7 +257,8 @@ def _lag_epochs(mean_ref: np.ndarray, mean_other: np.ndarray) -> list[float]:
 def _shuffle_study(data: Ratings, cfg: dict[str, Any], lr: float, init: float) -> dict[str, Any]:
     """Serial loop vs orion_par 2 workers on ``cfg["shuffles"]`` random orders of the same ratings.
 
-    For each order both start from the same factors; orion_par keeps that order inside each block.
+    For each order both start from the same factors; orion_par keeps that order inside each chunk and draws
+    its chunks and step order from its own stratum seed per order.
     Returns per-epoch RMSE per order, and the gaps: between the mean curves (what "converges like
     serial" means for a method whose order differs), per order (paired), and two yardsticks for how much
     SGD's curve depends on the order alone: the serial loop against itself on the next order (one curve
@@ -269,6 +271,11 @@ def _shuffle_study(data: Ratings, cfg: dict[str, Any], lr: float, init: float) -
     visit_equal: list[bool] = []
     for s in range(c["shuffles"]):
         p = Problem(c, _shuffled(data, 100 + s))
+        # Each order its own stratum seed: 2w's visit order is the data order inside chunks whose Latin squares
+        # and step order come from the seed, and with one seed for every order the 16 runs share that
+        # structure (their curves then agree with each other to 4 digits up to epoch 8), so their mean would
+        # sample one structure, not the executor's order.  The serial runs each get their own order too.
+        p.sgd.stratum_seed = 100 + s
         p.sgd.run(workers=2, epochs=0)  # build the schedule
         serial.append(_curve(p, f"serial lr={lr} order {s}", p.serial_epoch)["rmse"])
         orion.append(_curve(p, f"orion_par 2w lr={lr} order {s}", lambda p=p: p.sgd.run(workers=2))["rmse"])
@@ -292,6 +299,10 @@ def _shuffle_study(data: Ratings, cfg: dict[str, Any], lr: float, init: float) -
     paired = np.max(np.abs(par - ser)[:, 1:] / ser[:, 1:], axis=1)
     other = np.max(np.abs(np.roll(ser, 1, axis=0) - ser)[:, 1:] / ser[:, 1:], axis=1) if len(ser) > 1 else paired * 0
     worst = int(np.argmax(gap_means)) + 1
+    # Where the gap of means exceeds 1%, is it beyond what the orders' own spread explains?  (2w and serial on
+    # one order follow unrelated trajectories, so the paired SE is the noise of the gap of means.)
+    over = np.flatnonzero(gap_means > 0.01)
+    in_se = gap_means / np.maximum(se_paired, 1e-12)
     return {"lr": lr, "init": init, "shuffles": c["shuffles"], "rmse_serial": ser.tolist(), "rmse_orion_par_2w": par.tolist(),
             "rmse_serial_other_orders": ser_b.tolist(),
             "mean_rmse_serial": mean_s.tolist(), "mean_rmse_orion_par_2w": mean_p.tolist(),
@@ -304,6 +315,8 @@ def _shuffle_study(data: Ratings, cfg: dict[str, Any], lr: float, init: float) -
             "serial_vs_serial_gap_of_means_standard_error_per_epoch": se_ss.tolist(),
             "lag_epochs_2w_behind_serial_mean": _lag_epochs(mean_s, mean_p),
             "orion_par_2w_equals_serial_loop_in_its_visit_order": visit_equal,
+            "epochs_gap_of_means_over_1pct": (over + 1).tolist(),
+            "max_gap_of_means_in_paired_se_where_over_1pct": float(in_se[over].max()) if over.size else 0.0,
             "max_gap_paired_median": float(np.median(paired)),
             "max_gap_serial_vs_serial_other_order_median": float(np.median(other)),
             "serial_sd_over_mean_per_epoch": (ser.std(axis=0, ddof=1) / mean_s).tolist() if len(ser) > 1 else []}
@@ -354,6 +367,9 @@ def run(cfg: dict[str, Any], use_ray: bool) -> dict[str, Any]:
             o["max_gap_of_means"] / max(o["paired_diff_standard_error_per_epoch"][e - 1], 1e-12))
         checks[f"orion_par_2w_equals_serial_loop_in_its_visit_order[lr={lr}]"] = all(
             o["orion_par_2w_equals_serial_loop_in_its_visit_order"])
+        checks[f"epochs_gap_of_means_over_1pct[lr={lr}]"] = str(o["epochs_gap_of_means_over_1pct"])
+        # Not the issue's criterion: whether the gap is within 1% or within 2 standard errors of the orders' noise.
+        checks[f"gap_within_1pct_or_2_paired_se[lr={lr}]"] = o["max_gap_of_means_in_paired_se_where_over_1pct"] <= 2.0
     checks["rmse_per_epoch_within_1pct_of_serial[lr=both]"] = all(
         checks[f"rmse_within_1pct[lr={o['lr']}]"] for o in study)
     p.reset()
@@ -444,7 +460,8 @@ def _markdown(res: dict[str, Any]) -> str:
     lines.append("The Ray curve's first epoch includes starting the actors.\n")
     lines.append("\n## Shuffle study: serial vs orion_par 2 workers from the same random orders\n\nFor each of "
                  "several random orders of the ratings, the serial loop visits them in that order and orion_par "
-                 "keeps it inside each block (both from the same initial factors). `rmse_within_1pct[lr]` is the "
+                 "keeps it inside each chunk of its schedule, with a stratum seed of its own per order (both from "
+                 "the same initial factors). `rmse_within_1pct[lr]` is the "
                  "issue's criterion on the *mean* curves over the orders: at every epoch, |mean RMSE (2w) - mean "
                  "RMSE (serial)| / mean RMSE (serial) <= 0.01. The yardstick for a gap of means is the same gap "
                  "between the serial loop's mean curve over these orders and over as many other orders (set B); "
