@@ -29,8 +29,9 @@ class GraphCache(Generic[V]):
     (42, None)
     """
 
-    def __init__(self, kept: int = 8) -> None:
+    def __init__(self, kept: int = 8, *, same_object: bool = False) -> None:
         self.kept = kept
+        self.same_object = same_object   # answer only for the very graph object (when tags matter to the result)
         self._entries: list[tuple[GraphIR, Hashable, V]] = []   # oldest first; each holds its graph alive
 
     def get(self, graph: GraphIR, key: Hashable) -> V | None:
@@ -38,6 +39,8 @@ class GraphCache(Generic[V]):
         for g, v in matching:   # the same object first: that check is free
             if g is graph:
                 return v
+        if self.same_object:
+            return None
         for g, v in matching:
             if same_program(g, graph):
                 return v

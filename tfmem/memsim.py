@@ -161,8 +161,16 @@ def simulate(
     """
     fetch_names = [fetches] if isinstance(fetches, str) else [str(getattr(f, "name", f)) for f in fetches]
     if grappler:
-        placed = with_default_device(to_graph_def(graph), device or DEFAULT_DEVICE)
-        ir = annotate(runtime_graph_def(placed, fetch_names, config), feed_shapes)
+        # optimize replays one plan on several device sizes: Grappler's rewrite (seconds on large graphs) is kept
+        # per graph object, as tags on the graph carry into the rewrite.
+        runtime_key = (tuple(fetch_names), device, None if config is None else config.SerializeToString(),
+                       tuple(sorted((k, tuple(v)) for k, v in (feed_shapes or {}).items())))
+        ir = _RUNTIME.get(graph, runtime_key) if isinstance(graph, GraphIR) else None
+        if ir is None:
+            placed = with_default_device(to_graph_def(graph), device or DEFAULT_DEVICE)
+            ir = annotate(runtime_graph_def(placed, fetch_names, config), feed_shapes)
+            if isinstance(graph, GraphIR):
+                _RUNTIME.put(graph, runtime_key, ir)
     elif isinstance(graph, GraphIR) and graph.annotated:  # feed shapes were applied when it was annotated
         ir = graph
     else:
@@ -220,6 +228,8 @@ def _typical_schedule(analysis: Analysis, expensive: Callable[[str], bool], thre
 
 # Recent simulations of graphs as written (not Grappler's rewrite of them), keyed by the other arguments.
 _PROFILES: GraphCache[MemoryProfile] = GraphCache(kept=8)
+# Grappler's rewrites of recent graph objects (annotated), keyed by fetches, device, config and feed shapes.
+_RUNTIME: GraphCache[GraphIR] = GraphCache(kept=4, same_object=True)
 
 
 class _Replay:

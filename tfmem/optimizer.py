@@ -37,12 +37,13 @@ GRAPPLER_SIMULATION_MAX_OPS = 10_000
 SAFETY_MARGIN = 0.05
 SAFETY_MARGIN_MIN_BYTES = 4 * 2**20
 # A plan is also replayed on the device's own allocator layout, shrunk by this share plus 4 MiB, and no request
-# may go unserved there; otherwise it is planned again for 5% of the budget less (a plan for less may also be laid
-# out differently), until the target would pass the lower bound or CAPACITY_RETRIES replans are spent. Measured near
-# the cap, the testbed's peak ran about 4.3 MiB above the replay (a conv net: replay 90.7 MiB, measured 95.0 MiB
-# under a 96 MiB cap; it ran out of memory under 93 MiB, where the replay served every request).
+# may go unserved there; otherwise it is planned again for less (by what its layout needed beyond the room, at
+# least 5% of the budget; a plan for less may also be laid out differently), down to the lower bound, or until
+# CAPACITY_RETRIES replans are spent. Measured near the cap, the testbed's peak ran about 4.3 MiB above the
+# replay (a conv net: replay 90.7 MiB, measured 95.0 MiB under a 96 MiB cap; it ran out of memory under 93 MiB,
+# where the replay served every request).
 CAPACITY_SLACK = 0.02
-CAPACITY_RETRIES = 6   # a conv net at 0.7x its peak needed 4 (5% steps); each costs one planner run
+CAPACITY_RETRIES = 6   # a conv net at 0.7x its peak needed 4 (in 5% steps); each costs one planner run
 
 
 def planning_budget(budget: int) -> int:
@@ -182,13 +183,18 @@ def optimize(
         capped = ctx.simulate(new_ir, device_memory=max(room, 1))
         if capped.allocation_failures == 0:
             break
+        # How much the layout adds on top of this plan's total predicts how much less the next plan must need
+        # (a deep conv net needed 24 MiB less; stepping 5% at a time cost five replans).
+        needed = smallest_fitting_device(ctx, new_ir, room, room + budget_bytes // 2)
+        step = budget_bytes // 20 if needed is None else max(budget_bytes // 20, needed - room)
         notes.append(f"a plan for {format_bytes(target)} (peak {format_bytes(after.peak_bytes)}) does not fit the "
-                     f"device allocator's chunks with {format_bytes(budget_bytes - room)} to spare; "
-                     "planned again for less")
-        target -= budget_bytes // 20
-        if target < bound:  # no plan can go lower
+                     f"device allocator's chunks with {format_bytes(budget_bytes - room)} to spare"
+                     + ("" if needed is None else f" (its layout needs a {format_bytes(needed)} device)")
+                     + f"; planned again for {format_bytes(max(target - step, bound))}")
+        if target <= bound:  # no plan can go lower
             target = -1
             break
+        target = max(target - step, bound)
     else:
         target = -1  # every retry was too tight: refuse below
     report = Report(budget_bytes, before, after, reports)
@@ -206,6 +212,22 @@ def optimize(
     with tf_graph.as_default():
         tf.graph_util.import_graph_def(graph_def, name="")
     return Optimized(tf_graph, graph_def, session_config(), report, new_ir)
+
+
+def smallest_fitting_device(ctx: PassContext, graph: GraphIR, low: int, high: int) -> int | None:
+    """The smallest device size in ``(low, high]`` (to 1 MiB) on which replaying ``graph`` serves every request.
+
+    None when even ``high`` does not serve them all. Each try is one capped replay of the same graph.
+    """
+    if ctx.simulate(graph, device_memory=high).allocation_failures:
+        return None
+    while high - low > 2**20:
+        mid = (low + high) // 2
+        if ctx.simulate(graph, device_memory=mid).allocation_failures:
+            low = mid
+        else:
+            high = mid
+    return high
 
 
 def lower_bound_bytes(ir: GraphIR, ctx: PassContext) -> tuple[int, str]:
