@@ -12,7 +12,8 @@ is cut into ``m`` *chunks*: ``p``'s part into ``m`` space sub-parts ``a``, ``g``
 ``b``, and chunk ``j`` holds the pairs with ``(pi[b] + rho[a]) % m == j`` (a Latin square: in one chunk each
 space sub-part meets one time sub-part, and over the ``m`` chunks it meets each once).  An epoch has
 ``t * m`` steps; at each, worker ``p`` runs one chunk of the block whose time part it holds in the rotation
-(``(p + k) % t`` at coarse step ``k``), and the ``(k, j)`` pairs run in a random order.  So a key value
+(``(p + k) % t`` at coarse step ``k``), in runs of ``_RUN`` consecutive chunks of one block (so a token
+changes hands every ``_RUN`` steps), and the runs in a random order.  So a key value
 meets a small random slice of the other field's values at each step, as in a random order, instead of
 all of one time part in one burst.  ``pi``, ``rho`` and the step order are drawn once from
 ``np.random.default_rng(stratum_seed)`` and repeated every epoch, like the serial loop's one order
@@ -38,6 +39,7 @@ from orion_par.scheme import ParallelScheme
 
 _MIN_CHUNK = 4096  # records per chunk at least: a step's hand-over of the token costs tens of microseconds
 _MAX_CHUNKS = 64  # chunks per block at most (finer brings no measured gain on MF)
+_RUN = 4  # chunks of one block at consecutive steps: a worker hands its token over every _RUN steps
 _CACHE_BYTES = 256 * 1024  # whole blocks (no chunks): rows a run of records should touch, well inside L2
 
 
@@ -215,11 +217,18 @@ def _fine_2d(plan: Plan, keys: np.ndarray, num_workers: int, t_parts: int, strat
         space, within = Partitioning(plan.space_dim, num_workers, fine.part % num_workers), fine.part // num_workers
     a = _sub_parts(keys, plan.space_dim, space.part, num_workers, m)  # type: ignore[arg-type]
     b = _sub_parts(keys, plan.time_dim, time.part, t_parts, m)  # type: ignore[arg-type]
+    run = max(1, min(_RUN, m))
+    runs = -(-m // run)  # run r of a block: its chunks r * run ... (r + 1) * run - 1, at consecutive steps
     if stratum_seed is None:
-        pi, rho, step_of = np.arange(m), np.arange(m), np.arange(t_parts * m)
+        pi, rho, seq = np.arange(m), np.arange(m), np.arange(t_parts * runs)
     else:
         rng = np.random.default_rng(stratum_seed)
-        pi, rho, step_of = rng.permutation(m), rng.permutation(m), rng.permutation(t_parts * m)
+        pi, rho, seq = rng.permutation(m), rng.permutation(m), rng.permutation(t_parts * runs)
+    # seq: the order of the runs (k, r), numbered k * runs + r; a run's chunks follow each other.
+    length = np.minimum(run, m - (np.arange(t_parts * runs) % runs) * run)
+    start = np.empty(t_parts * runs, np.int64)
+    start[seq] = np.cumsum(length[seq]) - length[seq]
+    step_of = np.array([start[k * runs + j // run] + j % run for k in range(t_parts) for j in range(m)], np.int64)
     # Block (p, g) = worker p's space part x time part g; its chunk j is block id (p * t + g) * m + j.
     block = (space.part * t_parts + time.part) * m + (pi[b] + rho[a]) % m
     tasks = []
