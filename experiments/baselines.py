@@ -10,13 +10,14 @@ on the roomy testbed, so that its own peak shows even where it does not fit ``B`
 on a named GPU + link is given for vanilla and tfmem; TF's settings rewrite the graph inside the session, where
 the cost model does not see it.
 
-    python -m experiments.baselines              # full run (about 10 minutes on 2 cores)
+    python -m experiments.baselines              # full run (10-15 minutes on 2 shared cores)
     python -m experiments.baselines --tiny       # CI smoke run (one small graph)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 from pathlib import Path
@@ -28,11 +29,15 @@ from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2  # noqa: E4
 from tqdm import tqdm  # noqa: E402
 
 from experiments._common import (  # noqa: E402
+    DEFAULT_FRACTION,
+    FRACTIONS,
     NAMED_GPU,
     RESULTS,
     budget_at,
+    code_state,
     fmt_run,
     fmt_same,
+    fraction_for,
     load_average,
     provenance,
     run_on,
@@ -62,8 +67,20 @@ def tf_memory_optimizer(mode: int) -> config_pb2.ConfigProto:
     return config
 
 
-def run_model(name: str, built: Any, fraction: float, steps: int, progress: Any) -> dict[str, Any]:
-    """Every TF setting on a roomy testbed and under ``fraction`` x vanilla's peak, and tfmem auto under it."""
+def budgets_from(path: Path, fraction: float | None) -> dict[str, int]:
+    """The per-model budgets an ``experiments.peak_memory`` results file used where it used the same fractions."""
+    if not path.exists():
+        return {}
+    data = json.loads(path.read_text())
+    return {name: m["budget_bytes"] for name, m in data.get("models", {}).items()
+            if "budget_bytes" in m and m.get("fraction") == fraction_for(name, fraction)}
+
+
+def run_model(name: str, built: Any, fraction: float, steps: int, progress: Any,
+              budget: int | None = None) -> dict[str, Any]:
+    """Every TF setting on a roomy testbed and under ``budget`` (default ``fraction`` x vanilla's peak), and
+    tfmem auto under it."""
+    start = time.perf_counter()
     progress.set_postfix_str(f"{name}: roomy")
     roomy: dict[str, Any] = {}
     with Testbed(ROOMY, step_timeout_s=120.0) as tb:
@@ -74,7 +91,8 @@ def run_model(name: str, built: Any, fraction: float, steps: int, progress: Any)
             run = vanilla if mode == _RC.DEFAULT_MEM_OPT else run_on(
                 tb, built.graph, built, steps, tf_memory_optimizer(mode))
             roomy[label] = run_record(run, vanilla)
-    budget = budget_at(vanilla.device_peak_bytes, fraction)
+    source = "peak_memory results" if budget else f"{fraction} x this run's vanilla peak"
+    budget = budget or budget_at(vanilla.device_peak_bytes, fraction)
     progress.set_postfix_str(f"{name}: optimize for {format_bytes(budget)}")
     opt, rows_tfmem = optimize_row(built, budget, "auto")
     rows: dict[str, dict[str, Any]] = {}
@@ -87,9 +105,10 @@ def run_model(name: str, built: Any, fraction: float, steps: int, progress: Any)
             rows_tfmem.update(run_record(run_on(tb, opt.graph, built, steps), vanilla))
             rows_tfmem["gpu_estimate"] = gpu_step(opt.graph, built)
     rows[TFMEM] = rows_tfmem
-    return {"nodes": len(built.graph.as_graph_def().node), "budget_bytes": budget,
+    return {"nodes": len(built.graph.as_graph_def().node), "fraction": fraction, "budget_bytes": budget,
+            "budget_source": source,
             "vanilla_roomy": {**run_record(vanilla, vanilla), "gpu_estimate": gpu_step(built.graph, built)},
-            "rows": rows, "load_after": load_average()}
+            "rows": rows, "load_after": load_average(), "elapsed_s": time.perf_counter() - start}
 
 
 def _gpu(est: dict[str, Any] | None) -> str:
@@ -109,10 +128,15 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         f"Command: `{prov['command']}` ({prov['date']}; TF {prov['versions']['tensorflow']}; "
         f"{prov['machine']['cpus']} cores, load average {prov['load_before']} before the run, shared with other "
-        "agents' jobs, so step times are noisy).",
+        "agents' jobs, so step times are noisy). Code: commit "
+        f"{(prov['code']['commit'] or '?')[:10]}"
+        + (f", with uncommitted changes to {', '.join(prov['code']['uncommitted'])}" if prov["code"]["uncommitted"]
+           else "") + ".",
         "",
-        f"Same graphs and budgets as `experiments.peak_memory`: budget = {result['fraction']} x vanilla's measured "
-        "testbed peak, rounded down to whole MiB. 'at budget': run on a testbed whose device allocator is capped "
+        "Same graphs and budgets as `experiments.peak_memory`: budget = the stated fraction of vanilla's measured "
+        f"testbed peak ({result['fraction']}), rounded down to whole MiB"
+        + (f" (taken from `{Path(result['budgets_from']).name}`)" if result.get("budgets_from") else
+           " (measured in this run)") + ". 'at budget': run on a testbed whose device allocator is capped "
         "at the budget; 'roomy': the same setting under a 1 GiB cap (its own peak, whether or not it fits the "
         f"budget). Step: median of {result['steps']} timed steps, and its ratio to vanilla's (roomy). "
         f"{NAMED_GPU}: the cost model's step time (transfers overlapped – not), an estimate; n/a for TF's settings, "
@@ -126,7 +150,7 @@ def markdown(result: dict[str, Any]) -> str:
         if "error" in m:
             lines.append(f"| {name} | {m['error']} | | | | | | |")
             continue
-        head = f"{name} ({format_bytes(m['budget_bytes'])})"
+        head = f"{name} ({format_bytes(m['budget_bytes'])}, {m['fraction']}x)"
         v = m["vanilla_roomy"]
         lines.append(f"| {head} | vanilla, roomy | {format_bytes(v['peak_bytes'])} | {_step(v)} | - | | "
                      f"| {_gpu(v.get('gpu_estimate'))} |")
@@ -155,20 +179,30 @@ def markdown(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="one small graph (CI smoke)")
-    parser.add_argument("--fraction", type=float, default=0.7, help="budget as a fraction of vanilla's peak")
+    parser.add_argument("--fraction", type=float, default=None,
+                        help=f"budget as a fraction of vanilla's peak (default {DEFAULT_FRACTION}; {FRACTIONS})")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per testbed run")
+    parser.add_argument("--budgets-from", default=None,
+                        help="an experiments.peak_memory results file whose per-model budgets to use (default: "
+                             "results/peak_memory.json when it exists and used the same --fraction; --tiny: none)")
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args(argv)
-    if not 0 < args.fraction < 1:
+    if args.fraction is not None and not 0 < args.fraction < 1:
         parser.error("--fraction must be in (0, 1)")
     start = time.perf_counter()
     result: dict[str, Any] = {
-        "provenance": provenance(argv, load_before=load_average()), "fraction": args.fraction, "steps": args.steps,
-        "testbed_budget": f"{args.fraction} x vanilla's measured peak per model (see models.*.budget_bytes)",
+        "provenance": provenance(argv, load_before=load_average(), code=code_state()), "steps": args.steps,
+        "fraction": args.fraction if args.fraction is not None else {"default": DEFAULT_FRACTION, **FRACTIONS},
+        "testbed_budget": "a fraction (models.*.fraction) of vanilla's measured peak per model, rounded down to "
+                          "whole MiB (models.*.budget_bytes), as in peak_memory",
         "settings": {k: _RC.MemOptType.Name(v) for k, v in TF_SETTINGS.items()}, "models": {}}
+    source = Path(args.budgets_from) if args.budgets_from else None if args.tiny else RESULTS / "peak_memory.json"
+    budgets = budgets_from(source, args.fraction) if source else {}
+    result["budgets_from"] = str(source) if budgets else None
     progress = tqdm(table_models(args.tiny).items(), desc="models", unit="model")
     for name, built in progress:
-        result["models"][name] = run_model(name, built, args.fraction, args.steps, progress)
+        result["models"][name] = run_model(name, built, fraction_for(name, args.fraction), args.steps, progress,
+                                           budgets.get(name))
     result["elapsed_s"] = time.perf_counter() - start
     result["provenance"]["load_after"] = load_average()
     name = "baselines_tiny" if args.tiny else "baselines"

@@ -10,11 +10,12 @@ measured peak, the step time and its ratio to vanilla's, whether the fetched val
 bit, the simulator's peak, and the cost model's step time on a named GPU + link (``NAMED_GPU``). A refusal
 (``tfmem.InfeasibleBudgetError``) is recorded as such.
 
-A second table gives Grappler's estimate of the peak on a virtual 12 GB GPU (a TitanX, as in the TensorFlowMem
+A second run (``--paper``) gives Grappler's estimate of the peak on a virtual 12 GB GPU (a TitanX, as in the TensorFlowMem
 talk: Transformer-MoE 9.5 GB in TF, 6.8 GB with TensorFlowMem) for vanilla and tfmem auto at paper-scale sizes.
 
-    python -m experiments.peak_memory              # full run (about 10 minutes on 2 cores)
-    python -m experiments.peak_memory --tiny       # CI smoke run (one small graph, no paper-scale estimate)
+    python -m experiments.peak_memory              # full run (10-15 minutes on 2 shared cores)
+    python -m experiments.peak_memory --paper      # the paper-scale Grappler estimates (peak_memory_paper.*)
+    python -m experiments.peak_memory --tiny       # CI smoke run (one small MLP)
 """
 
 from __future__ import annotations
@@ -31,11 +32,15 @@ from tqdm import tqdm  # noqa: E402
 
 import tfmem  # noqa: E402
 from experiments._common import (  # noqa: E402
+    DEFAULT_FRACTION,
+    FRACTIONS,
     NAMED_GPU,
     RESULTS,
     budget_at,
+    code_state,
     fmt_run,
     fmt_same,
+    fraction_for,
     load_average,
     provenance,
     run_on,
@@ -79,12 +84,14 @@ def optimize_row(built: Any, budget: int, passes: str | list[str]) -> tuple[Any,
 
 def run_model(name: str, built: Any, fraction: float, steps: int, progress: Any) -> dict[str, Any]:
     """Vanilla on a roomy testbed, then every row under ``fraction`` x vanilla's measured peak."""
+    start = time.perf_counter()
     with Testbed(ROOMY, step_timeout_s=120.0) as tb:
         vanilla = run_on(tb, built.graph, built, steps)
     if vanilla.oom:
         return {"error": f"vanilla failed on a {ROOMY} testbed: {vanilla.error}"}
     budget = budget_at(vanilla.device_peak_bytes, fraction)
-    model: dict[str, Any] = {"nodes": len(built.graph.as_graph_def().node), "budget_bytes": budget,
+    model: dict[str, Any] = {"nodes": len(built.graph.as_graph_def().node), "fraction": fraction,
+                             "budget_bytes": budget,
                              "vanilla_roomy": run_record(vanilla, vanilla)}
     model["vanilla_roomy"]["gpu_estimate"] = gpu_step(built.graph, built)
     rows: dict[str, dict[str, Any]] = {}
@@ -96,11 +103,14 @@ def run_model(name: str, built: Any, fraction: float, steps: int, progress: Any)
             graphs[label] = opt.graph
             rows[label]["gpu_estimate"] = gpu_step(opt.graph, built)
     progress.set_postfix_str(f"{name}: testbed at {format_bytes(budget)}")
+    testbed_start = time.perf_counter()
     with Testbed(budget, step_timeout_s=120.0) as tb:
         for label, graph in graphs.items():
             rows.setdefault(label, {"passes": None}).update(run_record(run_on(tb, graph, built, steps), vanilla))
     model["rows"] = {"vanilla": rows.pop("vanilla"), **rows}
     model["load_after"] = load_average()
+    model["testbed_s"] = time.perf_counter() - testbed_start
+    model["elapsed_s"] = time.perf_counter() - start
     return model
 
 
@@ -110,8 +120,8 @@ def paper_models() -> dict[str, dict[str, Any]]:
 
     return {
         "moe_transformer": {"build": lambda: moe_transformer.build(
-            experts=8, layers=2, d_model=1024, d_ff=4096, heads=16, seq=512, batch=64, vocab=8192),
-            "config": "experts=8, layers=2, d_model=1024, d_ff=4096, heads=16, seq=512, batch=64, vocab=8192",
+            experts=16, layers=2, d_model=1024, d_ff=4096, heads=16, seq=512, batch=16, vocab=8192),
+            "config": "experts=16, layers=2, d_model=1024, d_ff=4096, heads=16, seq=512, batch=16, vocab=8192",
             "paper": "TensorFlowMem talk: 9.5 GB in TF, 6.8 GB with TensorFlowMem (12 GB TitanX)"},
     }
 
@@ -158,9 +168,13 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         f"Command: `{prov['command']}` ({prov['date']}; TF {prov['versions']['tensorflow']}; "
         f"{prov['machine']['cpus']} cores, load average {prov['load_before']} before the run, shared with other "
-        "agents' jobs, so step times are noisy).",
+        "agents' jobs, so step times are noisy). Code: commit "
+        f"{(prov['code']['commit'] or '?')[:10]}"
+        + (f", with uncommitted changes to {', '.join(prov['code']['uncommitted'])}" if prov["code"]["uncommitted"]
+           else "") + ".",
         "",
-        f"Budget per model: {result['fraction']} x vanilla's measured testbed peak, rounded down to whole MiB; every "
+        "Budget per model: the stated fraction of vanilla's measured testbed peak, rounded down to whole MiB "
+        f"({result['fraction']}: a lower one for DeepSpeech, where vanilla ran within 0.7x); every "
         "tfmem row is optimized for it and run on a testbed whose device allocator is capped at it. 'vanilla "
         "(roomy)' runs under a 1 GiB cap and is the reference for step time and outputs. Peaks: testbed allocator "
         "(measured); 'sim' = tfmem's simulator. Step: median of "
@@ -177,7 +191,8 @@ def markdown(result: dict[str, Any]) -> str:
             lines.append(f"| {name} | | | {m['error']} | | | | | | |")
             continue
         v = m["vanilla_roomy"]
-        lines.append(f"| {name} ({m['nodes']}) | {format_bytes(m['budget_bytes'])} | vanilla (roomy) "
+        lines.append(f"| {name} ({m['nodes']}) | {format_bytes(m['budget_bytes'])} ({m['fraction']}x) "
+                     "| vanilla (roomy) "
                      f"| {format_bytes(v['peak_bytes'])} | | {v['step_s'] * 1e3:.1f} ms | 1.00x | - "
                      f"| {_gpu(v.get('gpu_estimate'))} | |")
         for label, r in m["rows"].items():
@@ -191,6 +206,8 @@ def markdown(result: dict[str, Any]) -> str:
             opt_s = f"{r['optimize_s']:.0f} s" if "optimize_s" in r else ""
             lines.append(f"| | | {shown} | {fmt_run(r)} | {sim} | {step} | {_ratio(r)} | {fmt_same(r)} "
                          f"| {_gpu(r.get('gpu_estimate'))} | {opt_s} |")
+    if not result["models"]:  # --paper
+        lines = lines[:4]
     lines += _paper_lines(result.get("paper", {}))
     lines += ["", "Refusals and errors:", ""]
     for name, m in result["models"].items():
@@ -231,27 +248,32 @@ def _paper_lines(paper: dict[str, Any]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="one small graph, no paper-scale estimate (CI smoke)")
-    parser.add_argument("--fraction", type=float, default=0.7, help="budget as a fraction of vanilla's peak")
+    parser.add_argument("--fraction", type=float, default=None,
+                        help=f"budget as a fraction of vanilla's peak (default {DEFAULT_FRACTION}; {FRACTIONS})")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per testbed run")
-    parser.add_argument("--no-paper", action="store_true", help="skip the paper-scale Grappler estimates")
+    parser.add_argument("--paper", action="store_true",
+                        help="only the paper-scale Grappler estimates, written to peak_memory_paper.{json,md}")
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args(argv)
-    if not 0 < args.fraction < 1:
+    if args.fraction is not None and not 0 < args.fraction < 1:
         parser.error("--fraction must be in (0, 1)")
     start = time.perf_counter()
     result: dict[str, Any] = {
-        "provenance": provenance(argv, load_before=load_average()), "fraction": args.fraction, "steps": args.steps,
-        "testbed_budget": f"{args.fraction} x vanilla's measured peak per model (see models.*.budget_bytes)",
+        "provenance": provenance(argv, load_before=load_average(), code=code_state()), "steps": args.steps,
+        "fraction": args.fraction if args.fraction is not None else {"default": DEFAULT_FRACTION, **FRACTIONS},
+        "testbed_budget": "a fraction (models.*.fraction) of vanilla's measured peak per model, rounded down to "
+                          "whole MiB (models.*.budget_bytes)",
         "models": {}}
-    cases = table_models(args.tiny)
-    progress = tqdm(cases.items(), desc="models", unit="model")
-    for name, built in progress:
-        result["models"][name] = run_model(name, built, args.fraction, args.steps, progress)
-    if not (args.tiny or args.no_paper):
-        result["paper"] = paper_estimates(args.fraction)
+    if args.paper:
+        result["paper"] = paper_estimates(fraction_for("moe_transformer", args.fraction))
+    else:
+        cases = table_models(args.tiny)
+        progress = tqdm(cases.items(), desc="models", unit="model")
+        for name, built in progress:
+            result["models"][name] = run_model(name, built, fraction_for(name, args.fraction), args.steps, progress)
     result["elapsed_s"] = time.perf_counter() - start
     result["provenance"]["load_after"] = load_average()
-    name = "peak_memory_tiny" if args.tiny else "peak_memory"
+    name = "peak_memory_paper" if args.paper else "peak_memory_tiny" if args.tiny else "peak_memory"
     paths = write(name, result, markdown(result), Path(args.out))
     print(markdown(result))
     print("wrote", *paths)
