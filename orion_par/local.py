@@ -46,7 +46,7 @@ def run_local(compiled: CompiledBody, data: BlockData, schedule: Schedule, epoch
     the core to other processes).
     """
     workers = schedule.num_workers
-    by_epoch = [schedule.for_epoch(first_epoch + e) for e in range(epochs)]  # stratum orders, drawn here once
+    by_epoch = [schedule.for_epoch(first_epoch + e) for e in range(epochs)]  # each epoch's tasks (one order for all)
     private = _private_copies(data.params, relaxed, workers)
     base = {n: np.array(data.params[n], copy=True) for n in private}
     every = sync_every(relaxed) if private else None

@@ -180,7 +180,7 @@ def _drive(ray: Any, actors: list[Any], data: BlockData, schedule: Schedule, epo
     tokens: dict[int, Any] = {}
     busy = [0.0] * schedule.num_workers
     for epoch in range(epochs):
-        sched = schedule.for_epoch(first_epoch + epoch)  # this epoch's stratum order (the local executor's)
+        sched = schedule.for_epoch(first_epoch + epoch)  # this epoch's tasks, as the local executor runs them
         serial_of = {t: i for i, t in enumerate(sched.tasks)}
         timings: list[tuple[int, Any]] = []
         for step in range(sched.num_steps):
