@@ -13,13 +13,13 @@ is cut into ``m`` *chunks*: ``p``'s part into ``m`` space sub-parts ``a``, ``g``
 space sub-part meets one time sub-part, and over the ``m`` chunks it meets each once).  An epoch has
 ``t * m`` steps; at each, worker ``p`` runs one chunk of the block whose time part it holds in the rotation
 (``(p + k) % t`` at coarse step ``k``), in runs of ``_RUN`` consecutive chunks of one block (so a token
-changes hands every ``_RUN`` steps), and the runs in a random order.  So a key value
-meets a small random slice of the other field's values at each step, as in a random order, instead of
-all of one time part in one burst.  ``pi``, ``rho`` and the step order are drawn once from
+changes hands every ``_RUN`` steps), and the runs in a random order.  So a key value meets a small random
+slice of the other field's values at each step, as in a random order, instead of all of one time part in
+one burst.  ``pi``, ``rho`` and the step order are drawn once from
 ``np.random.default_rng(stratum_seed)`` and repeated every epoch, like the serial loop's one order
 (``stratum_seed=None``: identity permutations and steps in rotation order).  Measured on MF at lr 0.03
-(``experiments/results/mf_convergence.md``): drawing them anew each epoch behaves like reshuffling the
-data every epoch, which lowers the RMSE of early epochs and of the last one by 0.3-0.8% against a serial
+(``experiments/results/mf_convergence.orders.md``): drawing them anew each epoch behaves like reshuffling
+the data every epoch, which lowers the RMSE of epochs 2-4 and of the last one by 0.2-0.9% against a serial
 loop that keeps its order; coarse blocks (``m = 1``) let key values fit one slice of the other field for a
 whole step and lag the serial loop by about an epoch in the steep phase.  ``m`` is as large as keeps a
 chunk above ``_MIN_CHUNK`` records (at most ``_MAX_CHUNKS``), so each step still amortises its hand-over;
