@@ -207,8 +207,8 @@ def markdown(result: dict[str, Any]) -> str:
             lines.append(f"| | | {shown} | {fmt_run(r)} | {sim} | {step} | {_ratio(r)} | {fmt_same(r)} "
                          f"| {_gpu(r.get('gpu_estimate'))} | {opt_s} |")
     if not result["models"]:  # --paper
-        lines = lines[:4]
-    lines += _paper_lines(result.get("paper", {}))
+        return "\n".join(["# Peak memory at paper scale: Grappler's estimate", *lines[1:4],
+                          *_paper_lines(result.get("paper", {}))]) + "\n"
     lines += ["", "Refusals and errors:", ""]
     for name, m in result["models"].items():
         for label, r in m.get("rows", {}).items():
@@ -242,6 +242,14 @@ def _paper_lines(paper: dict[str, Any]) -> list[str]:
         lines.append(f"| {name} | {r['config']} | {r['nodes']} | {format_bytes(r['vanilla_grappler_bytes'])} "
                      f"| {format_bytes(r['budget_bytes'])} | {got} | {sim} "
                      f"| {_gpu(est.get('vanilla'))} / {_gpu(est.get('auto'))} | {r['paper']} | {r['elapsed_s']:.0f} s |")
+    lines += ["", "Budget: the stated fraction of vanilla's Grappler estimate. Grappler places every op on the virtual "
+              "GPU except those tfmem put on the host. Sizes chosen so that vanilla's estimate is near the paper's "
+              "9.5 GB; the paper's exact configuration is not published in the talk.", ""]
+    for name, r in paper.items():
+        for p, notes in (r.get("auto", {}).get("changed") or {}).items():
+            lines.append(f"- {name} auto, `{p}`: " + "; ".join(notes)[:400])
+        if "refused" in r.get("auto", {}):
+            lines.append(f"- {name} auto refused: {r['auto']['refused']}")
     return lines
 
 

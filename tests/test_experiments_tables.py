@@ -26,7 +26,7 @@ def test_peak_memory_tiny(tmp_path):
     data = json.loads((tmp_path / "peak_memory_tiny.json").read_text())
     assert PROVENANCE <= set(data["provenance"]) and "testbed_budget" in data
     (model,) = data["models"].values()
-    assert model["fraction"] == 0.7
+    assert model["fraction"] == 0.8
     budget = model["budget_bytes"]
     assert list(model["rows"]) == ["vanilla", "+partition", "+placement", "+swap", "auto"]
     assert model["vanilla_roomy"]["gpu_estimate"]["gpu"].startswith("V100")
@@ -39,7 +39,7 @@ def test_peak_memory_tiny(tmp_path):
         assert not row["oom"], row["error"]
         _check_run(row)
         assert row["peak_bytes"] <= budget and row["gpu_estimate"]["low_s"] <= row["gpu_estimate"]["high_s"]
-    assert "refused" not in model["rows"]["auto"]  # the planner fits an MLP at 0.7x
+    assert "refused" not in model["rows"]["auto"]  # the planner fits the MLP at 0.8x
     assert "| mlp-small (" in (tmp_path / "peak_memory_tiny.md").read_text()
 
 
@@ -52,13 +52,13 @@ def test_baselines_tiny(tmp_path):
     rows = model["rows"]
     assert list(rows) == [*baselines.TF_SETTINGS, baselines.TFMEM]
     assert rows["TF default (= vanilla)"]["oom"]  # the budget is below vanilla's peak
-    for label in baselines.TF_SETTINGS:  # every TF setting ran on the roomy testbed with vanilla's outputs
-        _check_run(rows[label]["roomy"])
-        if not rows[label]["oom"]:
-            _check_run(rows[label])
-    assert not rows[baselines.TFMEM]["oom"]
-    _check_run(rows[baselines.TFMEM])
-    assert rows[baselines.TFMEM]["peak_bytes"] <= model["budget_bytes"]
+    _check_run(rows["TF default (= vanilla)"]["roomy"])  # --tiny runs only vanilla roomy
+    for label in baselines.TF_SETTINGS:  # a setting either ran out of memory or fetched vanilla's values
+        assert rows[label]["oom"] or rows[label]["outputs_equal_vanilla"]
+    tfmem_row = rows[baselines.TFMEM]
+    assert tfmem_row["passes"] == "auto" and not tfmem_row["oom"]  # the planner fits the MLP at 0.8x
+    _check_run(tfmem_row)
+    assert tfmem_row["peak_bytes"] <= model["budget_bytes"]
     assert "| mlp-small (" in (tmp_path / "baselines_tiny.md").read_text()
 
 
