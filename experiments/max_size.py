@@ -367,7 +367,9 @@ def markdown(result: dict[str, Any]) -> str:
         f"Command: `{result['command']}` ({result['date']}). Builder: `{result['builder']}` with "
         f"`{result['builder_kwargs']}`. tfmem plans for {format_bytes(result['plan_budget_bytes'])} with passes "
         f"`{result['passes']}`. Peaks: testbed (measured); throughput: samples/s over {result['steps']} timed "
-        "step(s) on the testbed (CPU).",
+        "step(s) on the testbed (CPU)."
+        + (f" Run time {result['run_s'] / 60:.1f} min; 1-minute load average {result['load_average']['start'][0]:.1f} "
+           f"at the start, {result['load_average']['end'][0]:.1f} at the end (2 cores)." if "run_s" in result else ""),
         "",
         f"| | largest {label} | params | device peak | step time | samples/s | step on {NAMED_GPU} "
         "(cost model) | first failure |",
@@ -495,10 +497,12 @@ def main(argv: list[str] | None = None, default_families: list[str] | None = Non
             partial.write_text(json.dumps(provenance(argv, family=name, probes=probes, complete=False),
                                           indent=1, default=str))
 
+        started, load_start = time.perf_counter(), os.getloadavg()
         result = run_family(family, args.budget or family.budget, _passes(args.passes), args.plan_fraction,
                             args.steps or (1 if args.tiny else 2), maximum, quiet=args.tiny, modes=modes,
                             checkpoint=checkpoint)
-        result = provenance(argv, **result)
+        result = provenance(argv, **result, run_s=round(time.perf_counter() - started, 1),
+                            load_average={"start": load_start, "end": os.getloadavg()})
         json_path, md_path = write(f"max_size_{name}", result, markdown(result), Path(args.out))
         partial.unlink(missing_ok=True)
         print(markdown(result))
