@@ -49,7 +49,15 @@ reads are worth to MF here -- all workers visit users in the same order, so a ``
 by the others only in the same chunk of the next clock, and only ``H`` is read fresher within a clock.
 Two fixes in ``orion_par.ps`` (``ClientOptions.resends_last``, ``ordered_boundary``): rows not yet sent
 in the clock go before resends, and the boundary flush leaves in the policy's order in pieces of
-``FLUSH_INTERVAL_S`` of link time, each pushed to the readers as it lands.
+``FLUSH_INTERVAL_S`` of link time, each pushed to the readers as it lands.  With them (``--repeats 5``,
+2026-11-23, load 2.8 at start): at 8 MB/s every policy sends all of ``W`` early (42 MB, against 19 MB for
+``score only``), its loss per clock matches the unlimited link's, and it reaches the target 20.6-21.6%
+sooner than plain SSP (``score only`` 15.3% in the same interleaved run, 11.3% in the previous results);
+at 12 MB/s 13.4-13.9% for every policy and for ``score only`` alike (the budget does not bind); LDA at
+1 MB/s 16.5% with magnitude (``score only`` 4.5%).  Managed communication costs CPU (a sender, a flusher
+and server pushes per worker): on a loaded machine (load 6) its emulated clocks overran and the MF
+times lost most of the gain (see the git history of ``results/managed_comm.md``), so compare runs at the
+recorded load.
 
 Run: ``python -m experiments.managed_comm`` or ``--tiny``.
 """
