@@ -78,12 +78,13 @@ def code_state() -> dict[str, Any]:
 
     def git(*args: str) -> str:
         try:
-            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30).stdout.strip()
+            out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30).stdout
+            return out.rstrip("\n")  # not strip(): porcelain lines start with a status column that may be blank
         except (OSError, subprocess.SubprocessError):
             return ""
 
     changed = git("status", "--porcelain", "--", "tfmem", "passes", "models")
-    return {"commit": git("rev-parse", "HEAD") or None,
+    return {"commit": git("rev-parse", "HEAD").strip() or None,
             "uncommitted": [line[3:] for line in changed.splitlines()]}
 
 

@@ -209,6 +209,7 @@ def markdown(result: dict[str, Any]) -> str:
     if not result["models"]:  # --paper
         return "\n".join(["# Peak memory at paper scale: Grappler's estimate", *lines[1:4],
                           *_paper_lines(result.get("paper", {}))]) + "\n"
+    lines += ["", "Checks:", ""] + observations(result["models"])
     lines += ["", "Refusals and errors:", ""]
     for name, m in result["models"].items():
         for label, r in m.get("rows", {}).items():
@@ -220,6 +221,22 @@ def markdown(result: dict[str, Any]) -> str:
             for p, notes in (r.get("changed") or {}).items():
                 lines.append(f"- {name} {label}, `{p}`: " + "; ".join(notes)[:400])
     return "\n".join(lines) + "\n"
+
+
+def observations(models: dict[str, Any]) -> list[str]:
+    """Rows that break a promise: accepted by tfmem but out of memory, or fetching values other than vanilla's."""
+    ran = [(f"{n} {label}", r) for n, m in models.items() for label, r in m.get("rows", {}).items()
+           if label != "vanilla" and "refused" not in r]
+    broke = [name for name, r in ran if r.get("oom") and "testbed failure" not in str(r.get("error"))]
+    failed = [f"{name} ({str(r['error'])[:120]})" for name, r in ran if "testbed failure" in str(r.get("error"))]
+    differ = [f"{n} {label} ({r['max_relative_difference']:.1e})" for n, m in models.items()
+              for label, r in m.get("rows", {}).items() if r.get("outputs_equal_vanilla") is False]
+    fits = [n for n, m in models.items() if m.get("rows") and not m["rows"]["vanilla"].get("oom")]
+    return [f"- Accepted by tfmem but out of memory on the testbed: {', '.join(broke) or 'none'}.",
+            f"- Testbed failures (a step past its timeout or a crashed server; not counted as OOM): "
+            f"{', '.join(failed) or 'none'}.",
+            f"- Fetched values not bit-identical to vanilla's (max relative difference): {', '.join(differ) or 'none'}.",
+            f"- Vanilla ran within the budget (the budget does not test tfmem): {', '.join(fits) or 'none'}."]
 
 
 def _paper_lines(paper: dict[str, Any]) -> list[str]:
