@@ -94,18 +94,18 @@ def _worker(w: int, compiled: CompiledBody, data: BlockData, by_epoch: list[Sche
             compiled.seed(seed + w)
         params = tuple(private[n][w] if n in private else data.params[n] for n in compiled.param_names)
         for epoch, schedule in enumerate(by_epoch):
-            mine = schedule.by_worker[w]
+            runs = _runs(schedule, w, merge=every is None)
             for step in range(schedule.num_steps):
-                task = mine.get(step)
-                if task is not None:
+                run = runs.get(step)
+                if run is not None:
+                    task, count, start, stop = run
                     _wait_turn(task, epoch, schedule, state)
                     t0, c0 = time.perf_counter(), time.thread_time()
-                    start, stop = int(schedule.block_start[task.block]), int(schedule.block_stop[task.block])
                     compiled.block(data.keys, data.values, start, stop, *params)
                     clocks[0][w] += time.perf_counter() - t0
                     clocks[1][w] += time.thread_time() - c0
                     with state.cond:
-                        state.done[task.token] = state.done.get(task.token, 0) + 1
+                        state.done[task.token] = state.done.get(task.token, 0) + count
                         state.cond.notify_all()
                 if barrier is not None and every is not None and (epoch * schedule.num_steps + step + 1) % every == 0:
                     barrier.wait()
@@ -119,6 +119,30 @@ def _worker(w: int, compiled: CompiledBody, data: BlockData, by_epoch: list[Sche
             state.cond.notify_all()
         if barrier is not None:
             barrier.abort()
+
+
+def _runs(schedule: Schedule, w: int, merge: bool) -> dict[int, tuple[Task, int, int, int]]:
+    """Worker ``w``'s calls by first step: (first task, tasks in the call, record start, record stop).
+
+    With ``merge``, tasks at consecutive steps that are consecutive uses of one token over adjacent record
+    ranges (a 2D block's chunks in one run) become one call: no other task can use the token in between,
+    so the run is the same, with one wait and one hand-over instead of one per task.
+    """
+    out: dict[int, tuple[Task, int, int, int]] = {}
+    first = last = -1
+    for step in range(schedule.num_steps):
+        task = schedule.by_worker[w].get(step)
+        if task is None:
+            continue
+        start, stop = int(schedule.block_start[task.block]), int(schedule.block_stop[task.block])
+        if first >= 0:
+            head, count, s0, s1 = out[first]
+            if (merge and last == step - 1 and head.token == task.token and s1 == start
+                    and schedule.token_use[task][0] == schedule.token_use[head][0] + count):
+                out[first], last = (head, count + 1, s0, stop), step
+                continue
+        out[step], first, last = (task, 1, start, stop), step, step
+    return out
 
 
 def _wait_turn(task: Task, epoch: int, schedule: Schedule, state: _State) -> None:

@@ -382,6 +382,21 @@ def test_fine_strata_repeat_one_seeded_order_every_epoch(monkeypatch):
         (p, k * m + j, (p * t + (p + k) % t) * m + j, (p + k) % t) for k in range(t) for j in range(m) for p in range(3)]
 
 
+def test_a_blocks_consecutive_chunks_run_as_one_call(monkeypatch):
+    from orion_par.local import _runs
+
+    keys, vals, nu, ni = _mf_case()
+    monkeypatch.setattr(schedule_module, "_MIN_CHUNK", 16)  # 3 chunks per block, one run of 3 steps each
+    sgd, _, _ = _mf(keys, vals, nu, ni)
+    sched = sgd.schedule(3)
+    for w in range(3):
+        merged, single = _runs(sched, w, merge=True), _runs(sched, w, merge=False)
+        assert len(single) == 18 and len(merged) == 6 and all(c == 3 for _, c, _, _ in merged.values())
+        # the calls cover the records of the tasks they merge, in the same order
+        assert np.array_equal(np.concatenate([sched.perm[v[2]:v[3]] for _, v in sorted(merged.items())]),
+                              np.concatenate([sched.perm[v[2]:v[3]] for _, v in sorted(single.items())]))
+
+
 @pytest.mark.parametrize("stratum_seed", [0, 3, None])
 def test_runs_continue_the_epoch_sequence_and_equal_the_serial_run(stratum_seed):
     keys, vals, nu, ni = _mf_case()
