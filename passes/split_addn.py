@@ -1,22 +1,29 @@
-"""Turn large ``AddN`` ops into chains of binary adds that round exactly as the ``AddN`` kernel does.
+"""Turn every sum of three or more tensors into a chain of binary adds that rounds exactly as the session would.
 
-An ``AddN`` starts only when all of its N inputs exist, so all N stay on the device together. Gradient graphs
-are full of them: a weight used T times (an unrolled RNN's recurrent matrix, tied embeddings) gets its T
-partial gradients summed by one ``AddN`` of T inputs, and that working set (T copies of the weight) is the
-whole graph's lower bound (an unrolled DeepSpeech at 90 steps: 91 MiB of its 128 MiB budget). A chain of
-adds can consume each input as soon as the partial sum before it exists, and free it.
+Two reasons, one rewrite:
 
-Floating-point addition is not associative, so the chain must add in the kernel's exact order. Checked on
-TensorFlow 2.21 (tests/test_split_addn.py re-checks it): Grappler's arithmetic optimizer first sorts the
-``AddN``'s inputs by name (it is commutative), then the CPU kernel (``aggregate_ops``) computes, per element,
-``out = s0 + s1 + ... + s(r-1)`` left to right for the first ``r`` inputs (``r = N mod 8``, or 8 + that when
-it is 0 or 1), then for each next group of eight ``out += (g0 + g1 + ... + g7)``, the group summed left to
-right first. Binary ``AddV2`` ops arranged the same way give bit-identical results, whatever order Grappler
-then puts their two inputs in (``a + b == b + a`` exactly). The order Grappler gives is read from Grappler's
-own output for this graph, never guessed; an ``AddN`` whose runtime form cannot be matched is left alone.
+* Memory. An ``AddN`` starts only when all of its N inputs exist, so all N stay on the device together.
+  Gradient graphs are full of them: a weight used T times (an unrolled RNN's recurrent matrix, tied embeddings)
+  gets its T partial gradients summed by one ``AddN``, and that working set (T copies of the weight) is the
+  whole graph's lower bound (an unrolled DeepSpeech at 90 steps: 91 MiB of its 128 MiB budget). A chain of adds
+  consumes each input as soon as the partial sum before it exists, and frees it.
+* Same results. Floating-point addition is not associative, and Grappler decides the order of every sum from
+  the graph's structure: it sorts an ``AddN``'s inputs by name, and folds trees of adds into one ``AddN``
+  (``AddOpsRewrite``) only where no node of the tree has other consumers, control edges or a preserve mark.
+  Passes rename inputs (swap-ins) and add control edges, so the same sum would round differently after them
+  (measured: 1-ulp differences in WGAN-GP and Transformer training steps). Binary adds in the order the
+  session would have used for the user's graph are immune to both: ``a + b == b + a`` exactly, and a marked
+  chain is never folded.
 
-Only float32/float64 sums of at least ``MIN_INPUTS`` tensors of at least ``MIN_BYTES`` each are rewritten,
-outside v1 control-flow frames. The last add keeps the ``AddN``'s name, so consumers and fetches are unchanged.
+The order is read from Grappler's own rewrite of the user's graph, never guessed. Checked on TensorFlow 2.21
+(tests/test_split_addn.py re-checks it): the CPU kernel (``aggregate_ops``) computes, per element,
+``out = s0 + s1 + ... + s(r-1)`` left to right for the first ``r`` inputs (``r = N mod 8``, or 8 + that when it
+is 0 or 1), then for each next group of eight ``out += (g0 + g1 + ... + g7)``, the group summed left to right
+first. Binary ``AddV2`` ops arranged the same way give bit-identical results. A sum whose runtime form cannot
+be matched (other shapes, Grappler-made terms, v1 loops) is left as it is and reported.
+
+Only float32/float64 sums are rewritten. The last add keeps the sum's name, so consumers and fetches are
+unchanged.
 
 Requires: an annotated graph. Ensures: the same values, bit for bit; each new op carries
 ``_grappler_do_not_remove`` so Grappler does not fold the chain back into one ``AddN``.
@@ -39,18 +46,18 @@ from tfmem.ir import GraphIR, OpNode, TensorRef
 from tfmem.pipeline import PassContext, PassReport, PassResult
 from tfmem.units import format_bytes
 
-MIN_INPUTS = 4               # below this the chain frees at most one input early: not worth an op
-MIN_BYTES = 64 * 2**10       # per input; smaller sums never decide a peak
+MIN_INPUTS = 3               # a sum of two is the same in either order
 KERNEL_GROUP = 8             # aggregate_ops adds inputs eight at a time after the first group
 EXACT_DTYPES = frozenset({types_pb2.DT_FLOAT, types_pb2.DT_DOUBLE})
-# Ops that pass their input through unchanged; Grappler bypasses them, so an AddN input named after one of these
-# may reach the runtime graph under the name of the tensor it forwards.
-FORWARDING_OPS = frozenset({"Identity", "Snapshot", "StopGradient", "PreventGradient"})
+SUM_OPS = frozenset({"AddN", "Add", "AddV2"})
+# Grappler's arithmetic optimizer folds a tree of adds rooted at <scope>/<root> into one AddN named so.
+ADD_TREE_SCOPE = "ArithmeticOptimizer"
+ADD_TREE_PREFIX = "AddOpsRewrite_"
 
 
 @dataclass(frozen=True)
 class SplitAddN:
-    """Rewrite each large ``AddN`` into the kernel's own summation order as a chain of binary adds.
+    """Rewrite each sum of 3+ float tensors into the session's own summation order as a chain of binary adds.
 
     Examples
     --------
@@ -71,32 +78,25 @@ class SplitAddN:
     budget_independent: ClassVar[bool] = True
 
     def run(self, graph: GraphIR, ctx: PassContext) -> PassResult:
-        candidates = _candidates(graph)
-        if not candidates:
-            return PassResult(graph, False, PassReport.empty(self.name, "no AddN large enough to split"))
-        orders = _runtime_orders(graph, ctx, candidates)
-        replaced: dict[str, list[OpNode]] = {}
-        skipped = []
-        for node in candidates:
-            order = orders.get(node.name)
-            if order is None:
-                skipped.append(node.name)
-                continue
-            replaced[node.name] = _chain(node, order)
-        if not replaced:
+        if not any(node.op in SUM_OPS for node in graph.nodes):
+            return PassResult(graph, False, PassReport.empty(self.name, "no sums of three or more tensors"))
+        sums, skipped = runtime_sums(graph, ctx)
+        if not sums:
             return PassResult(graph, False, PassReport.empty(
-                self.name, f"{len(skipped)} AddN op(s) left whole: Grappler rewrites them beyond a known order"))
+                self.name, "no sums of three or more float tensors whose runtime order is known"
+                + (f" ({len(skipped)} left as they are: {', '.join(skipped[:3])})" if skipped else "")))
+        replaced = {root: _chain(graph[root], leaves) for root, leaves in sums.items()}
         nodes: list[OpNode] = []
         for node in graph.nodes:
             nodes.extend(replaced.get(node.name, (node,)))
         new = graph.replace_nodes(tuple(nodes))
         added = sum(len(chain) - 1 for chain in replaced.values())
-        largest = max(replaced, key=lambda n: len(graph[n].inputs) * (graph[n].outputs[0].nbytes or 0))
-        notes = [f"split {len(replaced)} AddN op(s) into chains of adds in the kernel's order; largest: {largest} "
-                 f"({len(graph[largest].inputs)} inputs of {format_bytes(graph[largest].outputs[0].nbytes or 0)})"]
+        largest = max(sums, key=lambda n: len(sums[n]) * (graph[n].outputs[0].nbytes or 0))
+        notes = [f"{len(sums)} sum(s) of 3+ tensors as chains of adds in the kernel's order; largest: {largest} "
+                 f"({len(sums[largest])} inputs of {format_bytes(graph[largest].outputs[0].nbytes or 0)})"]
         if skipped:
-            notes.append(f"left {len(skipped)} whole (runtime form not matched): {', '.join(skipped[:3])}")
-        details = {"split": {n: len(graph[n].inputs) for n in replaced}, "skipped": skipped}
+            notes.append(f"left {len(skipped)} as they are (runtime form not matched): {', '.join(skipped[:3])}")
+        details = {"split": {n: len(v) for n, v in sums.items()}, "skipped": skipped}
         return PassResult(new, True, PassReport(self.name, changed=True, nodes_added=added,
                                                 notes=tuple(notes), details=details))
 
@@ -118,64 +118,44 @@ def kernel_order_groups(n: int) -> list[range]:
     return [range(0, first)] + [range(i, min(i + KERNEL_GROUP, n)) for i in range(first, n, KERNEL_GROUP)]
 
 
-def _candidates(graph: GraphIR) -> list[OpNode]:
+def runtime_sums(graph: GraphIR, ctx: PassContext) -> tuple[dict[str, list[TensorRef]], list[str]]:
+    """Every float sum of 3+ tensors the session will run, as {node of ``graph``: its terms in kernel order}.
+
+    Read from Grappler's rewrite of ``graph``: an ``AddN`` it kept (inputs sorted by name), or one its
+    arithmetic optimizer built from a tree of adds (``ArithmeticOptimizer/AddOpsRewrite_<root>``, which
+    replaces the tree's root). Terms are named as Grappler left them (forwarding ``Identity`` ops bypassed),
+    which read the same values. Sums whose terms are not all tensors of ``graph`` of the root's shape, or
+    that sit in v1 control-flow frames, are listed as skipped.
+    """
     in_frames = find_regions(graph)
-    out = []
-    for node in graph.nodes:
-        if node.op != "AddN" or len(node.inputs) < MIN_INPUTS or node.name in in_frames:
-            continue
-        dtype = node.attrs.get("T")
-        spec = node.outputs[0] if node.outputs else None
-        if dtype is None or dtype.type not in EXACT_DTYPES or spec is None or (spec.nbytes or 0) < MIN_BYTES:
-            continue
-        if any(graph.spec(t).shape != spec.shape for t in node.inputs):
-            continue  # the kernel needs equal shapes anyway; an unknown one could hide a broadcast
-        out.append(node)
-    return out
-
-
-def _runtime_orders(graph: GraphIR, ctx: PassContext, candidates: Sequence[OpNode]) -> dict[str, list[TensorRef]]:
-    """For each candidate, its inputs in the order the session's AddN kernel receives them (after Grappler)."""
     placed = with_default_device(graph.to_graph_def(), ctx.device or DEFAULT_DEVICE)
-    runtime = {n.name: n for n in runtime_graph_def(placed, list(ctx.fetches)).node}
-    orders = {}
-    for node in candidates:
-        seen = runtime.get(node.name)
-        if seen is None or seen.op != "AddN":
+    sums, skipped = {}, []
+    for node in runtime_graph_def(placed, list(ctx.fetches)).node:
+        terms = [s for s in node.input if not s.startswith("^")]
+        if node.op != "AddN" or len(terms) < MIN_INPUTS:
             continue
-        inputs = [s for s in seen.input if not s.startswith("^")]
-        order = _match(graph, node, inputs)
-        if order is not None:
-            orders[node.name] = order
-    return orders
+        root = _root_of(node.name)
+        if root not in graph or root in in_frames or graph[root].op not in SUM_OPS:
+            continue
+        dtype, spec = graph[root].attrs.get("T"), graph[root].outputs[0] if graph[root].outputs else None
+        if dtype is None or dtype.type not in EXACT_DTYPES or spec is None or spec.shape is None:
+            continue
+        refs = [TensorRef.parse(t) for t in terms]
+        if all(r.node in graph and r.index < len(graph[r.node].outputs) and graph.spec(r).shape == spec.shape
+               for r in refs):
+            sums[root] = refs
+        else:
+            skipped.append(root)
+    return sums, skipped
 
 
-def _match(graph: GraphIR, node: OpNode, runtime_inputs: Sequence[str]) -> list[TensorRef] | None:
-    """Map the runtime AddN's inputs back to the original ones (through forwarding ops Grappler bypassed)."""
-    if len(runtime_inputs) != len(node.inputs):
-        return None
-    aliases: dict[TensorRef, list[int]] = {}
-    for i, t in enumerate(node.inputs):
-        for alias in _forwarded(graph, t):
-            aliases.setdefault(alias, []).append(i)
-    order, used = [], set()
-    for s in runtime_inputs:
-        ref = TensorRef.parse(s)
-        free = [i for i in aliases.get(ref, []) if i not in used]
-        if not free:
-            return None
-        # Two inputs that forward the same tensor hold equal values, so either assignment sums the same.
-        used.add(free[0])
-        order.append(node.inputs[free[0]])
-    return order
-
-
-def _forwarded(graph: GraphIR, t: TensorRef) -> list[TensorRef]:
-    chain = [t]
-    while graph[t.node].op in FORWARDING_OPS and graph[t.node].inputs:
-        t = graph[t.node].inputs[0]
-        chain.append(t)
-    return chain
+def _root_of(runtime_name: str) -> str:
+    """The node of the user's graph a runtime AddN computes (itself, or the root of an add tree Grappler folded)."""
+    scope, _, base = runtime_name.rpartition("/")
+    if base.startswith(ADD_TREE_PREFIX) and (scope == ADD_TREE_SCOPE or scope.endswith("/" + ADD_TREE_SCOPE)):
+        outer = scope[: -len(ADD_TREE_SCOPE)]
+        return outer + base[len(ADD_TREE_PREFIX):]
+    return runtime_name
 
 
 def _chain(node: OpNode, order: Sequence[TensorRef]) -> list[OpNode]:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import passes.split_addn as split_addn
 import tfmem
-from models import deepspeech
+from models import deepspeech, wgan_gp
 from passes.split_addn import SplitAddN, kernel_order_groups
 from tfmem.editor import DO_NOT_REMOVE
 from tfmem.grappler import runtime_graph_def
@@ -75,7 +75,7 @@ def sums(draw):
     seed = draw(st.integers(0, 2**16))
     dtype = draw(st.sampled_from([np.float32, np.float64]))
     rng = np.random.default_rng(seed)
-    shape = (128, 160)   # 80 KiB in float32: above MIN_BYTES
+    shape = (128, 160)
     values = [(rng.standard_normal(shape) * 10.0 ** rng.integers(-6, 7, shape)).astype(dtype) for _ in range(n)]
     return values, names, draw(st.integers(0, 3))
 
@@ -123,12 +123,11 @@ def test_kernel_groups(n, sizes):
     assert [i for g in groups for i in g] == list(range(n))
 
 
-def test_small_half_precision_and_looped_sums_are_left_alone():
+def test_half_precision_pairs_and_looped_sums_are_left_alone():
     g = tf.Graph()
     with g.as_default():
-        tf.math.add_n([v1.placeholder(tf.float32, (8, 8)) for _ in range(6)], name="small")
         tf.math.add_n([v1.placeholder(tf.float16, (256, 256)) for _ in range(6)], name="half")
-        tf.math.add_n([v1.placeholder(tf.float32, (256, 256)) for _ in range(3)], name="few")
+        tf.math.add_n([v1.placeholder(tf.float32, (256, 256)) for _ in range(2)], name="pair")
         v1.disable_control_flow_v2()
         try:
             loop = v1.while_loop(lambda i, a: i < 3,
@@ -137,8 +136,29 @@ def test_small_half_precision_and_looped_sums_are_left_alone():
         finally:
             v1.enable_control_flow_v2()
         tf.identity(loop[1], name="looped")
-    result = _split(g.as_graph_def(), ["small:0", "half:0", "few:0", "looped:0"])
+    result = _split(g.as_graph_def(), ["half:0", "pair:0", "looped:0"])
     assert not result.changed
+
+
+def test_moving_passes_keep_the_sums_grappler_folds_bit_identical():
+    """WGAN-GP's gradient penalty has add trees that Grappler folds into sorted AddNs; passes that add control
+    edges and host copies stopped that folding, and the step differed by 1 ulp (measured) until optimize fixed
+    every sum's order first (split_addn runs before any explicit pass list)."""
+    import sys
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    from test_swap_placement import DEVICE, HOST, THREADS, _placed, _session_run
+
+    built = wgan_gp.build(batch=256, data_dim=512, z_dim=128, hidden=1024, layers=3)  # the size that differed
+    gd = _placed(built.graph)
+    peak = tfmem.simulate(gd, built.fetches, feed_shapes=built.feed_shapes, device=DEVICE, host=HOST,
+                          inter_op_threads=THREADS).peak_bytes
+    opt = tfmem.optimize(gd, built.fetches, budget=int(peak * 0.7), feed_shapes=built.feed_shapes, device=DEVICE,
+                         host=HOST, passes=["partition", "limit_parallelism", "place_persistent"],
+                         inter_op_threads=THREADS)
+    assert opt.report.passes[0].name == "split_addn"
+    assert _equal(_session_run(gd, built.fetches, built.feeds), _session_run(opt.graph_def, built.fetches,
+                                                                             built.feeds))
 
 
 @pytest.fixture(scope="module")
