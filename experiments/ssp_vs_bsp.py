@@ -40,13 +40,14 @@ straggler's, SSP reaches it after ``K - (workers - 1) * s / workers`` straggler 
 (s=1), 1.23x (s=2), 1.6x (s=4).  On top of that BSP pays every clock the latency of the clock-boundary
 flush, which SSP's background sender hides behind compute; against this SSP pays for its staler reads,
 and the fast workers' extra clocks revisit their own shares while the straggler's share waits, so they
-are worth less than the count assumes.  Measured (``results/ssp_vs_bsp.md`` of 2026-11-23, 3 repeats):
-the staleness cost grows with the clock too, and wins.  With one pass per clock, s=1 and s=2 reach BSP's
-target only 1.08x sooner (the count: up to 1.10x and 1.23x), and s=4 and ASP do not reach it in 10 clocks
-(reads ``s`` passes old slow MF's SGD per clock more than the fast workers' extra passes help: final RMSE
-0.26 against BSP's 0.21); with a transient straggler one-pass clocks give 1.2x where mini-batch clocks give
-1.55-1.65x.  With mini-batch clocks the fixed straggler gives 1.24-1.27x (s=1..4), mostly BSP's
-unhidden flush latency (0.099 s per clock against SSP's 0.083), and ASP 1.9x.
+are worth less than the count assumes.  Measured (``results/ssp_vs_bsp.md``, 3 repeats, two runs on
+2026-11-23 at load 6.3 and 3.3): the staleness cost grows with the clock too, and wins.  With one pass
+per clock, s=1 and s=2 reach BSP's target only 1.08-1.09x sooner (the count: up to 1.10x and 1.23x), and
+s=4 and ASP do not reach it in 10 clocks (reads ``s`` passes old slow MF's SGD per clock more than the
+fast workers' extra passes help: final RMSE 0.26 against BSP's 0.21); with a transient straggler one-pass
+clocks give 1.2-1.27x (s=1) where mini-batch clocks give 1.5-1.7x.  With mini-batch clocks the fixed
+straggler gives 1.17-1.27x (s=1..4), mostly BSP's unhidden flush latency (0.093-0.099 s per clock against
+SSP's 0.082-0.083), and ASP 1.8-1.9x.
 
 The tables are copied each time the min clock rises and every ``snapshot_s`` (default ``clock_s``) of
 wall time; losses are computed afterwards from those copies, off the clock.  The target is the loss BSP
