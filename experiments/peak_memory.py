@@ -261,7 +261,10 @@ def _paper_lines(paper: dict[str, Any]) -> list[str]:
                      f"| {_gpu(est.get('vanilla'))} / {_gpu(est.get('auto'))} | {r['paper']} | {r['elapsed_s']:.0f} s |")
     lines += ["", "Budget: the stated fraction of vanilla's Grappler estimate. Grappler places every op on the virtual "
               "GPU except those tfmem put on the host. Sizes chosen so that vanilla's estimate is near the paper's "
-              "9.5 GB; the paper's exact configuration is not published in the talk.", ""]
+              "9.5 GB; the paper's exact configuration is not published in the talk. Only 2 layers: tfmem could not "
+              "load moe_transformer graphs of 3 or more layers on 2026-11-23 (MalformedGraphError: Grappler's "
+              "topological sort fails inside tfmem.simulate, at any width; plain TF runs them), so the size comes "
+              "from widths and tokens instead.", ""]
     for name, r in paper.items():
         for p, notes in (r.get("auto", {}).get("changed") or {}).items():
             lines.append(f"- {name} auto, `{p}`: " + "; ".join(notes)[:400])
