@@ -263,7 +263,7 @@ def _paper_lines(paper: dict[str, Any]) -> list[str]:
               "GPU except those tfmem put on the host. Sizes chosen so that vanilla's estimate is near the paper's "
               "9.5 GB; the paper's exact configuration is not published in the talk. Only 2 layers: tfmem could not "
               "load moe_transformer graphs of 3 or more layers on 2026-11-23 (MalformedGraphError: Grappler's "
-              "topological sort fails inside tfmem.simulate, at any width; plain TF runs them), so the size comes "
+              "topological sort fails inside tfmem.simulate, at the default and the paper widths; plain TF runs them), so the size comes "
               "from widths and tokens instead.", ""]
     for name, r in paper.items():
         for p, notes in (r.get("auto", {}).get("changed") or {}).items():
