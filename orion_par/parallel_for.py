@@ -66,12 +66,13 @@ def parallel_for(data: DistArray, *, ordered: bool = False, allow_data_parallel:
         Arrays that block every scheme go to the parameter server (merged additively every step)
         instead of raising ``NotParallelizableError``.
     stratum_seed : int or None
-        Unordered 2D plans: each epoch runs the strata (sets of blocks that share no row and no column)
-        in a random order drawn from ``(stratum_seed, epoch)``, as DSGD does; epochs are counted over the
-        loop's ``run`` calls (``ParallelFor.epochs_run``), so ``run(epochs=1)`` twice equals
-        ``run(epochs=2)``.  ``None`` keeps the fixed rotation every epoch, which converges more slowly
-        on MF (``experiments.orion_vs_dataparallel``).  One worker (one stratum) runs the serial loop in
-        data order either way.
+        Unordered 2D plans: each block is cut into chunks laid out as Latin squares, so that a row meets a
+        small random slice of the columns at each step, and the steps run in a random order; both are
+        drawn once from ``stratum_seed`` and repeated every epoch, as the serial loop repeats its one
+        order (redrawing every epoch acted like reshuffling the data every epoch and moved the RMSE curve
+        away from the serial loop's: ``experiments/results/mf_convergence.orders.md``).  ``None``: no
+        permutation, steps in rotation order.  One worker (one stratum) runs the serial loop in data order
+        either way.
 
     Examples
     --------
