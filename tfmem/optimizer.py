@@ -151,12 +151,13 @@ def optimize(
     before = PassContext(tuple(fetch_list), None, device, host, shapes, inter_op_threads=inter_op_threads,
                          grappler=faithful).simulate(ir)  # the budget does not change the unoptimized graph's peak
     pipeline = resolve_passes(passes)
-    from passes.split_addn import SplitAddN  # passes depend on tfmem: import late
+    from passes import EXACT_REWRITES  # passes depend on tfmem: import late
 
-    if pipeline and not any(p.name == SplitAddN.name for p in pipeline):
-        # Any rewrite may change how Grappler orders the graph's sums (renamed inputs, control edges block its
-        # folding of add trees): fix every sum's order first, so results stay bit-identical.
-        pipeline = [SplitAddN(), *pipeline]
+    if pipeline:
+        # Any rewrite may change how Grappler fuses kernels and orders the graph's sums (renamed inputs and
+        # control edges block its folding): pin both first, so results stay bit-identical.
+        named = {p.name for p in pipeline}
+        pipeline = [p for p in EXACT_REWRITES if p.name not in named] + pipeline
     # Exact rewrites that do not depend on the budget (split_addn) run once, first: they lower the lower bound
     # itself, so the bound is taken on their output, and every replan below starts from it.
     leading = list(takewhile(lambda p: getattr(p, "budget_independent", False), pipeline))
