@@ -19,10 +19,9 @@ from typing import ClassVar
 
 from tensorflow.core.framework import attr_value_pb2
 
-from tfmem.devices import DEFAULT_DEVICE, with_default_device
 from tfmem.editor import DO_NOT_REMOVE
 from tfmem.frames import find_regions
-from tfmem.grappler import runtime_graph_def
+from tfmem.grappler import runtime_nodes
 from tfmem.ir import GraphIR, OpNode, TensorRef
 from tfmem.pipeline import PassContext, PassReport, PassResult
 
@@ -55,9 +54,8 @@ class PinFusions:
 
     def run(self, graph: GraphIR, ctx: PassContext) -> PassResult:
         in_frames = find_regions(graph)
-        placed = with_default_device(graph.to_graph_def(), ctx.device or DEFAULT_DEVICE)
         pinned: dict[str, OpNode] = {}
-        for rt in runtime_graph_def(placed, list(ctx.fetches)).node:
+        for rt in runtime_nodes(graph, ctx.fetches, ctx.device):
             if not rt.op.startswith(FUSED_PREFIX) or rt.name not in graph or rt.name in in_frames:
                 continue
             node = graph[rt.name]

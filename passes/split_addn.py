@@ -38,10 +38,9 @@ from typing import ClassVar
 
 from tensorflow.core.framework import attr_value_pb2, types_pb2
 
-from tfmem.devices import DEFAULT_DEVICE, with_default_device
 from tfmem.editor import DO_NOT_REMOVE
 from tfmem.frames import find_regions
-from tfmem.grappler import runtime_graph_def
+from tfmem.grappler import runtime_nodes
 from tfmem.ir import GraphIR, OpNode, TensorRef
 from tfmem.pipeline import PassContext, PassReport, PassResult
 from tfmem.units import format_bytes
@@ -133,9 +132,8 @@ def runtime_sums(graph: GraphIR, ctx: PassContext) -> tuple[dict[str, list[Tenso
     that sit in v1 control-flow frames, are listed as skipped.
     """
     in_frames = find_regions(graph)
-    placed = with_default_device(graph.to_graph_def(), ctx.device or DEFAULT_DEVICE)
     sums, skipped = {}, []
-    for node in runtime_graph_def(placed, list(ctx.fetches)).node:
+    for node in runtime_nodes(graph, ctx.fetches, ctx.device):
         terms = [s for s in node.input if not s.startswith("^")]
         if node.op != "AddN" or len(terms) < MIN_INPUTS:
             continue

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from tensorflow.core.framework import graph_pb2
+from tensorflow.core.framework import graph_pb2, node_def_pb2
 from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
 from tensorflow.python.grappler import cluster as gcluster
 from tensorflow.python.grappler import tf_optimizer
 
+from tfmem.devices import DEFAULT_DEVICE, with_default_device
 from tfmem.errors import MalformedGraphError, first_line
-from tfmem.ir import TensorRef
+from tfmem.ir import GraphIR, TensorRef
 
 _CLUSTER: gcluster.Cluster | None = None
 
@@ -60,3 +61,9 @@ def runtime_graph_def(
         return tf_optimizer.OptimizeGraph(config, meta, verbose=False, cluster=_cluster())
     except Exception as e:  # Grappler reports malformed graphs as InvalidArgumentError
         raise MalformedGraphError(f"TensorFlow's optimizer rejected the graph: {first_line(e)}") from None
+
+
+def runtime_nodes(graph: GraphIR, fetches: Iterable[str], device: str | None = None) -> list[node_def_pb2.NodeDef]:
+    """The nodes a session runs for ``fetches`` of ``graph``, unplaced ops on ``device``, after Grappler."""
+    placed = with_default_device(graph.to_graph_def(), device or DEFAULT_DEVICE)
+    return list(runtime_graph_def(placed, list(fetches)).node)
