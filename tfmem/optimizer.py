@@ -158,8 +158,8 @@ def optimize(
         # control edges block its folding): pin both first, so results stay bit-identical.
         named = {p.name for p in pipeline}
         pipeline = [p for p in EXACT_REWRITES if p.name not in named] + pipeline
-    # Exact rewrites that do not depend on the budget (split_addn) run once, first: they lower the lower bound
-    # itself, so the bound is taken on their output, and every replan below starts from it.
+    # Exact rewrites that do not depend on the budget (pin_fusions, split_addn) run once, first: they can lower the
+    # lower bound itself, so the bound is taken on their output, and every replan below starts from it.
     leading = list(takewhile(lambda p: getattr(p, "budget_independent", False), pipeline))
     pipeline = pipeline[len(leading):]
     prepared = PassContext(tuple(fetch_list), target, device, host, shapes, check=check,
