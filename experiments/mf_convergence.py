@@ -25,7 +25,8 @@ A throughput phase runs single epochs many times, 1 and 2 workers interleaved wi
 >= 5M ratings/s per worker at rank 32, 2 workers >= 1.7x one worker, RMSE per epoch within 1% of serial.
 
 Run: ``python -m experiments.mf_convergence`` (full, a few minutes) or ``--tiny`` (seconds);
-``--throughput-only --repeats 31`` re-measures only the throughput (for a quiet moment on a shared machine).
+``--throughput-only --repeats 31`` re-measures only the throughput (for a quiet moment on a shared machine);
+``--study-only --orders 64`` runs only the shuffle study at the main lr, over 64 orders (mf_shuffle_study.md).
 """
 
 from __future__ import annotations
@@ -286,6 +287,7 @@ def _shuffle_study(data: Ratings, cfg: dict[str, Any], lr: float, init: float) -
                                     and np.array_equal(p.H, final_2w[1])))
         pb = Problem(c, _shuffled(data, 10_000 + s))  # set B: other orders, the serial-vs-serial yardstick
         serial_b.append(_curve(pb, f"serial lr={lr} order B{s}", pb.serial_epoch)["rmse"])
+        print(f"shuffle study lr {lr}: order {s + 1}/{c['shuffles']} done, load {_load(os.getloadavg())}", flush=True)
     ser, par, ser_b = np.array(serial), np.array(orion), np.array(serial_b)
     mean_s, mean_p, mean_b = ser.mean(axis=0), par.mean(axis=0), ser_b.mean(axis=0)
     gap_means = np.abs(mean_p - mean_s)[1:] / mean_s[1:]
@@ -379,6 +381,26 @@ def run(cfg: dict[str, Any], use_ray: bool) -> dict[str, Any]:
             "num_ratings": int(p.data.keys.shape[0]), "shuffle_study": study}
 
 
+def run_study(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Only the shuffle study at the main learning rate (``cfg["shuffles"]`` orders)."""
+    p = Problem(cfg)
+    o = _shuffle_study(p.data, cfg, cfg["lr"], cfg["init"])
+    e = o["epoch_of_max_gap_of_means"]
+    se = o["paired_diff_standard_error_per_epoch"][e - 1]
+    ss = o["gap_of_means_serial_vs_serial_other_orders_per_epoch"]
+    checks = {"orders": o["shuffles"], "max_gap_of_means": o["max_gap_of_means"], "epoch_of_max_gap_of_means": e,
+              "paired_se_at_that_epoch": se, "max_gap_of_means_in_paired_se": o["max_gap_of_means"] / max(se, 1e-12),
+              "mean_paired_diff_at_that_epoch": o["paired_diff_mean_per_epoch"][e - 1],
+              "max_gap_of_means_serial_vs_serial_other_orders": o["max_gap_of_means_serial_vs_serial_other_orders"],
+              "epoch_of_max_gap_serial_vs_serial": int(np.argmax(ss)) + 1,
+              "serial_vs_serial_se_at_that_epoch":
+                  o["serial_vs_serial_gap_of_means_standard_error_per_epoch"][int(np.argmax(ss))],
+              "rmse_within_1pct": o["max_gap_of_means"] <= 0.01,
+              "orion_par_2w_equals_serial_loop_in_its_visit_order": all(
+                  o["orion_par_2w_equals_serial_loop_in_its_visit_order"])}
+    return {"shuffle_study": [o], "checks": checks, "num_ratings": int(p.data.keys.shape[0])}
+
+
 def _throughput_checks(thr: dict[str, Any]) -> dict[str, Any]:
     return {"ratings_per_s_per_worker_1w": thr["orion_par_1w"]["ratings_per_s_per_worker"],
             "ratings_per_s_per_worker_2w": thr["orion_par_2w"]["ratings_per_s_per_worker"],
@@ -436,29 +458,9 @@ def _checks_and_throughput(res: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _markdown(res: dict[str, Any]) -> str:
-    curves = {k: v for k, v in res["curves"].items() if "rmse" in v}
-    lines = _header(res, "mf_convergence")
-    verdict = []
-    for o in res["shuffle_study"]:
-        ok = o["max_gap_of_means"] <= 0.01
-        verdict.append(f"lr {o['lr']}: **{'met' if ok else 'not met'}** (max gap of the mean curves over "
-                       f"{o['shuffles']} orders {o['max_gap_of_means']:.2%} at epoch {o.get('epoch_of_max_gap_of_means', '?')})")
-    lines.append("Issue criterion, RMSE per epoch of 2 workers within 1% of the serial loop (mean curves over random "
-                 "orders, every epoch): " + "; ".join(verdict) + ". One worker equals the serial loop bitwise.\n")
-    lines += _checks_and_throughput(res)
-    lines += ["\n## Training RMSE per epoch, one data order (cumulative seconds in brackets)\n",
-              "| epoch | " + " | ".join(curves) + " |", "| --- |" + " --- |" * len(curves)]
-    epochs = sorted({e for c in curves.values() for e in c["epoch"]})
-    for e in epochs:
-        cells = []
-        for c in curves.values():
-            cells.append(f"{c['rmse'][c['epoch'].index(e)]:.4f} ({c['time_s'][c['epoch'].index(e)]:.2f}s)"
-                         if e in c["epoch"] else "")
-        lines.append(f"| {e} | " + " | ".join(cells) + " |")
-    lines.append("\nsurprise SVD has no per-epoch hook: each of its rows is a separate fit with that many epochs.  ")
-    lines.append("The Ray curve's first epoch includes starting the actors.\n")
-    lines.append("\n## Shuffle study: serial vs orion_par 2 workers from the same random orders\n\nFor each of "
+def _shuffle_markdown(studies: list[dict[str, Any]]) -> list[str]:
+    """The shuffle study's section: how it compares, then per learning rate the per-epoch table."""
+    lines = ["\n## Shuffle study: serial vs orion_par 2 workers from the same random orders\n\nFor each of "
                  "several random orders of the ratings, the serial loop visits them in that order and orion_par "
                  "keeps it inside each chunk of its schedule, with a stratum seed of its own per order (both from "
                  "the same initial factors). `rmse_within_1pct[lr]` is the "
@@ -469,8 +471,8 @@ def _markdown(res: dict[str, Any]) -> str:
                  "start). `lag` is how many epochs later the 2w mean curve reaches the serial mean's RMSE of that "
                  "epoch. On the first two orders the serial loop was also run in orion_par 2w's own visit order "
                  "(each stratum's blocks one after another, DSGD's order): equal bitwise to 2w means the "
-                 "difference from the serial loop comes from the visit order, not from running in parallel.\n")
-    for o in res["shuffle_study"]:
+                 "difference from the serial loop comes from the visit order, not from running in parallel.\n"]
+    for o in studies:
         met = "met" if o["max_gap_of_means"] <= 0.01 else "NOT met"
         lines += [f"\n### lr {o['lr']}, init {o['init']}, {o['shuffles']} orders: 1% criterion {met}\n\n"
                   f"Max gap of the means {o['max_gap_of_means']:.4f} at epoch {o['epoch_of_max_gap_of_means']}, "
@@ -497,12 +499,46 @@ def _markdown(res: dict[str, Any]) -> str:
             lag = o["lag_epochs_2w_behind_serial_mean"][e]
             lines.append(f"| {e} | {a:.4f} | {b:.4f} | {ob:.4f} | " + " | ".join(f"{x:.4f}" for x in cells)
                          + f" | {sd[e]:.4f} | {lag:.2f} |")
+    return lines
+
+
+def _markdown(res: dict[str, Any]) -> str:
+    curves = {k: v for k, v in res["curves"].items() if "rmse" in v}
+    lines = _header(res, "mf_convergence")
+    verdict = []
+    for o in res["shuffle_study"]:
+        ok = o["max_gap_of_means"] <= 0.01
+        verdict.append(f"lr {o['lr']}: **{'met' if ok else 'not met'}** (max gap of the mean curves over "
+                       f"{o['shuffles']} orders {o['max_gap_of_means']:.2%} at epoch {o.get('epoch_of_max_gap_of_means', '?')})")
+    lines.append("Issue criterion, RMSE per epoch of 2 workers within 1% of the serial loop (mean curves over random "
+                 "orders, every epoch): " + "; ".join(verdict) + ". One worker equals the serial loop bitwise.\n")
+    lines += _checks_and_throughput(res)
+    lines += ["\n## Training RMSE per epoch, one data order (cumulative seconds in brackets)\n",
+              "| epoch | " + " | ".join(curves) + " |", "| --- |" + " --- |" * len(curves)]
+    epochs = sorted({e for c in curves.values() for e in c["epoch"]})
+    for e in epochs:
+        cells = []
+        for c in curves.values():
+            cells.append(f"{c['rmse'][c['epoch'].index(e)]:.4f} ({c['time_s'][c['epoch'].index(e)]:.2f}s)"
+                         if e in c["epoch"] else "")
+        lines.append(f"| {e} | " + " | ".join(cells) + " |")
+    lines.append("\nsurprise SVD has no per-epoch hook: each of its rows is a separate fit with that many epochs.  ")
+    lines.append("The Ray curve's first epoch includes starting the actors.\n")
+    lines += _shuffle_markdown(res["shuffle_study"])
     lines.append("\n## Plan\n\n```\n" + res["plan"] + "\n```\n")
     return "\n".join(lines)
 
 
 def _markdown_throughput(res: dict[str, Any]) -> str:
     return "\n".join(_header(res, "mf_throughput") + _checks_and_throughput(res)) + "\n"
+
+
+def _markdown_study(res: dict[str, Any]) -> str:
+    lines = _header(res, f"mf_shuffle_study (lr {res['config']['lr']}, {res['config']['shuffles']} orders)")
+    lines += ["## Checks\n", "| check | value |", "| --- | --- |"]
+    for k, v in res["checks"].items():
+        lines.append(f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |")
+    return "\n".join(lines + _shuffle_markdown(res["shuffle_study"])) + "\n"
 
 
 def _plot(res: dict[str, Any], path: Path) -> None:
@@ -548,26 +584,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-ray", action="store_true", help="skip the Ray executor")
     ap.add_argument("--throughput-only", action="store_true",
                     help="only the throughput phase, written to mf_throughput.json/.md")
+    ap.add_argument("--study-only", action="store_true",
+                    help="only the shuffle study at the main lr, written to mf_shuffle_study.json/.md")
+    ap.add_argument("--orders", type=int, default=None, help="random data orders in the shuffle study (default 16)")
     ap.add_argument("--repeats", type=int, default=None, help="throughput repeats (default: 15; --tiny: 2)")
     ap.add_argument("--out", type=Path, default=None, help="output directory (default experiments/results)")
     args = ap.parse_args(argv)
     cfg = dict(TINY if args.tiny else FULL)
     if args.repeats:
         cfg["repeats"] = args.repeats
+    if args.orders:
+        cfg["shuffles"] = args.orders
     out = args.out or (Path(tempfile.mkdtemp(prefix="mf_convergence_")) if args.tiny else
                        Path(__file__).resolve().parent / "results")
     out.mkdir(parents=True, exist_ok=True)
     machine = _machine()
-    res = run_throughput(cfg) if args.throughput_only else run(cfg, use_ray=not args.no_ray)
+    name = "mf_throughput" if args.throughput_only else "mf_shuffle_study" if args.study_only else "mf_convergence"
+    res = (run_throughput(cfg) if args.throughput_only else run_study(cfg) if args.study_only
+           else run(cfg, use_ray=not args.no_ray))
     machine["loadavg_end"] = os.getloadavg()
     res.update(command="python -m experiments.mf_convergence " + " ".join(sys.argv[1:] if argv is None else argv),
                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                versions=_versions(), machine=machine, config=cfg)
-    name = "mf_throughput" if args.throughput_only else "mf_convergence"
-    text = _markdown_throughput(res) if args.throughput_only else _markdown(res)
+    text = {"mf_throughput": _markdown_throughput, "mf_shuffle_study": _markdown_study}.get(name, _markdown)(res)
     (out / f"{name}.json").write_text(json.dumps(res, indent=1, default=float))
     (out / f"{name}.md").write_text(text)
-    if not args.throughput_only:
+    if name == "mf_convergence":
         _plot(res, out / "mf_convergence.png")
     print(text.split("## Training")[0])
     print(f"wrote {out / name}.json and .md")

@@ -5,15 +5,43 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numba
 import numpy as np
 
 from orion_par.access import Access, KeySub
 from orion_par.errors import BadBodyError, DataOrderError
 
 
+def key_range(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Smallest and largest value of each key field (None without records).
+
+    Examples
+    --------
+    >>> lo, hi = key_range(np.array([[3, 1], [0, 7]]))
+    >>> lo.tolist(), hi.tolist()
+    ([0, 1], [3, 7])
+    """
+    if keys.shape[0] == 0:
+        return None
+    return _column_range(keys.reshape(keys.shape[0], -1))
+
+
+@numba.njit(cache=True)
+def _column_range(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    # One pass over the rows (numpy's min(axis=0) on a 2-column array is ~10x slower).
+    lo, hi = keys[0].copy(), keys[0].copy()
+    for n in range(1, keys.shape[0]):
+        for j in range(keys.shape[1]):
+            lo[j] = min(lo[j], keys[n, j])
+            hi[j] = max(hi[j], keys[n, j])
+    return lo, hi
+
+
 def check_bounds(accesses: Sequence[Access], key_names: Sequence[str], keys: np.ndarray,
-                 params: Mapping[str, Any]) -> None:
+                 params: Mapping[str, Any], ranges: tuple[np.ndarray, np.ndarray] | None = None) -> None:
     """Every ``key[j] + c`` subscript stays inside its array (compiled code does not check bounds).
+
+    ``ranges``: ``key_range(keys)`` if already known (the keys of a dataset do not change between runs).
 
     Raises
     ------
@@ -22,7 +50,7 @@ def check_bounds(accesses: Sequence[Access], key_names: Sequence[str], keys: np.
     """
     if keys.shape[0] == 0:
         return
-    lo_key, hi_key = keys.min(axis=0), keys.max(axis=0)
+    lo_key, hi_key = ranges if ranges is not None else key_range(keys)  # type: ignore[misc]
     for acc in accesses:
         arr = params.get(acc.array)
         if not isinstance(arr, np.ndarray):

@@ -30,6 +30,7 @@ from typing import Any
 import numba
 import numpy as np
 
+from orion_par import sync
 from orion_par.body import BodySource
 from orion_par.errors import CompileFallbackWarning
 
@@ -49,6 +50,9 @@ class CompiledBody:
     seed: Callable[[int], None] = field(repr=False)
     compiled: bool = True
     fallback_reason: str = ""
+    # drive(keys, values, calls, first, done, spin, clock, *params): the generated ``_orion_drive``, compiled on
+    # its first call (None for the Python fallback)
+    drive: Callable[..., int] | None = field(default=None, repr=False)
 
 
 def cache_dir() -> Path:
@@ -66,7 +70,8 @@ def cache_dir() -> Path:
 
 
 def generate_source(body: BodySource, param_names: tuple[str, ...], key_ndim: int) -> str:
-    """The generated module's text: ``_orion_body``, ``_orion_block`` and ``_orion_seed``."""
+    """The generated module's text: ``_orion_body``, ``_orion_block``, ``_orion_seed`` and ``_orion_drive``
+    (a worker's calls of ``_orion_block`` with the token waits between them, all without the GIL)."""
     tree = body.tree
     first_stmt = tree.body[0].lineno
     params = ", ".join((body.key_param, body.value_param, *param_names))
@@ -82,19 +87,33 @@ def generate_source(body: BodySource, param_names: tuple[str, ...], key_ndim: in
     key = "(" + ", ".join(f"keys[_orion_r, {j}]" for j in range(key_ndim)) + ("," if key_ndim == 1 else "") + ")"
     rest = ", ".join(param_names)
     args = f"{key}, values[_orion_r]" + (f", {rest}" if rest else "")
+    tail = f", {rest}" if rest else ""
     return (
         text + "\n\n\n"
-        f"def _orion_block(keys, values, start, stop{', ' + rest if rest else ''}):\n"
+        f"def _orion_block(keys, values, start, stop{tail}):\n"
         f"    for _orion_r in range(start, stop):\n"
         f"        _orion_body({args})\n\n\n"
         "def _orion_seed(seed):\n"
-        "    _orion_np.random.seed(seed)\n"
+        "    _orion_np.random.seed(seed)\n\n\n"
+        # A worker's calls (rows: start, stop, token, uses of the token to wait for, tasks in the call), from
+        # call `first` on; returns the first call whose token did not arrive within `spin` cycles (or the end).
+        f"def _orion_drive(keys, values, calls, first, done, spin, clock{tail}):  # sync v{sync.VERSION}\n"
+        "    t0 = _orion_sync.now()\n"
+        "    c = first\n"
+        "    while c < calls.shape[0]:\n"
+        "        if not _orion_sync.wait(done, calls[c, 2], calls[c, 3], spin, clock):\n"
+        "            break\n"
+        f"        _orion_block(keys, values, calls[c, 0], calls[c, 1]{tail})\n"
+        "        _orion_sync.post(done, calls[c, 2], calls[c, 3] + calls[c, 4])\n"
+        "        c += 1\n"
+        "    clock[1] += _orion_sync.now() - t0\n"
+        "    return c\n"
     )
 
 
 def injected_globals(body: BodySource, captured: dict[str, Any], param_names: tuple[str, ...]) -> dict[str, Any]:
     """Captured names that stay globals of the generated module (modules, functions)."""
-    out: dict[str, Any] = {"_orion_np": np}
+    out: dict[str, Any] = {"_orion_np": np, "_orion_sync": sync}
     for name, value in captured.items():
         if name in param_names or value is getattr(builtins, name, object()):
             continue
@@ -138,7 +157,9 @@ def _jit_module(source: str, injected: dict[str, Any], cache: bool) -> types.Mod
         # inline="always" puts the body into the block loop at numba IR level: no call per record.
         mod.__dict__["_orion_body"] = numba.njit(nogil=True, cache=cache, inline="always",
                                                  error_model="numpy")(mod.__dict__["_orion_body"])
-        mod.__dict__["_orion_jit"] = (jit(mod.__dict__["_orion_block"]), jit(mod.__dict__["_orion_seed"]))
+        mod.__dict__["_orion_block"] = jit(mod.__dict__["_orion_block"])  # _orion_drive calls the compiled one
+        mod.__dict__["_orion_jit"] = (mod.__dict__["_orion_block"], jit(mod.__dict__["_orion_seed"]),
+                                      jit(mod.__dict__["_orion_drive"]))
         _LOADED[key] = mod
     loaded: types.ModuleType = _LOADED[key]
     return loaded
@@ -153,12 +174,18 @@ def compile_body(name: str, source: str, param_names: tuple[str, ...], injected:
     """
     reason = ""
     for cache in dict.fromkeys((_cacheable(injected), False)):  # a stale disk cache must not cost speed
-        block, seed = _jit_module(source, injected, cache).__dict__["_orion_jit"]
+        block, seed, drive = _jit_module(source, injected, cache).__dict__["_orion_jit"]
         try:
             block(*sample_args)
-            return CompiledBody(name, source, param_names, injected, block, seed)
         except Exception as e:  # noqa: BLE001 - any failure to compile means: run it as Python
             reason = reason or _reason(str(e), line_text)
+            continue
+        try:  # compile the driver now too (no calls), so that no run's timing includes it
+            keys, values, params = sample_args[0], sample_args[1], sample_args[4:]
+            drive(keys, values, np.zeros((0, 5), np.int64), 0, np.zeros(1, np.int64), 0, np.zeros(2, np.int64), *params)
+        except Exception:  # noqa: BLE001 - the executor then hands tokens over in Python (slower, same result)
+            drive = None
+        return CompiledBody(name, source, param_names, injected, block, seed, drive=drive)
     py_mod = load_module(source, injected)  # a fresh module: its _orion_body is the Python function
     warnings.warn(
         f"orion_par: numba cannot compile `{name}`: {reason}. Running the body as plain Python instead: the "

@@ -3,6 +3,12 @@
 numba's ``nogil=True`` releases the GIL inside the block, so the threads really run in parallel.  A task
 waits until the previous use of its token has finished (see ``schedule``); relaxed arrays (Buffers,
 data-parallel arrays) get one private copy per worker and are merged at a barrier every few steps.
+
+Schedules without barriers (unordered 2D, 1D, independent records) run each worker's whole list of calls
+in one compiled driver (``codegen``'s ``_orion_drive``): the token waits are acquire/release counters
+(``sync``), so a hand-over costs a cache line instead of a Python condition variable, a wake-up and the
+GIL.  A worker that waits longer than ``_SPIN_S`` sleeps in Python until its token arrives.  One worker runs
+in the calling thread.  Barrier schedules and bodies numba cannot compile keep the Python path below.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from orion_par import sync
 from orion_par.codegen import CompiledBody
 from orion_par.relaxed import merge_into, sync_every
 from orion_par.schedule import Schedule, Task
@@ -27,6 +34,10 @@ class BlockData:
     keys: np.ndarray
     values: np.ndarray
     params: dict[str, Any]
+
+
+_SPIN_S = 2e-4  # a worker spins this long for a token, then sleeps (its partner was probably descheduled)
+_NAP_S = 5e-5  # sleep between looks at the token's count while sleeping
 
 
 @dataclass
@@ -58,6 +69,8 @@ def run_local(compiled: CompiledBody, data: BlockData, schedule: Schedule, epoch
             for c in copies:
                 c[...] = data.params[name]
 
+    if compiled.drive is not None and not need_barrier:
+        return _run_driven(compiled, data, schedule, by_epoch, seed, cpu)
     barrier = threading.Barrier(workers, action=merge) if need_barrier else None
     state = _State()
     busy = [0.0] * workers
@@ -122,27 +135,8 @@ def _worker(w: int, compiled: CompiledBody, data: BlockData, by_epoch: list[Sche
 
 
 def _runs(schedule: Schedule, w: int, merge: bool) -> dict[int, tuple[Task, int, int, int]]:
-    """Worker ``w``'s calls by first step: (first task, tasks in the call, record start, record stop).
-
-    With ``merge``, tasks at consecutive steps that are consecutive uses of one token over adjacent record
-    ranges (a 2D block's chunks in one run) become one call: no other task can use the token in between,
-    so the run is the same, with one wait and one hand-over instead of one per task.
-    """
-    out: dict[int, tuple[Task, int, int, int]] = {}
-    first = last = -1
-    for step in range(schedule.num_steps):
-        task = schedule.by_worker[w].get(step)
-        if task is None:
-            continue
-        start, stop = int(schedule.block_start[task.block]), int(schedule.block_stop[task.block])
-        if first >= 0:
-            head, count, s0, s1 = out[first]
-            if (merge and last == step - 1 and head.token == task.token and s1 == start
-                    and schedule.token_use[task][0] == schedule.token_use[head][0] + count):
-                out[first], last = (head, count + 1, s0, stop), step
-                continue
-        out[step], first, last = (task, 1, start, stop), step, step
-    return out
+    """Worker ``w``'s calls by first step (``Schedule.runs``)."""
+    return schedule.runs(w, merge)
 
 
 def _wait_turn(task: Task, epoch: int, schedule: Schedule, state: _State) -> None:
@@ -152,3 +146,94 @@ def _wait_turn(task: Task, epoch: int, schedule: Schedule, state: _State) -> Non
         state.cond.wait_for(lambda: state.error is not None or state.done.get(task.token, 0) >= expected)
         if state.error is not None:
             raise threading.BrokenBarrierError  # stop quietly; the first error is re-raised by run_local
+
+
+def _run_driven(compiled: CompiledBody, data: BlockData, schedule: Schedule, by_epoch: list[Schedule],
+                seed: int | None, cpu: list[float] | None) -> list[float]:
+    """``run_local`` for schedules without barriers: each worker's calls in one compiled driver."""
+    workers = schedule.num_workers
+    calls = [_calls(by_epoch, w) for w in range(workers)]
+    done = np.zeros(max((t.token for t in schedule.tasks), default=0) + 1, np.int64)
+    params = tuple(data.params[n] for n in compiled.param_names)
+    spin = int(_SPIN_S * _cycles_per_s())
+    state = _State()
+    busy = [0.0] * workers
+    cpu_s = [0.0] * workers
+    args = (compiled, data, calls, done, spin, params, state, (busy, cpu_s), seed)
+    if workers == 1:
+        _drive_worker(0, *args)  # nothing to wait for: no thread
+    else:
+        threads = [threading.Thread(target=_drive_worker, name=f"orion_par-worker-{w}", args=(w, *args))
+                   for w in range(workers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    if state.error is not None:
+        raise state.error
+    if cpu is not None:
+        cpu[:] = cpu_s
+    return busy
+
+
+def _calls(by_epoch: list[Schedule], w: int) -> np.ndarray:
+    """Worker ``w``'s calls over the epochs, one row each: record start, stop, token, uses of the token that
+    must have finished before it, tasks in the call (``Schedule.calls``, epoch after epoch)."""
+    parts = []
+    for epoch, schedule in enumerate(by_epoch):
+        one = schedule.calls[w][:, :5].copy()
+        one[:, 3] += epoch * schedule.calls[w][:, 5]
+        parts.append(one)
+    return np.concatenate(parts) if parts else np.zeros((0, 5), np.int64)
+
+
+def _drive_worker(w: int, compiled: CompiledBody, data: BlockData, by_worker: list[np.ndarray], done: np.ndarray,
+                  spin: int, params: tuple[Any, ...], state: _State, clocks: tuple[list[float], list[float]],
+                  seed: int | None) -> None:
+    assert compiled.drive is not None
+    calls = by_worker[w]
+    clock = np.zeros(2, np.int64)  # cycles spent waiting for tokens, cycles in the driver
+    wall = cpu = 0.0
+    try:
+        if seed is not None:
+            compiled.seed(seed + w)
+        c, n = 0, calls.shape[0]
+        while c < n:
+            t0, c0 = time.perf_counter(), time.thread_time()
+            c = compiled.drive(data.keys, data.values, calls, c, done, spin, clock, *params)
+            wall += time.perf_counter() - t0
+            cpu += time.thread_time() - c0
+            if c < n:
+                _nap(done, int(calls[c, 2]), int(calls[c, 3]), state)
+    except threading.BrokenBarrierError:
+        pass  # another worker failed; its error is reported
+    except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+        with state.cond:
+            state.error = state.error or e
+    # The share of the driver's cycles spent spinning for tokens; the rest ran blocks (a thread the OS
+    # preempted is counted as preempted in both shares alike).
+    working = 1.0 - float(clock[0]) / float(clock[1]) if clock[1] > 0 else 1.0
+    clocks[0][w] = wall * working
+    clocks[1][w] = cpu * working
+
+
+def _nap(done: np.ndarray, token: int, need: int, state: _State) -> None:
+    # Sleep until the token's count arrives (the driver re-reads it with acquire ordering).
+    while done[token] < need:
+        if state.error is not None:
+            raise threading.BrokenBarrierError
+        time.sleep(_NAP_S)
+
+
+_CYCLES_PER_S: list[float] = []
+
+
+def _cycles_per_s() -> float:
+    """Rate of ``sync.cycles`` (measured once, over a millisecond)."""
+    if not _CYCLES_PER_S:
+        sync.now()
+        t0, c0 = time.perf_counter(), sync.now()
+        while time.perf_counter() - t0 < 1e-3:
+            pass
+        _CYCLES_PER_S.append(max((sync.now() - c0) / (time.perf_counter() - t0), 1e6))
+    return _CYCLES_PER_S[0]

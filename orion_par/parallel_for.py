@@ -13,7 +13,7 @@ import numpy as np
 
 from orion_par.analyzer import analyze_body
 from orion_par.body import is_missing, is_scalar_constant, load_body, resolve
-from orion_par.checks import check_bounds, check_sorted
+from orion_par.checks import check_bounds, check_sorted, key_range
 from orion_par.codegen import CompiledBody, compile_body, generate_source, injected_globals
 from orion_par.distarray import Buffer, DistArray
 from orion_par.errors import BadBodyError
@@ -119,6 +119,7 @@ class ParallelFor:
         self.epochs_run = 0
         self.body = load_body(fn)
         self._keys: np.ndarray = data.keys  # type: ignore[assignment]  # checked by parallel_for
+        self._key_range: tuple[np.ndarray, np.ndarray] | None = None  # of self._keys, found at the first run
         self._plan: tuple[tuple[Any, ...], Plan] | None = None
         self._schedules: dict[tuple[int, int | None, int | None], tuple[Schedule, BlockData]] = {}
         self._compiled: dict[tuple[Any, ...], CompiledBody] = {}
@@ -231,7 +232,9 @@ class ParallelFor:
         plan = self._current_plan(captured)
         sched, data = self._prepared(plan, workers, time_partitions)
         data.params = self._params(captured)
-        check_bounds(plan.accesses, plan.key_names, data.keys, data.params)
+        if self._key_range is None:
+            self._key_range = key_range(self._keys)
+        check_bounds(plan.accesses, plan.key_names, data.keys, data.params, self._key_range)
         compiled = self.compiled_body(data.keys, data.values, data.params)
         cpu: list[float] = []
         t0 = time.perf_counter()

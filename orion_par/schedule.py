@@ -101,6 +101,40 @@ class Schedule:
             uses.setdefault(t.token, []).append(t)
         return {t: (i, len(us)) for us in uses.values() for i, t in enumerate(us)}
 
+    def runs(self, w: int, merge: bool = True) -> dict[int, tuple[Task, int, int, int]]:
+        """Worker ``w``'s calls by first step: (first task, tasks in the call, record start, record stop).
+
+        With ``merge``, tasks at consecutive steps that are consecutive uses of one token over adjacent
+        record ranges (a 2D block's chunks in one run) become one call: no other task can use the token in
+        between, so the run is the same, with one wait and one hand-over instead of one per task.
+        """
+        out: dict[int, tuple[Task, int, int, int]] = {}
+        first = last = -1
+        for step in range(self.num_steps):
+            task = self.by_worker[w].get(step)
+            if task is None:
+                continue
+            start, stop = int(self.block_start[task.block]), int(self.block_stop[task.block])
+            if first >= 0:
+                head, count, s0, s1 = out[first]
+                if (merge and last == step - 1 and head.token == task.token and s1 == start
+                        and self.token_use[task][0] == self.token_use[head][0] + count):
+                    out[first], last = (head, count + 1, s0, stop), step
+                    continue
+            out[step], first, last = (task, 1, start, stop), step, step
+        return out
+
+    @cached_property
+    def calls(self) -> tuple[np.ndarray, ...]:
+        """Per worker, one epoch's merged calls (``runs``) as int64 rows: record start, record stop, token,
+        uses of the token before it in the epoch, tasks in the call, uses of the token per epoch."""
+        out = []
+        for w in range(self.num_workers):
+            rows = [(start, stop, task.token, *self.token_use[task][:1], count, self.token_use[task][1])
+                    for task, count, start, stop in self.runs(w).values()]
+            out.append(np.array(rows, np.int64).reshape(-1, 6))
+        return tuple(out)
+
     def block_records(self, block: int) -> np.ndarray:
         return self.perm[self.block_start[block]:self.block_stop[block]]
 

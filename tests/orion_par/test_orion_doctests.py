@@ -9,7 +9,8 @@ import pytest
 
 MODULES = [
     "orion_par", "orion_par.distarray", "orion_par.purity", "orion_par.dependence", "orion_par.scheme",
-    "orion_par.partition", "orion_par.relaxed", "orion_par.analyzer", "orion_par.parallel_for",
+    "orion_par.partition", "orion_par.relaxed", "orion_par.analyzer", "orion_par.parallel_for", "orion_par.sync",
+    "orion_par.checks",
     "models.mf", "models.lda",
 ]
 

@@ -414,3 +414,48 @@ def test_runs_continue_the_epoch_sequence_and_equal_the_serial_run(stratum_seed)
     sgd.epochs_run = 0
     sgd.run(workers=3, epochs=3)
     assert np.array_equal(W, got[0]) and np.array_equal(H, got[1])
+
+
+def _run_and_serial(sgd, W, H, workers, epochs=2):
+    W0, H0 = W.copy(), H.copy()
+    sgd.run(workers=workers, epochs=epochs)
+    got = W.copy(), H.copy()
+    W[:], H[:] = W0, H0
+    sgd.run_serial(order=sgd.schedule(workers).serial_order(epochs=epochs))
+    return got, (W.copy(), H.copy())
+
+
+@pytest.mark.parametrize("path", ["driver", "driver_sleeping", "python_handover"])
+def test_every_token_handover_path_equals_the_serial_run(monkeypatch, path):
+    from orion_par import local
+
+    keys, vals, nu, ni = _mf_case(n=3000)
+    monkeypatch.setattr(schedule_module, "_MIN_CHUNK", 16)  # many chunks: many hand-overs
+    sgd, W, H = _mf(keys, vals, nu, ni)
+    compiled = sgd.compiled_body(sgd.data.keys, np.asarray(sgd.data), sgd._params(sgd.captured()))
+    assert compiled.drive is not None
+    if path == "driver_sleeping":
+        monkeypatch.setattr(local, "_SPIN_S", 0.0)  # every wait leaves the driver and sleeps in Python
+    if path == "python_handover":
+        monkeypatch.setattr(compiled, "drive", None)  # the condition-variable path (a driver that failed to compile)
+    got, want = _run_and_serial(sgd, W, H, workers=3)
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+
+
+def test_a_failing_worker_does_not_leave_the_others_waiting(monkeypatch):
+    import threading
+
+    keys, vals, nu, ni = _mf_case(n=3000)
+    monkeypatch.setattr(schedule_module, "_MIN_CHUNK", 16)
+    sgd, W, H = _mf(keys, vals, nu, ni)
+    compiled = sgd.compiled_body(sgd.data.keys, np.asarray(sgd.data), sgd._params(sgd.captured()))
+    drive = compiled.drive
+
+    def failing(*args):
+        if threading.current_thread().name.endswith("-1"):
+            raise RuntimeError("worker 1 failed")
+        return drive(*args)
+
+    monkeypatch.setattr(compiled, "drive", failing)
+    with pytest.raises(RuntimeError, match="worker 1 failed"):
+        sgd.run(workers=2)
