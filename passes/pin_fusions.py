@@ -55,7 +55,7 @@ class PinFusions:
     def run(self, graph: GraphIR, ctx: PassContext) -> PassResult:
         in_frames = find_regions(graph)
         pinned: dict[str, OpNode] = {}
-        for rt in runtime_nodes(graph, ctx.fetches, ctx.device):
+        for rt in runtime_nodes(graph, ctx.fetches, ctx.device, ctx.session_config):
             if not rt.op.startswith(FUSED_PREFIX) or rt.name not in graph or rt.name in in_frames:
                 continue
             node = graph[rt.name]

@@ -133,7 +133,7 @@ def runtime_sums(graph: GraphIR, ctx: PassContext) -> tuple[dict[str, list[Tenso
     """
     in_frames = find_regions(graph)
     sums, skipped = {}, []
-    for node in runtime_nodes(graph, ctx.fetches, ctx.device):
+    for node in runtime_nodes(graph, ctx.fetches, ctx.device, ctx.session_config):
         terms = [s for s in node.input if not s.startswith("^")]
         if node.op != "AddN" or len(terms) < MIN_INPUTS:
             continue

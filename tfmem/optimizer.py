@@ -15,10 +15,11 @@ from tensorflow.core.framework import graph_pb2
 from tensorflow.core.protobuf import config_pb2
 
 from tfmem.bounds import largest_working_set
-from tfmem.devices import DEFAULT_DEVICE, same_device
+from tfmem.devices import DEFAULT_DEVICE, same_device, with_default_device
 from tfmem.errors import BadInputError, InfeasibleBudgetError
 from tfmem.execution import ExecutionGraph, parse_fetches
 from tfmem.gcpause import without_gc_pauses
+from tfmem.grappler import grappler_rejects
 from tfmem.ir import GraphIR
 from tfmem.loading import GraphSource, load
 from tfmem.memsim import MemoryProfile
@@ -148,8 +149,16 @@ def optimize(
     faithful = len(ir) <= GRAPPLER_SIMULATION_MAX_OPS if grappler is None else grappler
     target = planning_budget(budget_bytes) if budget_bytes is not None else None
     shapes = {k: tuple(v) for k, v in (feed_shapes or {}).items()}
-    before = PassContext(tuple(fetch_list), None, device, host, shapes, inter_op_threads=inter_op_threads,
-                         grappler=faithful).simulate(ir)  # the budget does not change the unoptimized graph's peak
+    config = session_config()
+    grappler_off = grappler_rejects(with_default_device(ir.to_graph_def(), device or DEFAULT_DEVICE), fetch_list)
+    if grappler_off:
+        # The user's session runs this graph without Grappler's rewrites; the rewritten graph must run the same
+        # way (Grappler may well accept it, and its rewrites change the arithmetic), and is planned so.
+        config.graph_options.rewrite_options.disable_meta_optimizer = True
+    notes: list[str] = []
+    base = PassContext(tuple(fetch_list), None, device, host, shapes, check=check,
+                       inter_op_threads=inter_op_threads, grappler=faithful, session_config=config)
+    before = base.simulate(ir)  # the budget does not change the unoptimized graph's peak
     pipeline = resolve_passes(passes)
     from passes import EXACT_REWRITES  # passes depend on tfmem: import late
 
@@ -162,22 +171,17 @@ def optimize(
     # lower bound itself, so the bound is taken on their output, and every replan below starts from it.
     leading = list(takewhile(lambda p: getattr(p, "budget_independent", False), pipeline))
     pipeline = pipeline[len(leading):]
-    prepared = PassContext(tuple(fetch_list), target, device, host, shapes, check=check,
-                           inter_op_threads=inter_op_threads, grappler=faithful)
-    ir, leading_reports = run_pipeline(ir, leading, prepared)
+    ir, leading_reports = run_pipeline(ir, leading, dataclasses.replace(base, device_budget_bytes=target))
     bound = 0
     if target is not None and budget_bytes is not None:
         # No rewrite goes below the lower bound, so a plan that simulates under it would be a simulator error
         # (measured: such plans crashed the testbed). Refuse before planning.
-        ctx = PassContext(tuple(fetch_list), target, device, host, shapes, check=check,
-                          inter_op_threads=inter_op_threads, grappler=faithful)
+        ctx = dataclasses.replace(base, device_budget_bytes=target)
         bound, _ = lower_bound_bytes(ir, ctx)
         if bound > target:
             raise _infeasible(ir, ctx, budget_bytes, before, unplanned=True)
-    notes: list[str] = []
     for _ in range(CAPACITY_RETRIES + 1):
-        ctx = PassContext(tuple(fetch_list), target, device, host, shapes, check=check,
-                          inter_op_threads=inter_op_threads, grappler=faithful)
+        ctx = dataclasses.replace(base, device_budget_bytes=target)
         new_ir, reports = run_pipeline(ir, pipeline, ctx)
         reports = leading_reports + reports
         new_ir = strip_tags(new_ir)
@@ -211,8 +215,12 @@ def optimize(
     else:
         target = -1  # every retry was too tight: refuse below
     report = Report(budget_bytes, before, after, reports)
+    if grappler_off:
+        report.notes.append("TensorFlow's graph optimizer (Grappler) fails on this graph, so a session runs it as "
+                            "written; run the result with Optimized.config, which turns Grappler off, for identical "
+                            "results")
     report.notes.extend(notes)
-    if not faithful:
+    if not faithful and not grappler_off:
         report.notes.append(f"simulated as written, without Grappler's rewrites ({len(ir)} ops; "
                             "pass grappler=True to simulate what the session runs, slower on large graphs)")
     if budget_bytes is not None:
@@ -224,7 +232,7 @@ def optimize(
     tf_graph = tf.Graph()
     with tf_graph.as_default():
         tf.graph_util.import_graph_def(graph_def, name="")
-    return Optimized(tf_graph, graph_def, session_config(), report, new_ir)
+    return Optimized(tf_graph, graph_def, config, report, new_ir)
 
 
 def smallest_fitting_device(ctx: PassContext, graph: GraphIR, low: int, high: int) -> int | None:

@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
+from tensorflow.core.protobuf import config_pb2
+
 from tfmem.errors import PassError, TfmemError
 from tfmem.ir import GraphIR
 from tfmem.memsim import MemoryProfile
@@ -57,6 +59,7 @@ class PassContext:
     seed: int = 0
     inter_op_threads: int | None = None   # the session's inter-op pool; None = TF's default (one per core)
     grappler: bool = True                 # simulate after Grappler's rewrites (what the session really runs)
+    session_config: config_pb2.ConfigProto | None = None  # the config the session runs with (None: TF's default)
 
     @property
     def threads(self) -> int:
@@ -70,6 +73,8 @@ class PassContext:
         sim = self.simulator or simulate
         kwargs.setdefault("inter_op_threads", self.threads)
         kwargs.setdefault("grappler", self.grappler)
+        if self.session_config is not None:
+            kwargs.setdefault("config", self.session_config)
         return sim(graph, list(self.fetches), feed_shapes=self.feed_shapes or None, device=self.device,
                    host=self.host, **kwargs)
 
