@@ -36,8 +36,8 @@ class BlockData:
     params: dict[str, Any]
 
 
-_SPIN_S = 2e-4  # a worker spins this long for a token, then sleeps (its partner was probably descheduled)
-_NAP_S = 5e-5  # sleep between looks at the token's count while sleeping
+_SPIN_S = 5e-5  # a worker spins this long for a token, then sleeps (its partner was probably descheduled)
+_NAP_S = (5e-5, 5e-4)  # sleeps between looks at the token's count: the first, doubling up to the second
 
 
 @dataclass
@@ -218,11 +218,14 @@ def _drive_worker(w: int, compiled: CompiledBody, data: BlockData, by_worker: li
 
 
 def _nap(done: np.ndarray, token: int, need: int, state: _State) -> None:
-    # Sleep until the token's count arrives (the driver re-reads it with acquire ordering).
+    # Sleep until the token's count arrives (the driver re-reads it with acquire ordering).  The core this
+    # frees can run the partner the OS preempted, which is what the wait was for.
+    nap, longest = _NAP_S
     while done[token] < need:
         if state.error is not None:
             raise threading.BrokenBarrierError
-        time.sleep(_NAP_S)
+        time.sleep(nap)
+        nap = min(2 * nap, longest)
 
 
 _CYCLES_PER_S: list[float] = []
