@@ -11,13 +11,19 @@ def test_ssp_vs_bsp_tiny(tmp_path):
     assert ssp_vs_bsp.main(["--tiny", "--out", str(tmp_path)]) == 0
     res = json.loads((tmp_path / "ssp_vs_bsp.json").read_text())
     assert set(res["results"]) == {"mf/fixed", "mf/transient", "mf, one pass per clock/fixed",
-                                   "mf, one pass per clock/transient", "lda/fixed", "lda/transient"}
+                                   "mf, one pass per clock/transient", "lda/fixed", "lda/transient",
+                                   "mf, limited link/fixed"}
     for case in res["results"].values():
         assert set(case["table"]) == {"s=0", "s=1", "s=2", "s=4", "ASP"}
         assert case["table"]["s=0"]["time_to_target_s"] is not None  # BSP defines the target, so reaches it
+        assert case["meets_bar"] == all((case["table"][s]["speedup_vs_bsp"] or 0) >= 1.3 for s in ("s=1", "s=2", "s=4"))
+    # the limited link's budget comes from the bytes a worker sends per clock, so its link use is the chosen one
+    assert abs(res["results"]["mf, limited link/fixed"]["link_use"] - ssp_vs_bsp.LINK_USE) < 1e-9
+    assert res["results"]["mf/fixed"]["link_mbps"] == ssp_vs_bsp.MF_TINY["link_mbps"]
     mf = res["results"]["mf/fixed"]["curves"]["s=0"]["loss"]
     assert mf[-1] < mf[0]
-    assert (tmp_path / "ssp_vs_bsp.md").read_text().startswith("# ssp_vs_bsp")
+    md = (tmp_path / "ssp_vs_bsp.md").read_text()
+    assert md.startswith("# ssp_vs_bsp") and "* mf, limited link/fixed: " in md  # the verdict line of every case
 
 
 def test_managed_comm_tiny(tmp_path):
