@@ -30,7 +30,7 @@ from typing import Any
 import numba
 import numpy as np
 
-from orion_par import sync
+from orion_par import prefetch, sync
 from orion_par.body import BodySource
 from orion_par.errors import CompileFallbackWarning
 
@@ -69,9 +69,13 @@ def cache_dir() -> Path:
         return fallback
 
 
-def generate_source(body: BodySource, param_names: tuple[str, ...], key_ndim: int) -> str:
+def generate_source(body: BodySource, param_names: tuple[str, ...], key_ndim: int,
+                    prefetch_rows: tuple[prefetch.Row, ...] = ()) -> str:
     """The generated module's text: ``_orion_body``, ``_orion_block``, ``_orion_seed`` and ``_orion_drive``
-    (a worker's calls of ``_orion_block`` with the token waits between them, all without the GIL)."""
+    (a worker's calls of ``_orion_block`` with the token waits between them, all without the GIL).
+
+    ``prefetch_rows`` (``prefetch.rows``): subscripts whose rows ``_orion_block`` prefetches
+    ``prefetch.DISTANCE`` records ahead."""
     tree = body.tree
     first_stmt = tree.body[0].lineno
     params = ", ".join((body.key_param, body.value_param, *param_names))
@@ -92,7 +96,10 @@ def generate_source(body: BodySource, param_names: tuple[str, ...], key_ndim: in
         text + "\n\n\n"
         f"def _orion_block(keys, values, start, stop{tail}):\n"
         f"    for _orion_r in range(start, stop):\n"
-        f"        _orion_body({args})\n\n\n"
+        + (f"        if _orion_r + {prefetch.DISTANCE} < stop:\n"
+           + prefetch.prefetch_lines(prefetch_rows, f"_orion_r + {prefetch.DISTANCE}", "            ") + "\n"
+           if prefetch_rows else "")
+        + f"        _orion_body({args})\n\n\n"
         "def _orion_seed(seed):\n"
         "    _orion_np.random.seed(seed)\n\n\n"
         # A worker's calls (rows: start, stop, token, uses of the token to wait for, tasks in the call), from
@@ -113,7 +120,7 @@ def generate_source(body: BodySource, param_names: tuple[str, ...], key_ndim: in
 
 def injected_globals(body: BodySource, captured: dict[str, Any], param_names: tuple[str, ...]) -> dict[str, Any]:
     """Captured names that stay globals of the generated module (modules, functions)."""
-    out: dict[str, Any] = {"_orion_np": np, "_orion_sync": sync}
+    out: dict[str, Any] = {"_orion_np": np, "_orion_sync": sync, "_orion_mem": prefetch}
     for name, value in captured.items():
         if name in param_names or value is getattr(builtins, name, object()):
             continue
@@ -186,7 +193,8 @@ def compile_body(name: str, source: str, param_names: tuple[str, ...], injected:
         except Exception:  # noqa: BLE001 - the executor then hands tokens over in Python (slower, same result)
             drive = None
         return CompiledBody(name, source, param_names, injected, block, seed, drive=drive)
-    py_mod = load_module(source, injected)  # a fresh module: its _orion_body is the Python function
+    # A fresh module: its _orion_body is the Python function; prefetch hints are no-ops there.
+    py_mod = load_module(source, {**injected, "_orion_mem": _NoPrefetch})
     warnings.warn(
         f"orion_par: numba cannot compile `{name}`: {reason}. Running the body as plain Python instead: the "
         "results are the same, but it is slower and holds the GIL (workers take turns). Rewrite that "
@@ -196,6 +204,16 @@ def compile_body(name: str, source: str, param_names: tuple[str, ...], injected:
     )
     return CompiledBody(name, source, param_names, injected, py_mod.__dict__["_orion_block"], py_mod.__dict__["_orion_seed"],
                         compiled=False, fallback_reason=reason)
+
+
+class _NoPrefetch:
+    """``prefetch``'s functions for the Python fallback: hints cost time in Python and do nothing."""
+
+    @staticmethod
+    def prefetch_read(arr: Any, offset: int, span: int) -> None:
+        return None
+
+    prefetch_write = prefetch_read
 
 
 def _reason(message: str, line_text: Callable[[int], str] | None) -> str:

@@ -11,6 +11,8 @@ from typing import Any
 import numba
 import numpy as np
 
+from orion_par import prefetch
+from orion_par.access import Access
 from orion_par.analyzer import analyze_body
 from orion_par.body import is_missing, is_scalar_constant, load_body, resolve
 from orion_par.checks import check_bounds, check_sorted, key_range
@@ -191,13 +193,18 @@ class ParallelFor:
                 params[name] = value
         return params
 
-    def compiled_body(self, keys: np.ndarray, values: np.ndarray, params: dict[str, Any]) -> CompiledBody:
-        """The numba-compiled block function for these argument types (or the Python fallback)."""
+    def compiled_body(self, keys: np.ndarray, values: np.ndarray, params: dict[str, Any],
+                      accesses: tuple[Access, ...] = ()) -> CompiledBody:
+        """The numba-compiled block function for these argument types (or the Python fallback).
+
+        ``accesses`` (the analyzer's): the rows they index with the key are prefetched a few records ahead.
+        """
         names = tuple(sorted(params))
         args = (keys, values, 0, 0, *(params[n] for n in names))
-        sig = tuple(numba.typeof(a) for a in args)  # type: ignore[no-untyped-call]
+        rows = prefetch.rows(accesses, params)
+        sig = (tuple(numba.typeof(a) for a in args), rows)  # type: ignore[no-untyped-call]
         if sig not in self._compiled:
-            source = generate_source(self.body, names, keys.shape[1])
+            source = generate_source(self.body, names, keys.shape[1], rows)
             injected = injected_globals(self.body, self.captured(), names)
             self._compiled[sig] = compile_body(self.body.name, source, names, injected, args, self.body.line_text)
         return self._compiled[sig]
@@ -235,7 +242,7 @@ class ParallelFor:
         if self._key_range is None:
             self._key_range = key_range(self._keys)
         check_bounds(plan.accesses, plan.key_names, data.keys, data.params, self._key_range)
-        compiled = self.compiled_body(data.keys, data.values, data.params)
+        compiled = self.compiled_body(data.keys, data.values, data.params, plan.accesses)
         cpu: list[float] = []
         t0 = time.perf_counter()
         if backend == "local" and plan.data_parallel and workers > 1:
@@ -267,7 +274,7 @@ class ParallelFor:
         params = self._params(captured)
         analysis = analyze_body(self.body, captured, keys.shape[1], np.ndim(self.data))
         check_bounds(analysis.accesses, analysis.key_names, keys, params)
-        compiled = self.compiled_body(keys, values, params)
+        compiled = self.compiled_body(keys, values, params, analysis.accesses)
         if seed is not None:
             compiled.seed(seed)
         args = tuple(params[n] for n in compiled.param_names)

@@ -432,7 +432,7 @@ def test_every_token_handover_path_equals_the_serial_run(monkeypatch, path):
     keys, vals, nu, ni = _mf_case(n=3000)
     monkeypatch.setattr(schedule_module, "_MIN_CHUNK", 16)  # many chunks: many hand-overs
     sgd, W, H = _mf(keys, vals, nu, ni)
-    compiled = sgd.compiled_body(sgd.data.keys, np.asarray(sgd.data), sgd._params(sgd.captured()))
+    compiled = sgd.compiled_body(sgd.data.keys, np.asarray(sgd.data), sgd._params(sgd.captured()), sgd.plan.accesses)
     assert compiled.drive is not None
     if path == "driver_sleeping":
         monkeypatch.setattr(local, "_SPIN_S", 0.0)  # every wait leaves the driver and sleeps in Python
@@ -448,7 +448,7 @@ def test_a_failing_worker_does_not_leave_the_others_waiting(monkeypatch):
     keys, vals, nu, ni = _mf_case(n=3000)
     monkeypatch.setattr(schedule_module, "_MIN_CHUNK", 16)
     sgd, W, H = _mf(keys, vals, nu, ni)
-    compiled = sgd.compiled_body(sgd.data.keys, np.asarray(sgd.data), sgd._params(sgd.captured()))
+    compiled = sgd.compiled_body(sgd.data.keys, np.asarray(sgd.data), sgd._params(sgd.captured()), sgd.plan.accesses)
     drive = compiled.drive
 
     def failing(*args):
@@ -459,3 +459,23 @@ def test_a_failing_worker_does_not_leave_the_others_waiting(monkeypatch):
     monkeypatch.setattr(compiled, "drive", failing)
     with pytest.raises(RuntimeError, match="worker 1 failed"):
         sgd.run(workers=2)
+
+
+def test_rows_indexed_by_the_key_are_prefetched_and_nothing_else():
+    from orion_par import prefetch
+    from orion_par.access import Access, AnySub, ConstSub, KeySub
+
+    params = {"Z": np.zeros((5, 4)), "ndk": np.zeros((5, 3)), "nk": np.zeros(3), "v": np.zeros(9)}
+    accesses = (Access("Z", (KeySub(0), KeySub(2)), True, 1, "Z[d, p]"),
+                Access("ndk", (KeySub(0), AnySub("unknown")), False, 2, "ndk[d, k]"),
+                Access("ndk", (KeySub(0), ConstSub(1)), True, 3, "ndk[d, 1]"),
+                Access("nk", (AnySub("unknown"),), True, 4, "nk[old]"),  # not tied to the key: not prefetched
+                Access("v", (KeySub(1, -1, 1),), False, 5, "v[w - 1:w + 2]"))
+    assert prefetch.rows(accesses, params) == (
+        ("Z", (("key", 0, 0), ("key", 2, 0)), True), ("ndk", (("key", 0, 0),), True),
+        ("ndk", (("key", 0, 0), ("const", 1, 0)), True), ("v", (("key", 1, -1),), False))
+    keys, vals, nu, ni = _mf_case()
+    sgd, _, _ = _mf(keys, vals, nu, ni)
+    sgd.run(workers=2, epochs=0)
+    (compiled,) = sgd._compiled.values()
+    assert "_orion_mem.prefetch_write(W, (keys[_orion_r + 8, 0] + 0) * W.strides[0], W.strides[0])" in compiled.source
