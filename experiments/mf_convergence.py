@@ -25,7 +25,8 @@ A throughput phase runs single epochs many times, 1 and 2 workers interleaved wi
 >= 5M ratings/s per worker at rank 32, 2 workers >= 1.7x one worker, RMSE per epoch within 1% of serial.
 
 Run: ``python -m experiments.mf_convergence`` (full, a few minutes) or ``--tiny`` (seconds);
-``--throughput-only --repeats 31`` re-measures only the throughput (for a quiet moment on a shared machine);
+``--throughput-only --repeats 31`` re-measures only the throughput (for a quiet moment on a shared machine;
+``--quiet-gate 30`` waits up to 30 s before each repeat for the CPUs to be 90% idle, and records what it saw);
 ``--study-only --orders 64`` runs only the shuffle study at the main lr, over 64 orders (mf_shuffle_study.md).
 """
 
@@ -164,16 +165,49 @@ def _spin_seconds(threads: int, n: int = 30_000_000) -> float:
     return time.perf_counter() - t0
 
 
-def _throughput(p: Problem, repeats: int) -> dict[str, Any]:
+def _idle_share(seconds: float) -> float | None:
+    """Share of all CPUs' time idle over the next ``seconds`` (/proc/stat; None where there is none)."""
+    def snap() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v), v[3] + v[4]  # all jiffies, idle + iowait
+
+    try:
+        a = snap()
+        time.sleep(seconds)
+        b = snap()
+    except OSError:
+        return None
+    return (b[1] - a[1]) / max(b[0] - a[0], 1)
+
+
+def _wait_for_quiet(limit_s: float, idle: float = 0.9) -> tuple[float | None, float]:
+    """Wait (up to ``limit_s``) until the CPUs are at least ``idle`` idle over half a second; returns the last
+    idle share seen and the seconds waited."""
+    t0 = time.perf_counter()
+    share = _idle_share(0.5)
+    while share is not None and share < idle and time.perf_counter() - t0 < limit_s:
+        share = _idle_share(0.5)
+    return share, time.perf_counter() - t0
+
+
+def _throughput(p: Problem, repeats: int, quiet_gate_s: float = 0.0) -> dict[str, Any]:
     """Single-epoch ratings/s of serial, orion_par 1 and 2 workers, ``repeats`` times, interleaved with a
-    compute-only 1- and 2-thread control so that all see the same load; medians and bests."""
+    compute-only 1- and 2-thread control so that all see the same load; medians and bests.
+
+    ``quiet_gate_s > 0``: before each repeat, wait up to that long for the shared machine's CPUs to be 90%
+    idle over half a second (other users' jobs come and go); every repeat is kept either way, and the idle
+    share seen before each is recorded."""
     n = p.data.keys.shape[0]
     _spin(10)
     times: dict[str, list[float]] = {"serial": [], "orion_par_1w": [], "orion_par_2w": [], "spin_1t": [], "spin_2t": []}
     cpu: dict[int, list[float]] = {1: [], 2: []}
     busy: dict[int, list[float]] = {1: [], 2: []}
     load = [os.getloadavg()[0]]
+    idle_before: list[float | None] = []
     for _ in tqdm(range(repeats), desc="throughput", leave=False):
+        if quiet_gate_s > 0:
+            idle_before.append(_wait_for_quiet(quiet_gate_s)[0])
         t0 = time.perf_counter()
         p.serial_epoch()
         times["serial"].append(time.perf_counter() - t0)
@@ -185,7 +219,9 @@ def _throughput(p: Problem, repeats: int) -> dict[str, Any]:
         times["spin_1t"].append(_spin_seconds(1))
         times["spin_2t"].append(_spin_seconds(2))
         load.append(os.getloadavg()[0])
-    res: dict[str, Any] = {"repeats": repeats, "loadavg_1min": load}
+    res: dict[str, Any] = {"repeats": repeats, "loadavg_1min": load, "quiet_gate_s": quiet_gate_s,
+                           "idle_share_before_repeat": idle_before,
+                           "spin_2thread_speedup_per_repeat": (2 * np.array(times["spin_1t"]) / np.array(times["spin_2t"])).tolist()}
     for name in ("serial", "orion_par_1w", "orion_par_2w"):
         t = np.array(times[name])
         w = 2 if name.endswith("2w") else 1
@@ -378,7 +414,7 @@ def run(cfg: dict[str, Any], use_ray: bool) -> dict[str, Any]:
     checks["rmse_per_epoch_within_1pct_of_serial[lr=both]"] = all(
         checks[f"rmse_within_1pct[lr={o['lr']}]"] for o in study)
     p.reset()
-    thr = _throughput(p, cfg["repeats"])
+    thr = _throughput(p, cfg["repeats"], cfg.get("quiet_gate_s", 0.0))
     checks.update(_throughput_checks(thr))
     return {"curves": curves, "throughput": thr, "checks": checks, "plan": str(p.sgd.plan),
             "num_ratings": int(p.data.keys.shape[0]), "shuffle_study": study}
@@ -425,7 +461,7 @@ def run_throughput(cfg: dict[str, Any]) -> dict[str, Any]:
         p.sgd.run(workers=w, epochs=0)
     p.serial_epoch()
     p.reset()
-    thr = _throughput(p, cfg["repeats"])
+    thr = _throughput(p, cfg["repeats"], cfg.get("quiet_gate_s", 0.0))
     return {"throughput": thr, "checks": _throughput_checks(thr), "num_ratings": int(p.data.keys.shape[0])}
 
 
@@ -448,8 +484,14 @@ def _checks_and_throughput(res: dict[str, Any]) -> list[str]:
     for k, v in res["checks"].items():
         lines.append(f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |")
     load = thr["loadavg_1min"]
+    gate = ""
+    idle = [x for x in thr.get("idle_share_before_repeat", []) if x is not None]
+    if thr.get("quiet_gate_s") and idle:
+        gate = (f" Before each repeat the run waited up to {thr['quiet_gate_s']:g} s for the CPUs to be 90% idle over "
+                f"0.5 s: {sum(x >= 0.9 for x in idle)} of {len(idle)} repeats started that quiet (idle share seen "
+                f"{min(idle):.2f} to {max(idle):.2f}); all repeats are kept.")
     lines += [f"\n## Throughput (one epoch; {thr['repeats']} repeats, interleaved)\n",
-              f"1-minute load average during the repeats: {min(load):.2f} to {max(load):.2f}.\n",
+              f"1-minute load average during the repeats: {min(load):.2f} to {max(load):.2f}.{gate}\n",
               "| method | ratings/s (median) | per worker (median) | ratings/s (best) | median s | best s |",
               "| --- | --- | --- | --- | --- | --- |"]
     for k, v in thr.items():
@@ -597,6 +639,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="only the shuffle study at the main lr, written to mf_shuffle_study.json/.md")
     ap.add_argument("--orders", type=int, default=None, help="random data orders in the shuffle study (default 16)")
     ap.add_argument("--repeats", type=int, default=None, help="throughput repeats (default: 15; --tiny: 2)")
+    ap.add_argument("--quiet-gate", type=float, default=0.0, metavar="S",
+                    help="before each throughput repeat, wait up to S seconds for the CPUs to be 90%% idle")
     ap.add_argument("--out", type=Path, default=None, help="output directory (default experiments/results)")
     args = ap.parse_args(argv)
     cfg = dict(TINY if args.tiny else FULL)
@@ -604,6 +648,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg["repeats"] = args.repeats
     if args.orders:
         cfg["shuffles"] = args.orders
+    if args.quiet_gate:
+        cfg["quiet_gate_s"] = args.quiet_gate
     out = args.out or (Path(tempfile.mkdtemp(prefix="mf_convergence_")) if args.tiny else
                        Path(__file__).resolve().parent / "results")
     out.mkdir(parents=True, exist_ok=True)
