@@ -2,33 +2,38 @@
 
 Each pass is a frozen dataclass with ``name`` and ``run(graph, ctx) -> PassResult`` (``tfmem.pipeline``).
 ``DEFAULT_PASSES`` is what ``passes="auto"`` runs, in order; ``PASSES`` maps every pass name to an instance.
-``auto`` runs pin_fusions, split_addn, partition, limit_parallelism and the planner; place_persistent,
-swap_activations and recompute can also run on their own, each stopping as soon as the simulated peak meets
-the budget.
+``auto`` runs pin_fusions, split_addn, serialize_scratch, partition, limit_parallelism, the planner and
+fence_transfers; place_persistent, swap_activations and recompute can also run on their own, each stopping as
+soon as the simulated peak meets the budget.
 """
 
 from __future__ import annotations
 
+from passes.fence_transfers import FenceTransfers
 from passes.limit_parallelism import LimitParallelism
 from passes.partition import Partition
 from passes.pin_fusions import PinFusions
 from passes.place_persistent import PlacePersistent
 from passes.planner import Planner
 from passes.recompute import Recompute
+from passes.serialize_scratch import SerializeScratch
 from passes.split_addn import SplitAddN
 from passes.swap_activations import SwapActivations
 from tfmem.pipeline import Pass
 
+# Run before any pass list (tfmem.optimize adds them), once, as they do not depend on the budget: rewrites change
+# how Grappler fuses kernels and orders sums, so the first two write the user's graph's runtime arithmetic into
+# the graph itself; the third keeps kernels with large scratch buffers from running side by side.
+LEADING_REWRITES: tuple[Pass, ...] = (PinFusions(), SplitAddN(), SerializeScratch())
+# Run after any pass list: the device waits for its copies to host where the plan counted their memory as freed.
+FINAL_REWRITES: tuple[Pass, ...] = (FenceTransfers(),)
 DEFAULT_PASSES: tuple[Pass, ...] = (
-    PinFusions(),         # first, exact and budget-free: the kernels Grappler fuses, fused before any rewrite
-    SplitAddN(),          # the session's summation order, as binary adds; a large AddN frees its inputs early
+    *LEADING_REWRITES,    # exact and budget-free: the session's fused kernels and summation order, scratch chained
     Partition(),          # then: a memory-aware order and its partitions
     LimitParallelism(),   # then: enforce that order with control edges, as loosely as the budget allows
     Planner(),            # then, if the budget needs it: keep, swap, recompute or host-place each candidate
+    *FINAL_REWRITES,      # last: fence the copies to host the plan made
 )
 # Each memory-moving strategy on its own, greedy and budget-driven (the planner chooses among them).
 SINGLE_STRATEGIES: tuple[Pass, ...] = (PlacePersistent(), SwapActivations(), Recompute())
 PASSES: dict[str, Pass] = {p.name: p for p in DEFAULT_PASSES + SINGLE_STRATEGIES}
-# Run before any pass list (tfmem.optimize adds them): rewrites change how Grappler fuses kernels and orders
-# sums, so these two first write the user's graph's runtime arithmetic into the graph itself.
-EXACT_REWRITES: tuple[Pass, ...] = (PinFusions(), SplitAddN())

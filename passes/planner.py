@@ -31,7 +31,7 @@ import bisect
 import heapq
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -266,19 +266,22 @@ class Planner:
         return PlanResult(tuple(options[i] for i in picked), "optimal", elapsed, cost, heuristic_cost)
 
 
-def serialize_large_ops(graph: GraphIR, ctx: PassContext, min_bytes: int = 64 * 1024) -> GraphIR:
+def serialize_large_ops(graph: GraphIR, ctx: PassContext, min_bytes: int = 64 * 1024,
+                        measure: Callable[[GraphIR, str], int] | None = None) -> GraphIR:
     """Chain the device ops that allocate ``min_bytes`` or more (outputs and scratch) in their one-thread order.
 
     Each waits for the previous one (a control edge, skipped where a data edge already orders them), so
     their working sets no longer add up when the executor has threads to spare. The order is the one-thread
-    schedule, which is topological, so the edges cannot close a cycle.
+    schedule, which is topological, so the edges cannot close a cycle. ``measure`` says what an op allocates
+    (default ``allocated_bytes``).
     """
+    measure = measure or allocated_bytes
     profile = ctx.simulate(graph, inter_op_threads=1)
     timeline = StepTimeline.build(graph, ctx.fetches, profile, ctx.feed_shapes)
     placement = Placement(ctx.device, ctx.host)
     big = [u for u in timeline.order if not timeline.eg.is_region(u)
            and placement.domain(graph[u].device) == "device"
-           and _allocated_bytes(graph, u) >= min_bytes
+           and measure(graph, u) >= min_bytes
            and graph[u].op not in UNCHAINED_OPS]
     editor = GraphEditor(graph)
     for previous, current in zip(big, big[1:], strict=False):
@@ -287,7 +290,7 @@ def serialize_large_ops(graph: GraphIR, ctx: PassContext, min_bytes: int = 64 * 
     return editor.finish()
 
 
-def _allocated_bytes(graph: GraphIR, name: str) -> int:
+def allocated_bytes(graph: GraphIR, name: str) -> int:
     """What an op allocates while it runs: its outputs and its kernel's scratch buffers.
 
     Scratch counts: a convolution's filter gradient returns a few KiB but may hold tens of MiB while it runs
@@ -295,7 +298,12 @@ def _allocated_bytes(graph: GraphIR, name: str) -> int:
     peak of a conv net that swapping could not fix.
     """
     node = graph[name]
-    return sum(o.nbytes or 0 for o in node.outputs) + sum(temp_bytes(node, graph))
+    return sum(o.nbytes or 0 for o in node.outputs) + scratch_bytes(graph, name)
+
+
+def scratch_bytes(graph: GraphIR, name: str) -> int:
+    """What an op's kernel allocates for itself while it runs (``tfmem.opmemory``)."""
+    return sum(temp_bytes(graph[name], graph))
 
 
 def apply_options(graph: GraphIR, chosen: Sequence[Option], timeline: StepTimeline, host: str | None,

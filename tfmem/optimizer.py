@@ -160,15 +160,17 @@ def optimize(
                        inter_op_threads=inter_op_threads, grappler=faithful, session_config=config)
     before = base.simulate(ir)  # the budget does not change the unoptimized graph's peak
     pipeline = resolve_passes(passes)
-    from passes import EXACT_REWRITES  # passes depend on tfmem: import late
+    from passes import FINAL_REWRITES, LEADING_REWRITES  # passes depend on tfmem: import late
 
     if pipeline:
         # Any rewrite may change how Grappler fuses kernels and orders the graph's sums (renamed inputs and
-        # control edges block its folding): pin both first, so results stay bit-identical.
+        # control edges block its folding): pin both first, so results stay bit-identical. Large-scratch kernels
+        # are chained first too, and copies to host fenced last, so the session cannot exceed the simulated peak.
         named = {p.name for p in pipeline}
-        pipeline = [p for p in EXACT_REWRITES if p.name not in named] + pipeline
-    # Exact rewrites that do not depend on the budget (pin_fusions, split_addn) run once, first: they can lower the
-    # lower bound itself, so the bound is taken on their output, and every replan below starts from it.
+        pipeline = ([p for p in LEADING_REWRITES if p.name not in named] + pipeline
+                    + [p for p in FINAL_REWRITES if p.name not in named])
+    # Rewrites that do not depend on the budget (pin_fusions, split_addn, serialize_scratch) run once, first: they
+    # can lower the lower bound itself, so the bound is taken on their output, and every replan starts from it.
     leading = list(takewhile(lambda p: getattr(p, "budget_independent", False), pipeline))
     pipeline = pipeline[len(leading):]
     ir, leading_reports = run_pipeline(ir, leading, dataclasses.replace(base, device_budget_bytes=target))
@@ -195,18 +197,26 @@ def optimize(
         # even on graphs large enough to plan as written (measured: deep ResNets of 13,000+ ops whose as-written
         # replay fit 90 MiB ran out of memory under 96 MiB; the faithful replay alone does not fix that, see
         # README's guarantee break).
+        # Replayed on the device itself, the allocator's peak (whole chunks handed out near the cap included) must
+        # leave the safety margin free too: a ResNet-56 plan that fit the smaller device but peaked at 94.0 of 96
+        # MiB in this replay measured 94.0-95.0 MiB and ran out of memory in 1 run of 10.
         room = budget_bytes - int(budget_bytes * CAPACITY_SLACK) - SAFETY_MARGIN_MIN_BYTES
         runtime = dataclasses.replace(ctx, grappler=True)
         capped = runtime.simulate(new_ir, device_memory=max(room, 1))
-        if capped.allocation_failures == 0:
+        on_device = runtime.simulate(new_ir, device_memory=budget_bytes) if capped.allocation_failures == 0 else None
+        over = 0 if on_device is None else on_device.peak_bytes - (budget_bytes - SAFETY_MARGIN_MIN_BYTES)
+        if on_device is not None and on_device.allocation_failures == 0 and over <= 0:
             break
         # How much the layout adds on top of this plan's total predicts how much less the next plan must need
         # (a deep conv net needed 24 MiB less; stepping 5% at a time cost five replans).
-        needed = smallest_fitting_device(runtime, new_ir, room, room + budget_bytes // 2)
-        step = budget_bytes // 20 if needed is None else max(budget_bytes // 20, needed - room)
+        needed = None if on_device is not None else smallest_fitting_device(runtime, new_ir, room,
+                                                                              room + budget_bytes // 2)
+        step = max(budget_bytes // 20, over, 0 if needed is None else needed - room)
         notes.append(f"a plan for {format_bytes(target)} (peak {format_bytes(after.peak_bytes)}) does not fit the "
                      f"device allocator's chunks with {format_bytes(budget_bytes - room)} to spare"
                      + ("" if needed is None else f" (its layout needs a {format_bytes(needed)} device)")
+                     + ("" if on_device is None else f" (on the device its allocator peaks at "
+                                                     f"{format_bytes(on_device.peak_bytes)})")
                      + f"; planned again for {format_bytes(max(target - step, bound))}")
         if target <= bound:  # no plan can go lower
             target = -1
