@@ -197,26 +197,18 @@ def optimize(
         # even on graphs large enough to plan as written (measured: deep ResNets of 13,000+ ops whose as-written
         # replay fit 90 MiB ran out of memory under 96 MiB; the faithful replay alone does not fix that, see
         # README's guarantee break).
-        # Replayed on the device itself, the allocator's peak (whole chunks handed out near the cap included) must
-        # leave the safety margin free too: a ResNet-56 plan that fit the smaller device but peaked at 94.0 of 96
-        # MiB in this replay measured 94.0-95.0 MiB and ran out of memory in 1 run of 10.
         room = budget_bytes - int(budget_bytes * CAPACITY_SLACK) - SAFETY_MARGIN_MIN_BYTES
         runtime = dataclasses.replace(ctx, grappler=True)
         capped = runtime.simulate(new_ir, device_memory=max(room, 1))
-        on_device = runtime.simulate(new_ir, device_memory=budget_bytes) if capped.allocation_failures == 0 else None
-        over = 0 if on_device is None else on_device.peak_bytes - (budget_bytes - SAFETY_MARGIN_MIN_BYTES)
-        if on_device is not None and on_device.allocation_failures == 0 and over <= 0:
+        if capped.allocation_failures == 0:
             break
         # How much the layout adds on top of this plan's total predicts how much less the next plan must need
         # (a deep conv net needed 24 MiB less; stepping 5% at a time cost five replans).
-        needed = None if on_device is not None else smallest_fitting_device(runtime, new_ir, room,
-                                                                              room + budget_bytes // 2)
-        step = max(budget_bytes // 20, over, 0 if needed is None else needed - room)
+        needed = smallest_fitting_device(runtime, new_ir, room, room + budget_bytes // 2)
+        step = budget_bytes // 20 if needed is None else max(budget_bytes // 20, needed - room)
         notes.append(f"a plan for {format_bytes(target)} (peak {format_bytes(after.peak_bytes)}) does not fit the "
                      f"device allocator's chunks with {format_bytes(budget_bytes - room)} to spare"
                      + ("" if needed is None else f" (its layout needs a {format_bytes(needed)} device)")
-                     + ("" if on_device is None else f" (on the device its allocator peaks at "
-                                                     f"{format_bytes(on_device.peak_bytes)})")
                      + f"; planned again for {format_bytes(max(target - step, bound))}")
         if target <= bound:  # no plan can go lower
             target = -1
