@@ -26,7 +26,8 @@ A throughput phase runs single epochs many times, 1 and 2 workers interleaved wi
 
 Run: ``python -m experiments.mf_convergence`` (full, a few minutes) or ``--tiny`` (seconds);
 ``--throughput-only --repeats 31`` re-measures only the throughput (for a quiet moment on a shared machine;
-``--quiet-gate 30`` waits up to 30 s before each repeat for the CPUs to be 90% idle, and records what it saw);
+``--quiet-gate 30`` waits up to 30 s before each repeat for the CPUs to be 90% idle, and records what it saw;
+``--warm`` times each method's second of two back-to-back epochs, and reports the first ones too);
 ``--study-only --orders 64`` runs only the shuffle study at the main lr, over 64 orders (mf_shuffle_study.md).
 """
 
@@ -191,13 +192,14 @@ def _wait_for_quiet(limit_s: float, idle: float = 0.9) -> tuple[float | None, fl
     return share, time.perf_counter() - t0
 
 
-def _throughput(p: Problem, repeats: int, quiet_gate_s: float = 0.0) -> dict[str, Any]:
+def _throughput(p: Problem, repeats: int, quiet_gate_s: float = 0.0, warm: bool = False) -> dict[str, Any]:
     """Single-epoch ratings/s of serial, orion_par 1 and 2 workers, ``repeats`` times, interleaved with a
     compute-only 1- and 2-thread control so that all see the same load; medians and bests.
 
     ``quiet_gate_s > 0``: before each repeat, wait up to that long for the shared machine's CPUs to be 90%
     idle over half a second (other users' jobs come and go); every repeat is kept either way, and the idle
-    share seen before each is recorded."""
+    share seen before each is recorded.  ``warm``: each timed epoch directly follows an untimed one of the same
+    method (both cores awake and busy, as in training); those first epochs' times are kept as ``cold``."""
     n = p.data.keys.shape[0]
     _spin(10)
     times: dict[str, list[float]] = {"serial": [], "orion_par_1w": [], "orion_par_2w": [], "spin_1t": [], "spin_2t": []}
@@ -205,13 +207,20 @@ def _throughput(p: Problem, repeats: int, quiet_gate_s: float = 0.0) -> dict[str
     busy: dict[int, list[float]] = {1: [], 2: []}
     load = [os.getloadavg()[0]]
     idle_before: list[float | None] = []
+    cold: dict[str, list[float]] = {"serial": [], "orion_par_1w": [], "orion_par_2w": []}
     for _ in tqdm(range(repeats), desc="throughput", leave=False):
         if quiet_gate_s > 0:
             idle_before.append(_wait_for_quiet(quiet_gate_s)[0])
+        if warm:
+            t0 = time.perf_counter()
+            p.serial_epoch()
+            cold["serial"].append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         p.serial_epoch()
         times["serial"].append(time.perf_counter() - t0)
         for w in (1, 2):
+            if warm:
+                cold[f"orion_par_{w}w"].append(p.sgd.run(workers=w).elapsed_s)
             st = p.sgd.run(workers=w)
             times[f"orion_par_{w}w"].append(st.elapsed_s)
             cpu[w].append(sum(st.cpu_s))
@@ -219,7 +228,7 @@ def _throughput(p: Problem, repeats: int, quiet_gate_s: float = 0.0) -> dict[str
         times["spin_1t"].append(_spin_seconds(1))
         times["spin_2t"].append(_spin_seconds(2))
         load.append(os.getloadavg()[0])
-    res: dict[str, Any] = {"repeats": repeats, "loadavg_1min": load, "quiet_gate_s": quiet_gate_s,
+    res: dict[str, Any] = {"repeats": repeats, "loadavg_1min": load, "quiet_gate_s": quiet_gate_s, "warm": warm,
                            "idle_share_before_repeat": idle_before,
                            "spin_2thread_speedup_per_repeat": (2 * np.array(times["spin_1t"]) / np.array(times["spin_2t"])).tolist()}
     for name in ("serial", "orion_par_1w", "orion_par_2w"):
@@ -231,6 +240,13 @@ def _throughput(p: Problem, repeats: int, quiet_gate_s: float = 0.0) -> dict[str
         if w in cpu and name != "serial":
             res[name]["cpu_s_median"] = float(np.median(cpu[w]))
             res[name]["busy_s_median"] = float(np.median(busy[w]))
+    if warm:
+        c1, c2, cs = (np.array(cold[k]) for k in ("orion_par_1w", "orion_par_2w", "serial"))
+        res["cold"] = {"times_s": cold, "median_s": {k: float(np.median(v)) for k, v in cold.items()},
+                       "speedup_2w_over_1w_median": float(np.median(c1) / np.median(c2)),
+                       "speedup_2w_over_1w_paired_median": float(np.median(c1 / c2)),
+                       "speedup_1w_over_serial_paired_median": float(np.median(cs / c1)),
+                       "speedup_2w_over_serial_paired_median": float(np.median(cs / c2))}
     one, two = np.array(times["orion_par_1w"]), np.array(times["orion_par_2w"])
     res["speedup_2w_over_1w_median"] = float(np.median(one) / np.median(two))
     res["speedup_2w_over_1w_paired_median"] = float(np.median(one / two))  # each repeat's own ratio
@@ -414,7 +430,7 @@ def run(cfg: dict[str, Any], use_ray: bool) -> dict[str, Any]:
     checks["rmse_per_epoch_within_1pct_of_serial[lr=both]"] = all(
         checks[f"rmse_within_1pct[lr={o['lr']}]"] for o in study)
     p.reset()
-    thr = _throughput(p, cfg["repeats"], cfg.get("quiet_gate_s", 0.0))
+    thr = _throughput(p, cfg["repeats"], cfg.get("quiet_gate_s", 0.0), cfg.get("warm", False))
     checks.update(_throughput_checks(thr))
     return {"curves": curves, "throughput": thr, "checks": checks, "plan": str(p.sgd.plan),
             "num_ratings": int(p.data.keys.shape[0]), "shuffle_study": study}
@@ -461,7 +477,7 @@ def run_throughput(cfg: dict[str, Any]) -> dict[str, Any]:
         p.sgd.run(workers=w, epochs=0)
     p.serial_epoch()
     p.reset()
-    thr = _throughput(p, cfg["repeats"], cfg.get("quiet_gate_s", 0.0))
+    thr = _throughput(p, cfg["repeats"], cfg.get("quiet_gate_s", 0.0), cfg.get("warm", False))
     return {"throughput": thr, "checks": _throughput_checks(thr), "num_ratings": int(p.data.keys.shape[0])}
 
 
@@ -490,6 +506,9 @@ def _checks_and_throughput(res: dict[str, Any]) -> list[str]:
         gate = (f" Before each repeat the run waited up to {thr['quiet_gate_s']:g} s for the CPUs to be 90% idle over "
                 f"0.5 s: {sum(x >= 0.9 for x in idle)} of {len(idle)} repeats started that quiet (idle share seen "
                 f"{min(idle):.2f} to {max(idle):.2f}); all repeats are kept.")
+    if thr.get("warm"):
+        gate += (" Each timed epoch directly follows an untimed epoch of the same method (`--warm`: both cores "
+                 "awake and at speed, as in training).")
     lines += [f"\n## Throughput (one epoch; {thr['repeats']} repeats, interleaved)\n",
               f"1-minute load average during the repeats: {min(load):.2f} to {max(load):.2f}.{gate}\n",
               "| method | ratings/s (median) | per worker (median) | ratings/s (best) | median s | best s |",
@@ -506,6 +525,14 @@ def _checks_and_throughput(res: dict[str, Any]) -> list[str]:
                  f"{thr['speedup_1w_over_serial_paired_median']:.3f}x paired" if "speedup_1w_over_serial_paired_median" in thr
                  else "") + ". The compute-only control (same numba kernel on 1 and 2 "
               f"threads) gave {thr['machine_2thread_speedup_median']:.3f}x: the parallelism the machine offered."]
+    if "cold" in thr:
+        c = thr["cold"]
+        lines += ["", "The untimed first epochs (each method's first epoch after the others ran, so the second core "
+                  f"had been idle): medians serial {c['median_s']['serial']:.4f} s, 1w {c['median_s']['orion_par_1w']:.4f} s, "
+                  f"2w {c['median_s']['orion_par_2w']:.4f} s; 2w / 1w {c['speedup_2w_over_1w_median']:.3f}x from the "
+                  f"medians, {c['speedup_2w_over_1w_paired_median']:.3f}x paired; 1w / serial "
+                  f"{c['speedup_1w_over_serial_paired_median']:.3f}x, 2w / serial {c['speedup_2w_over_serial_paired_median']:.3f}x "
+                  "paired."]
     return lines
 
 
@@ -641,6 +668,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=None, help="throughput repeats (default: 15; --tiny: 2)")
     ap.add_argument("--quiet-gate", type=float, default=0.0, metavar="S",
                     help="before each throughput repeat, wait up to S seconds for the CPUs to be 90%% idle")
+    ap.add_argument("--warm", action="store_true",
+                    help="time each method's epoch right after an untimed one (the untimed ones are reported too)")
     ap.add_argument("--out", type=Path, default=None, help="output directory (default experiments/results)")
     args = ap.parse_args(argv)
     cfg = dict(TINY if args.tiny else FULL)
@@ -650,6 +679,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg["shuffles"] = args.orders
     if args.quiet_gate:
         cfg["quiet_gate_s"] = args.quiet_gate
+    if args.warm:
+        cfg["warm"] = True
     out = args.out or (Path(tempfile.mkdtemp(prefix="mf_convergence_")) if args.tiny else
                        Path(__file__).resolve().parent / "results")
     out.mkdir(parents=True, exist_ok=True)
