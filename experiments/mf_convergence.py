@@ -20,8 +20,10 @@ curve over as many other orders (a gap of means against a gap of means).  On two
 also runs in orion_par 2w's own visit order (``schedule(2).serial_order``), which must equal 2w bitwise:
 then any difference from the serial loop comes from DSGD's visit order, not from running in parallel.
 
-A throughput phase runs single epochs many times, 1 and 2 workers interleaved with a compute-only
-1- and 2-thread control, and reports medians (and bests) with the load average.  Targets from the issue:
+A throughput phase runs single epochs many times, 1 and 2 workers interleaved with two controls of what
+the machine offers two threads right then: a compute-only kernel on 1 and 2 threads, and the hand-compiled
+serial loop on two independent halves of the ratings (nothing shared) on 1 and 2 threads; it reports medians,
+paired ratios (and bests) with the load average.  Targets from the issue:
 >= 5M ratings/s per worker at rank 32, 2 workers >= 1.7x one worker, RMSE per epoch within 1% of serial.
 
 Run: ``python -m experiments.mf_convergence`` (full, a few minutes) or ``--tiny`` (seconds);
@@ -192,6 +194,39 @@ def _wait_for_quiet(limit_s: float, idle: float = 0.9) -> tuple[float | None, fl
     return share, time.perf_counter() - t0
 
 
+class _Halves:
+    """A control without orion_par: the hand-compiled serial loop on each half of the ratings (users split in two
+    as the 2D plan splits them), each half with its own copies of W and H, so that nothing is shared; run one
+    half after the other on one thread, or both at once on two.  Their ratio is what two threads of this
+    memory-bound kernel get from the machine (the compute-only control says what its cores offer)."""
+
+    def __init__(self, p: Problem) -> None:
+        keys, values = p.data.keys, p.data.values
+        split = int(np.median(keys[:, 0]))
+        halves = [np.flatnonzero(keys[:, 0] < split), np.flatnonzero(keys[:, 0] >= split)]
+        self.keys = [np.ascontiguousarray(keys[h]) for h in halves]
+        self.values = [np.ascontiguousarray(values[h]) for h in halves]
+        self.W = [np.asarray(p.W).copy() for _ in halves]
+        self.H = [np.asarray(p.H).copy() for _ in halves]
+        self.lr, self.reg = p.cfg["lr"], p.cfg["reg"]
+
+    def _half(self, h: int) -> None:
+        sgd_serial_numba(self.keys[h], self.values[h], self.W[h], self.H[h], self.lr, self.reg)
+
+    def seconds(self, threads: int) -> float:
+        t0 = time.perf_counter()
+        if threads == 1:
+            self._half(0)
+            self._half(1)
+        else:
+            pool = [threading.Thread(target=self._half, args=(h,)) for h in (0, 1)]
+            for t in pool:
+                t.start()
+            for t in pool:
+                t.join()
+        return time.perf_counter() - t0
+
+
 def _throughput(p: Problem, repeats: int, quiet_gate_s: float = 0.0, warm: bool = False) -> dict[str, Any]:
     """Single-epoch ratings/s of serial, orion_par 1 and 2 workers, ``repeats`` times, interleaved with a
     compute-only 1- and 2-thread control so that all see the same load; medians and bests.
@@ -202,7 +237,9 @@ def _throughput(p: Problem, repeats: int, quiet_gate_s: float = 0.0, warm: bool 
     method (both cores awake and busy, as in training); those first epochs' times are kept as ``cold``."""
     n = p.data.keys.shape[0]
     _spin(10)
-    times: dict[str, list[float]] = {"serial": [], "orion_par_1w": [], "orion_par_2w": [], "spin_1t": [], "spin_2t": []}
+    times: dict[str, list[float]] = {"serial": [], "orion_par_1w": [], "orion_par_2w": [], "spin_1t": [], "spin_2t": [],
+                                     "halves_1t": [], "halves_2t": []}
+    halves = _Halves(p)
     cpu: dict[int, list[float]] = {1: [], 2: []}
     busy: dict[int, list[float]] = {1: [], 2: []}
     load = [os.getloadavg()[0]]
@@ -227,6 +264,8 @@ def _throughput(p: Problem, repeats: int, quiet_gate_s: float = 0.0, warm: bool 
             busy[w].append(max(st.busy_s))
         times["spin_1t"].append(_spin_seconds(1))
         times["spin_2t"].append(_spin_seconds(2))
+        times["halves_1t"].append(halves.seconds(1))
+        times["halves_2t"].append(halves.seconds(2))
         load.append(os.getloadavg()[0])
     res: dict[str, Any] = {"repeats": repeats, "loadavg_1min": load, "quiet_gate_s": quiet_gate_s, "warm": warm,
                            "idle_share_before_repeat": idle_before,
@@ -256,6 +295,10 @@ def _throughput(p: Problem, repeats: int, quiet_gate_s: float = 0.0, warm: bool 
     res["speedup_1w_over_serial_paired_median"] = float(np.median(serial / one))  # 1.0: as fast as the serial loop
     res["speedup_2w_over_serial_paired_median"] = float(np.median(serial / two))
     res["machine_2thread_speedup_median"] = float(np.median(2 * np.array(times["spin_1t"]) / np.array(times["spin_2t"])))
+    h1, h2 = np.array(times["halves_1t"]), np.array(times["halves_2t"])
+    res["halves_2thread_speedup_median"] = float(np.median(h1) / np.median(h2))
+    res["halves_2thread_speedup_paired_median"] = float(np.median(h1 / h2))
+    res["halves_times_s"] = {"1t": h1.tolist(), "2t": h2.tolist()}
     # CPU seconds exclude the time other processes held the cores: the speedup two workers would reach
     # on cores of their own if they never waited for each other (an estimate, not a timing).
     res["speedup_2w_estimate_from_cpu_time"] = float(np.median(cpu[1]) / (np.median(cpu[2]) / 2))
@@ -468,6 +511,10 @@ def _throughput_checks(thr: dict[str, Any]) -> dict[str, Any]:
             "speedup_1w_over_serial_paired_median": thr["speedup_1w_over_serial_paired_median"],
             "speedup_2w_over_serial_paired_median": thr["speedup_2w_over_serial_paired_median"],
             "machine_2thread_speedup_compute_only_median": thr["machine_2thread_speedup_median"],
+            "machine_2thread_speedup_serial_loop_on_independent_halves_median": thr.get("halves_2thread_speedup_median",
+                                                                                         float("nan")),
+            "machine_2thread_speedup_serial_loop_on_independent_halves_paired": thr.get(
+                "halves_2thread_speedup_paired_median", float("nan")),
             "speedup_2w_estimate_from_cpu_time": thr["speedup_2w_estimate_from_cpu_time"]}
 
 
@@ -524,7 +571,11 @@ def _checks_and_throughput(res: dict[str, Any]) -> list[str]:
               + (f", {thr['speedup_2w_over_serial_paired_median']:.3f}x paired; 1 worker / the serial loop (speed): "
                  f"{thr['speedup_1w_over_serial_paired_median']:.3f}x paired" if "speedup_1w_over_serial_paired_median" in thr
                  else "") + ". The compute-only control (same numba kernel on 1 and 2 "
-              f"threads) gave {thr['machine_2thread_speedup_median']:.3f}x: the parallelism the machine offered."]
+              f"threads) gave {thr['machine_2thread_speedup_median']:.3f}x: the parallelism the machine's cores offered"
+              + (f"; the hand-compiled serial loop on two independent halves of the ratings (own W and H each, nothing "
+                 f"shared), two threads against one: {thr['halves_2thread_speedup_median']:.3f}x from the medians, "
+                 f"{thr['halves_2thread_speedup_paired_median']:.3f}x paired: what two threads of this memory-bound "
+                 "kernel got from the machine" if "halves_2thread_speedup_median" in thr else "") + "."]
     if "cold" in thr:
         c = thr["cold"]
         lines += ["", "The untimed first epochs (each method's first epoch after the others ran, so the second core "
