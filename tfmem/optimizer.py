@@ -229,7 +229,7 @@ def optimize(
         report.notes.append(f"planned for {format_bytes(max(target or 0, 0))}: the budget less a safety margin "
                             "for allocator rounding, fragmentation and executor order")
     if target is not None and budget_bytes is not None and after.peak_bytes > target:
-        raise _infeasible(new_ir, ctx, budget_bytes, after, fragmented=bool(notes))
+        raise _infeasible(new_ir, ctx, budget_bytes, after, fragmented=any("allocator's chunks" in n for n in notes))
     graph_def = new_ir.to_graph_def()
     tf_graph = tf.Graph()
     with tf_graph.as_default():
