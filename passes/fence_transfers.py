@@ -2,9 +2,11 @@
 
 The simulator frees a device tensor when its last device reader finishes, even when a host op reads it too
 (a swap-out, a gradient for a host-placed variable): it takes the copy to be instantaneous. TensorFlow frees
-the device buffer only once the host has received it, and over the testbed's loopback gRPC on a busy machine
-that took long enough for the buffers to pile up (measured: a ResNet-56 plan at batch 32 simulated at 57.9 MiB
-peaked at 58.7-62.5 MiB in most runs, 72-82 MiB in some, and ran out of memory under 96 MiB in 3 of 20).
+the device buffer only once the host has received it, and over the testbed's loopback gRPC that can be much
+later (measured: a ResNet-74 plan at batch 32 simulated at 48.9-52.9 MiB peaked at 48-136 MiB from run to run
+on a roomy testbed, and with one inter-op thread ran out of memory under 96 MiB every time in the forward pass,
+holding every swapped-out stage-0 activation; fenced, it measured 46.6-51.6 MiB in 8 runs of 9 and 69.7 in
+one, and ran with one thread).
 
 For every such tensor this pass picks the *fence*, a host op that runs as soon as the copy has arrived (the
 swap-out ``Identity`` where there is one, else a new host ``Identity`` of the tensor), and gives it a control
@@ -38,7 +40,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from passes.planner import allocated_bytes
-from passes.transfer import identity_attrs, readers_through_identities
+from passes.transfer import IDENTITY_OPS, identity_attrs
 from tfmem.devices import Placement
 from tfmem.editor import GraphEditor
 from tfmem.execution import ALIAS_OPS, PERSISTENT_OUTPUT_OPS, VARIABLE_READ_OPS, ExecutionGraph
@@ -83,8 +85,7 @@ class FenceTransfers:
             host_readers = [r for r in graph.consumers[tensor] if domain.get(r) == "host" and r in position]
             if not host_readers or tensor.node not in position:
                 continue
-            device_uses = [position[r] for r in readers_through_identities(graph, eg, tensor)
-                           if domain.get(r) == "device" and r in position]
+            device_uses = [position[r] for r in _device_readers(graph, tensor, domain) if r in position]
             last_use = max([position[tensor.node], *device_uses])
             need = min(graph.spec(tensor).nbytes or 0, FENCE_BYTES)
             target = next((u for u in order[last_use + 1:] if domain[u] == "device" and graph[u].op not in unfenceable
@@ -106,6 +107,24 @@ class FenceTransfers:
         return PassResult(editor.finish(), True, PassReport(
             self.name, True, nodes_added=len(editor.added), control_edges_added=len(fenced), notes=(note,),
             details={"fenced": [{"tensor": str(t), "waits": target} for t, target in fenced]}))
+
+
+def _device_readers(graph: GraphIR, tensor: TensorRef, domain: dict[str, str]) -> set[str]:
+    """The device ops that read ``tensor``'s device buffer: directly or through device-side identities.
+
+    Host-side identities end the walk: what reads their output reads the host's copy (a swap-in's readers read
+    a new device buffer), so the device buffer is free of them.
+    """
+    readers: set[str] = set()
+    frontier = [tensor]
+    while frontier:
+        for reader in graph.consumers.get(frontier.pop(), ()):
+            if domain.get(reader) != "device" or reader in readers:
+                continue
+            readers.add(reader)
+            if graph[reader].op in IDENTITY_OPS:
+                frontier.append(TensorRef(reader, 0))
+    return readers
 
 
 def _resident(graph: GraphIR, node: OpNode) -> bool:

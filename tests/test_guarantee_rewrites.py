@@ -67,6 +67,10 @@ def test_every_large_copy_to_host_gates_a_later_large_allocation(swapped):
         # the fence reads the copied tensor on the host and nothing else: it runs as soon as the copy arrives
         assert any(tensor in {str(i) for i in new[c].inputs} for c in fences)
         assert producer in _ancestors(new, target)
+        # the edge constrains something: the target does not already wait for the copy (as a reader of the
+        # swap-in does), else Grappler drops the edge and the device holds the buffer until the copy is read
+        fence = next(c for c in fences if tensor in {str(i) for i in new[c].inputs})
+        assert fence not in graph or fence not in _ancestors(graph, target)
         nbytes = graph.spec(tensor).nbytes
         assert sum(o.nbytes or 0 for o in new[target].outputs) > 0 or nbytes <= FENCE_BYTES
     assert any(SWAP_OUT_ATTR in new[c].attrs for f in fenced for c in new[f["waits"]].control_inputs)
