@@ -4,8 +4,9 @@ Three tables (issue 5), written to experiments/results/planner.{json,md}:
 
 1. **Guarantee.** For each graph and a ladder of budgets (fractions of vanilla's measured peak), run
    ``tfmem.optimize(budget=B)``; where it accepts, run the result in a testbed of exactly ``B`` and record
-   whether it ran out of memory; where it refuses, record the lower bound it reports. The smallest accepted
-   budget is compared with that lower bound.
+   whether it ran out of memory; where it refuses, record the lower bound it reports. Between the smallest
+   accepted and the largest refused budget, try 1.2x the refusal's bound, then bisect (three probes at most),
+   and compare the smallest accepted budget with the lower bound of the refusal just below it.
 2. **Strategies at equal budget.** At one budget per graph, measured step time of the planner's plan vs
    swap-only and recompute-only plans (``passes=["partition", "limit_parallelism", X]``).
 3. **Solver vs heuristic.** The MIP's estimated overhead vs the greedy heuristic's on the same model.
@@ -63,26 +64,54 @@ def _optimize(built: examples.Built, budget: int, passes: object) -> tfmem.Optim
         return e
 
 
-def guarantee(built: examples.Built, peak: int, fractions: tuple[float, ...], steps: int) -> list[dict[str, object]]:
-    rows = []
+def guarantee(built: examples.Built, peak: int, fractions: tuple[float, ...], steps: int,
+              edge_probes: int = 3, edge_resolution: float = 0.03) -> list[dict[str, object]]:
+    """``optimize`` at each budget of the ladder, then up to ``edge_probes`` budgets between the smallest accepted
+    and the largest refused one; every accepted plan runs in a testbed of exactly its budget.
+
+    The first edge probe is 1.2x the lower bound that the largest refusal reported (where that lies in between):
+    one probe then says whether the planner gets within 1.3x of its bound; the others bisect.
+    """
+    rows: list[dict[str, object]] = []
     for f in fractions:
-        budget = max(math.floor(peak * f / MiB), 2) * MiB
-        result = _optimize(built, budget, "auto")
-        if isinstance(result, tfmem.InfeasibleBudgetError):
-            rows.append({"fraction": f, "budget_bytes": budget, "accepted": False,
-                         "lower_bound_bytes": result.lower_bound_bytes, "best_peak_bytes": result.best_peak_bytes})
-            continue
-        run = testbed_run(budget, result.graph, built, steps)
-        planner = next((p for p in result.report.passes if p.name == "planner"), None)
-        rows.append({"fraction": f, "budget_bytes": budget, "accepted": True, "oom": run.oom, "error": run.error,
-                     "measured_peak_bytes": run.device_peak_bytes, "step_s": run.step_time_s,
-                     "simulated_peak_bytes": result.report.after.peak_bytes,
-                     "solver": planner.details.get("solver_status") if planner and planner.changed else None,
-                     "objective_s": planner.details.get("objective_s") if planner and planner.changed else None,
-                     "heuristic_objective_s": (planner.details.get("heuristic_objective_s")
-                                               if planner and planner.changed else None),
-                     "solve_s": planner.details.get("solve_s") if planner and planner.changed else None})
-    return rows
+        rows.append(_guarantee_row(built, max(math.floor(peak * f / MiB), 2) * MiB, steps, fraction=f))
+    for _ in range(edge_probes):
+        accepted = [r for r in rows if r["accepted"]]
+        if not accepted:
+            break
+        high = min(r["budget_bytes"] for r in accepted)
+        refused = [r for r in rows if not r["accepted"] and r["budget_bytes"] < high]
+        if not refused:
+            break
+        edge = max(refused, key=lambda r: r["budget_bytes"])
+        low = edge["budget_bytes"]
+        if high / low <= 1 + edge_resolution:
+            break
+        guess = 1.2 * edge["lower_bound_bytes"]
+        mid = guess if low * (1 + edge_resolution) < guess < high / (1 + edge_resolution) else math.sqrt(low * high)
+        mid = int(mid) // (MiB // 16) * (MiB // 16)   # 1/16 MiB steps
+        if any(r["budget_bytes"] == mid for r in rows):
+            mid = int(math.sqrt(low * high)) // (MiB // 16) * (MiB // 16)
+        if not low < mid < high:
+            break
+        rows.append(_guarantee_row(built, mid, steps, fraction=mid / peak if peak else None))
+    return sorted(rows, key=lambda r: -r["budget_bytes"])
+
+
+def _guarantee_row(built: examples.Built, budget: int, steps: int, fraction: float | None) -> dict[str, object]:
+    result = _optimize(built, budget, "auto")
+    if isinstance(result, tfmem.InfeasibleBudgetError):
+        return {"fraction": fraction, "budget_bytes": budget, "accepted": False,
+                "lower_bound_bytes": result.lower_bound_bytes, "best_peak_bytes": result.best_peak_bytes}
+    run = testbed_run(budget, result.graph, built, steps)
+    planner = next((p for p in result.report.passes if p.name == "planner"), None)
+    changed = planner is not None and planner.changed
+    return {"fraction": fraction, "budget_bytes": budget, "accepted": True, "oom": run.oom, "error": run.error,
+            "measured_peak_bytes": run.device_peak_bytes, "step_s": run.step_time_s,
+            "simulated_peak_bytes": result.report.after.peak_bytes,
+            "reachable_floor_bytes": planner.details.get("reachable_floor_bytes") if planner else None,
+            **{k: planner.details.get(k) if changed else None
+               for k in ("solver_status", "objective_s", "heuristic_objective_s", "solve_s")}}
 
 
 def strategies(built: examples.Built, budget: int, steps: int) -> dict[str, object]:
@@ -129,7 +158,9 @@ def large_graph(nodes: int, fraction: float) -> dict[str, object]:
 def markdown(result: dict[str, object]) -> str:
     lines = ["# Budget planner: guarantee, smallest budget, and plans compared", "",
              f"Command: `{result['provenance']['command']}`. Budgets are fractions of vanilla's measured testbed "
-             "peak; accepted plans run in a testbed of exactly that budget. Memory: testbed allocator "
+             "peak, then up to three more between the smallest accepted and the largest refused (the first at 1.2x the refusal's lower bound, then bisecting); accepted plans "
+             "run in a testbed of exactly that budget; the lower bound is the one reported by the refusal "
+             "nearest the smallest accepted budget. Memory: testbed allocator "
              "(measured) and simulator; step time: median testbed wall time.", "",
              "## Guarantee and smallest accepted budget", "",
              "| graph | vanilla peak | accepted budgets (measured peak, OOM?) | refused budgets (lower bound) "
@@ -141,8 +172,10 @@ def markdown(result: dict[str, object]) -> str:
                           f"{', OOM' if r['oom'] else ''})" for r in acc) or "-"
         ref_s = ", ".join(f"{format_bytes(r['budget_bytes'])} ({format_bytes(r['lower_bound_bytes'])})"
                           for r in ref) or "-"
-        bound = max((r["lower_bound_bytes"] for r in ref), default=None)
         smallest = min((r["budget_bytes"] for r in acc), default=None)
+        edge = max((r for r in ref if smallest is None or r["budget_bytes"] < smallest),
+                   key=lambda r: r["budget_bytes"], default=None)   # the refusal nearest the smallest accepted
+        bound = edge["lower_bound_bytes"] if edge else None
         ratio = f"{smallest / bound:.2f}x" if smallest and bound else "-"
         lines.append(f"| {name} | {format_bytes(g['vanilla_peak_bytes'])} | {acc_s} | {ref_s} | {ratio} |")
     lines += ["", "## Solver vs greedy heuristic (estimated overhead per step, cost model)", "",
@@ -153,9 +186,9 @@ def markdown(result: dict[str, object]) -> str:
             if r.get("objective_s") is None:
                 continue
             mip, heur = r["objective_s"], r["heuristic_objective_s"]
-            lines.append(f"| {name} | {format_bytes(r['budget_bytes'])} | {r['solver']} | {r['solve_s']:.2f} s "
+            lines.append(f"| {name} | {format_bytes(r['budget_bytes'])} | {r['solver_status']} | {r['solve_s']:.2f} s "
                          f"| {mip * 1e3:.1f} ms | {heur * 1e3:.1f} ms | {heur / mip:.2f} |" if mip else
-                         f"| {name} | {format_bytes(r['budget_bytes'])} | {r['solver']} | {r['solve_s']:.2f} s "
+                         f"| {name} | {format_bytes(r['budget_bytes'])} | {r['solver_status']} | {r['solve_s']:.2f} s "
                          f"| 0 ms | {heur * 1e3:.1f} ms | - |")
     lines += ["", "## Strategies at equal budget (measured step time)", "",
               "| graph | budget | " + " | ".join(STRATEGIES) + " |", "|---|---:|" + "---:|" * len(STRATEGIES)]
@@ -205,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, built in tqdm(graphs(args.tiny).items(), desc="graphs", unit="graph"):
         with Testbed("2GiB") as tb:
             peak = tb.run(built.graph, built.fetches, built.feeds, steps=1).device_peak_bytes or 0
-        rows = guarantee(built, peak, fractions, args.steps)
+        rows = guarantee(built, peak, fractions, args.steps, edge_probes=1 if args.tiny else 3)
         entry: dict[str, object] = {"vanilla_peak_bytes": peak, "guarantee": rows}
         accepted = [r for r in rows if r["accepted"]]
         if accepted and not args.tiny:  # compare strategies at the tightest budget the planner accepted

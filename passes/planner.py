@@ -47,9 +47,9 @@ from passes.place_persistent import (
     plan_group_prefetches,
 )
 from passes.recompute import Recompute, RecomputePlan, apply_recompute
-from passes.swap_activations import SwapActivations, SwapCandidate, apply_swaps
+from passes.swap_activations import SwapActivations, SwapCandidate, apply_swaps, device_activations
 from passes.timeline import StepTimeline
-from passes.transfer import trigger_candidates
+from passes.transfer import readers_through_identities, trigger_candidates
 from tfmem import costmodel
 from tfmem.devices import Placement
 from tfmem.editor import GraphEditor
@@ -109,8 +109,10 @@ class Planner:
         started = time.perf_counter()
         attempts = [("as ordered", graph, profile)]
         best: tuple[GraphIR, MemoryProfile, list[PlanResult], str] | None = None
+        floors: list[int] = []   # per order tried, the lowest peak its options could reach
         for label, start, start_profile in attempts:
-            new, new_profile, plans = self._plan(start, start_profile, ctx)
+            new, new_profile, plans, floor = self._plan(start, start_profile, ctx)
+            floors.append(floor)
             if best is None or new_profile.peak_bytes < best[1].peak_bytes:
                 best = (new, new_profile, plans, label)
             if new_profile.peak_bytes <= budget:
@@ -139,10 +141,16 @@ class Planner:
                 best = (repaired, repaired_profile, best[2], best[3] + ", then greedy repair")
         new, new_profile, plans, label = best
         chosen = plans[-1].chosen if plans else ()
+        # The floor is a model's answer; a plan that went lower (a greedy pass's option the model does not list)
+        # is the better witness of what is reachable.
+        floor = min(min(floors), new_profile.peak_bytes)
         if not chosen and new is graph:
-            return PassResult(graph, False, PassReport.empty(self.name, "no option frees memory at the peak"))
+            report = PassReport.empty(self.name, "no option frees memory at the peak")
+            report.details["reachable_floor_bytes"] = floor
+            return PassResult(graph, False, report)
         report = _report(self.name, graph, new, profile, new_profile, plans, label, budget)
         report.details["planner_s"] = time.perf_counter() - started
+        report.details["reachable_floor_bytes"] = floor
         return PassResult(new, True, report)
 
     def _best_single_strategy(self, graph: GraphIR, ctx: PassContext, budget: int,
@@ -166,10 +174,12 @@ class Planner:
         return new, prof, [], f"{passes[kind].name} alone: the covering model found no plan that fits"
 
     def _plan(self, graph: GraphIR, profile: MemoryProfile, ctx: PassContext,
-              ) -> tuple[GraphIR, MemoryProfile, list[PlanResult]]:
+              ) -> tuple[GraphIR, MemoryProfile, list[PlanResult], int]:
+        """Solve, apply and re-simulate; also the lowest peak these options could reach on this order."""
         budget = ctx.device_budget_bytes or 0
         timeline = StepTimeline.build(graph, ctx.fetches, profile, ctx.feed_shapes)
         options = self.options(graph, ctx, timeline, profile)
+        floor = self.floor(graph, ctx)
         plans: list[PlanResult] = []
         best_graph, best_profile, best_round = graph, profile, -1
         extra = 0
@@ -188,7 +198,18 @@ class Planner:
             extra += new_profile.peak_bytes - budget   # interactions the model missed: ask for more
         if 0 <= best_round < len(plans) - 1:  # the report describes the plan applied: put it last
             plans.append(plans.pop(best_round))
-        return best_graph, best_profile, plans
+        return best_graph, best_profile, plans, floor
+
+    def floor(self, graph: GraphIR, ctx: PassContext) -> int:
+        """The lowest peak a plan of these moves could reach on ``graph``'s order (see ``reachable_floor``).
+
+        Taken on the one-thread schedule: with more threads, ops that happen to run side by side add their
+        working sets, and a plan that delays one of them would go below a floor taken there.
+        """
+        profile = ctx.simulate(graph, inter_op_threads=1)
+        timeline = StepTimeline.build(graph, ctx.fetches, profile, ctx.feed_shapes)
+        idle = idle_windows(graph, ctx, timeline, SwapActivations().min_bytes) if ctx.host is not None else []
+        return reachable_floor(profile, self.options(graph, ctx, timeline, profile), idle)[0]
 
     def options(self, graph: GraphIR, ctx: PassContext, timeline: StepTimeline, profile: MemoryProfile) -> list[Option]:
         """Every swap, recompute and placement the planner may choose, with its savings and cost."""
@@ -264,6 +285,85 @@ class Planner:
         picked = [i for i, var in enumerate(x) if (var.value() or 0) > 0.5]
         cost = sum(options[i].cost_s for i in picked)
         return PlanResult(tuple(options[i] for i in picked), "optimal", elapsed, cost, heuristic_cost)
+
+
+def reachable_floor(profile: MemoryProfile, options: Sequence[Option],
+                    idle: Sequence[tuple[str, tuple[tuple[float, float, int], ...]]] = ()) -> tuple[int, float]:
+    """The lowest peak these options could reach on this order: every one of them taken at once.
+
+    At each moment of the simulated step, the device holds what it holds less everything some option could
+    free then (a tensor with several ways to go -- options, and the ``idle`` stretches between its uses in
+    which a swap could take it away -- counts once, at its largest saving over the union of their windows: an
+    over-estimate, so the result stays a lower bound). Returns the highest such remainder and its time. What
+    nothing can free at that moment -- the running ops' working sets, persistent tensors nothing may
+    host-place, tensors too small to move -- is what any plan built from these moves must still hold there.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace
+    >>> prof = SimpleNamespace(timeline=((0.0, 10, 0, "a"), (1.0, 30, 0, "b"), (2.0, 20, 0, "c")))
+    >>> opts = [Option("swap", "t", 15, 0.1, ((0.5, 1.5, 15),), None)]
+    >>> reachable_floor(prof, opts)   # at 1.0 s: 30 - 15; at 2.0 s nothing can be freed
+    (20, 2.0)
+    """
+    if not profile.timeline:
+        return 0, 0.0
+    times = np.array([t for t, *_ in profile.timeline], dtype=np.float64)
+    held = np.array([d for _, d, *_ in profile.timeline], dtype=np.int64)
+    by_key: dict[str, list[tuple[tuple[float, float, int], ...]]] = {}
+    for o in options:
+        by_key.setdefault(o.key, []).append(o.savings)
+    for key, windows in idle:
+        by_key.setdefault(key, []).append(windows)
+    freeable = np.zeros(len(times) + 1, dtype=np.int64)
+    for ways in by_key.values():
+        spans = [w for savings in ways for w in savings if w[2] > 0]
+        if len(ways) > 1 and spans:  # alternatives for one tensor: the union of their windows, counted once
+            spans = _union(spans)
+        for start, stop, nbytes in spans:
+            lo, hi = np.searchsorted(times, start, "left"), np.searchsorted(times, stop, "right")
+            freeable[lo] += nbytes
+            freeable[hi] -= nbytes
+    remainder = held - np.cumsum(freeable)[:-1]
+    at = int(np.argmax(remainder))
+    return int(remainder[at]), float(times[at])
+
+
+def _union(spans: list[tuple[float, float, int]]) -> list[tuple[float, float, int]]:
+    """Overlapping windows merged, each merged one at the largest saving among its parts.
+
+    >>> _union([(0.0, 2.0, 5), (1.0, 3.0, 8), (4.0, 5.0, 1)])
+    [(0.0, 3.0, 8), (4.0, 5.0, 1)]
+    """
+    merged: list[tuple[float, float, int]] = []
+    for start, stop, nbytes in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            a, b, n = merged[-1]
+            merged[-1] = (a, max(b, stop), max(n, nbytes))
+        else:
+            merged.append((start, stop, nbytes))
+    return merged
+
+
+def idle_windows(graph: GraphIR, ctx: PassContext, timeline: StepTimeline, min_bytes: int,
+                 ) -> list[tuple[str, tuple[tuple[float, float, int], ...]]]:
+    """Per swappable activation, every stretch between two of its uses: where some swap could free it.
+
+    The planner's swap options split each tensor at its longest idle gap only, while ``swap_activations``
+    (its fallback) may split it elsewhere and swap a swapped-in copy again; a lower bound must allow all of it.
+    """
+    out = []
+    for t in device_activations(graph, ctx, timeline, timeline.order, min_bytes):
+        readers = sorted(readers_through_identities(graph, timeline.eg, t), key=timeline.rank.__getitem__)
+        nbytes = graph.spec(t).nbytes or 0
+        busy_until, gaps = timeline.end_s[t.node], []
+        for c in readers:
+            if timeline.start_s[c] > busy_until:
+                gaps.append((busy_until, timeline.start_s[c], nbytes))
+            busy_until = max(busy_until, timeline.end_s[c])
+        if gaps:
+            out.append((str(t), tuple(gaps)))
+    return out
 
 
 def serialize_large_ops(graph: GraphIR, ctx: PassContext, min_bytes: int = 64 * 1024,
@@ -365,13 +465,13 @@ def _cover(options: Sequence[Option], segments: list[tuple[float, float]]) -> li
     return [sorted(r.items()) for r in rows]
 
 
-def _greedy(options: Sequence[Option], cover: list[list[tuple[int, int]]], excess: list[int]) -> list[int]:
-    """Least cost per byte still needed first, until every segment is covered; then drop what became redundant.
+def _greedy(options: Sequence[Option], cover: list[list[tuple[int, int]]], excess: list[int],
+            time_limit_s: float = 2.0) -> list[int]:
+    """The fallback plan: the cheapest of a greedy cover and its variants that each leave one of its picks out.
 
-    The classic greedy for weighted covering: an option's worth is the excess it still removes (summed over
-    the segments it spans, each capped at what that segment still needs), so it is re-scored as the plan
-    grows (lazily: a worth only falls). Then, costliest first, options whose segments stay covered without
-    them are dropped.
+    The plain greedy (``_greedy_cover``) commits early to options that look cheap per byte; leaving each pick
+    out in turn (costliest first) and covering again finds a cheaper plan where one exists nearby. The search
+    repeats from any cheaper plan it finds, within ``time_limit_s``.
 
     Examples
     --------
@@ -379,17 +479,58 @@ def _greedy(options: Sequence[Option], cover: list[list[tuple[int, int]]], exces
     >>> _greedy(opts, cover=[[(0, 4), (2, 8)], [(1, 4), (2, 8)]], excess=[4, 4])   # c covers both at once
     [2]
     """
-    # Per option, the segments it spans and the bytes it frees there, as arrays: a 20,000-op graph has millions
-    # of (option, segment) pairs, and re-scoring them in Python loops took minutes.
+    by_option = _option_arrays(cover)
+    need = np.array(excess, dtype=np.int64)
+    deadline = time.perf_counter() + time_limit_s
+
+    def cost(picks: list[int]) -> float:
+        return sum(options[i].cost_s for i in picks)
+
+    best = _greedy_cover(options, by_option, need)
+    improved = True
+    while improved and time.perf_counter() < deadline:
+        improved = False
+        for left_out in sorted(best, key=lambda i: -options[i].cost_s):
+            if time.perf_counter() >= deadline:
+                break
+            alternative = _greedy_cover(options, by_option, need, exclude={left_out})
+            if cost(alternative) < cost(best) - 1e-12 and _covers(alternative, by_option, need):
+                best, improved = alternative, True
+                break
+    return best
+
+
+def _option_arrays(cover: list[list[tuple[int, int]]]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Per option, the segments it spans and the bytes it frees there, as arrays.
+
+    A 20,000-op graph has millions of (option, segment) pairs, and re-scoring them in Python loops took minutes.
+    """
     pairs: dict[int, tuple[list[int], list[int]]] = {}
     for s, row in enumerate(cover):
         for i, b in row:
             segs, frees = pairs.setdefault(i, ([], []))
             segs.append(s)
             frees.append(b)
-    by_option = {i: (np.array(segs, dtype=np.int64), np.array(frees, dtype=np.int64))
-                 for i, (segs, frees) in pairs.items()}
-    need = np.array(excess, dtype=np.int64)
+    return {i: (np.array(segs, dtype=np.int64), np.array(frees, dtype=np.int64)) for i, (segs, frees) in pairs.items()}
+
+
+def _covers(picks: list[int], by_option: dict[int, tuple[np.ndarray, np.ndarray]], need: np.ndarray) -> bool:
+    covered = np.zeros_like(need)
+    for i in picks:
+        segs, frees = by_option[i]
+        np.add.at(covered, segs, frees)
+    return bool(np.all(covered >= need))
+
+
+def _greedy_cover(options: Sequence[Option], by_option: dict[int, tuple[np.ndarray, np.ndarray]], need: np.ndarray,
+                  exclude: set[int] | frozenset[int] = frozenset()) -> list[int]:
+    """Least cost per byte still needed first, until every segment is covered; then drop what became redundant.
+
+    The classic greedy for weighted covering: an option's worth is the excess it still removes (summed over
+    the segments it spans, each capped at what that segment still needs), so it is re-scored as the plan
+    grows (lazily: a worth only falls). Then, costliest first, options whose segments stay covered without
+    them are dropped. Options in ``exclude`` are not considered.
+    """
     remaining = need.copy()
     unmet = int((remaining > 0).sum())
 
@@ -398,7 +539,7 @@ def _greedy(options: Sequence[Option], cover: list[list[tuple[int, int]]], exces
         worth = int(np.minimum(frees, np.maximum(remaining[segs], 0)).sum())
         return (options[i].cost_s + 1e-12) / worth if worth > 0 else float("inf")
 
-    heap = [(ratio(i), i) for i in by_option]
+    heap = [(ratio(i), i) for i in by_option if i not in exclude]
     heapq.heapify(heap)
     chosen, used_keys = [], set()
     while heap and unmet:

@@ -88,3 +88,21 @@ def test_best_single_strategy_fits_the_budget_or_says_none():
     assert ctx.simulate(new).peak_bytes == profile.peak_bytes
     impossible = PassContext(tuple(built.fetches), 1, DEVICE, HOST, dict(built.feed_shapes))
     assert Planner()._best_single_strategy(graph, impossible, 1) is None
+
+
+def test_reachable_floor_is_below_every_plan_the_strategies_find():
+    """The floor counts every move the planner and its fallbacks could make, so none of them goes below it."""
+    from passes import PlacePersistent, Planner, Recompute, SwapActivations
+    from tfmem import examples, load
+    from tfmem.pipeline import PassContext
+    from tfmem.testbed import DEVICE, HOST
+
+    built = examples.residual_convnet(batch=8, size=32, channels=16, blocks=2)
+    graph = load(built.graph, built.feed_shapes)
+    # 1 byte: every strategy goes as far as it can; one thread: the fixed order the planner's floor is taken on
+    ctx = PassContext(tuple(built.fetches), 1, DEVICE, HOST, dict(built.feed_shapes or {}), inter_op_threads=1)
+    peak = ctx.simulate(graph).peak_bytes
+    floor = Planner().floor(graph, ctx)
+    assert 0 < floor < peak
+    for strategy in (SwapActivations(), Recompute(), PlacePersistent(), Planner()):
+        assert ctx.simulate(strategy.run(graph, ctx).graph).peak_bytes >= floor, strategy.name

@@ -23,7 +23,7 @@ from tfmem.grappler import grappler_rejects
 from tfmem.ir import GraphIR
 from tfmem.loading import GraphSource, load
 from tfmem.memsim import MemoryProfile
-from tfmem.pipeline import Pass, PassContext, run_pipeline
+from tfmem.pipeline import Pass, PassContext, PassReport, run_pipeline
 from tfmem.report import Report
 from tfmem.shapes import FeedShapes
 from tfmem.tags import strip_tags
@@ -229,7 +229,8 @@ def optimize(
         report.notes.append(f"planned for {format_bytes(max(target or 0, 0))}: the budget less a safety margin "
                             "for allocator rounding, fragmentation and executor order")
     if target is not None and budget_bytes is not None and after.peak_bytes > target:
-        raise _infeasible(new_ir, ctx, budget_bytes, after, fragmented=any("allocator's chunks" in n for n in notes))
+        raise _infeasible(new_ir, ctx, budget_bytes, after, fragmented=any("allocator's chunks" in n for n in notes),
+                          reachable=_reachable_floor(reports))
     graph_def = new_ir.to_graph_def()
     tf_graph = tf.Graph()
     with tf_graph.as_default():
@@ -260,9 +261,20 @@ def lower_bound_bytes(ir: GraphIR, ctx: PassContext) -> tuple[int, str]:
     return working, op
 
 
+def _reachable_floor(reports: Sequence[PassReport]) -> int | None:
+    """The planner's floor: the lowest peak every option it had, taken at once, could reach on its order."""
+    floors = [r.details["reachable_floor_bytes"] for r in reports if "reachable_floor_bytes" in r.details]
+    return int(floors[-1]) if floors else None  # type: ignore[call-overload]
+
+
 def _infeasible(ir: GraphIR, ctx: PassContext, budget: int, after: MemoryProfile,
-                fragmented: bool = False, unplanned: bool = False) -> InfeasibleBudgetError:
+                fragmented: bool = False, unplanned: bool = False, reachable: int | None = None,
+                ) -> InfeasibleBudgetError:
     bound, op = lower_bound_bytes(ir, ctx)
+    where = f"working set of {op}"
+    if reachable is not None and reachable > bound:
+        bound, where = reachable, ("what stays on the device with every swap, recomputation and host placement "
+                                   "the planner could choose taken at once")
     top = ", ".join(f"{t.tensor} {format_bytes(t.nbytes)}" for t in after.live_at_peak[:3])
     return InfeasibleBudgetError(
         f"budget {format_bytes(budget)} unreachable: "
@@ -271,7 +283,7 @@ def _infeasible(ir: GraphIR, ctx: PassContext, budget: int, after: MemoryProfile
         + f"{format_bytes(after.peak_bytes)} "
         f"(simulator) at {after.peak_unit}; a plan must stay under {format_bytes(max(planning_budget(budget), 0))} "
         f"(the budget less {SAFETY_MARGIN:.0%} or {format_bytes(SAFETY_MARGIN_MIN_BYTES)}, whichever is more, for "
-        f"allocator rounding and fragmentation); lower bound {format_bytes(bound)} (working set of {op}); "
+        f"allocator rounding and fragmentation); lower bound {format_bytes(bound)} ({where}); "
         f"largest live: {top}. "
         + ("The best plan fits in total but not in the device allocator's chunks with a safe margin. "
            if fragmented else "")
