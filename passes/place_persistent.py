@@ -139,7 +139,8 @@ class PlacePersistent:
             f"{added} prefetches bring {format_bytes(per_step)} to the device per step",
             f"simulated peak {format_bytes(start_peak)} -> {format_bytes(profile.peak_bytes)}, {met} the budget",
         )
-        details: dict[str, object] = {"moved": [r for g in chosen for r in g.roots], "prefetches": added}
+        details: dict[str, object] = {"moved": [r for g in chosen for r in g.roots], "prefetches": added,
+                                      "groups": [(",".join(g.roots), g.nbytes) for g in chosen]}
         return PassReport(self.name, True, nodes_added=added, control_edges_added=added, bytes_moved=per_step,
                           notes=notes, details=details)
 

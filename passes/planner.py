@@ -118,9 +118,12 @@ class Planner:
         attempts = [("as ordered", graph, profile)]
         best: tuple[GraphIR, MemoryProfile, list[PlanResult], str] | None = None
         floors: list[int] = []   # per order tried, the lowest peak its options could reach
+        single_report: PassReport | None = None   # when a strategy alone made the plan: its pass's report
+        solved: list[PlanResult] = []
         for label, start, start_profile in attempts:
             new, new_profile, plans, floor = self._plan(start, start_profile, ctx)
             floors.append(floor)
+            solved = solved or plans
             if best is None or new_profile.peak_bytes < best[1].peak_bytes:
                 best = (new, new_profile, plans, label)
             if new_profile.peak_bytes <= budget:
@@ -128,21 +131,22 @@ class Planner:
                     # The covering model charges each option alone; a single strategy applied greedily may still
                     # be quicker as a whole (measured: swapping alone ran an unrolled RNN at 205 ms a step
                     # where a combined plan took 308 ms). Keep whichever the simulator says is quicker.
-                    single = self._best_single_strategy(graph, ctx, budget)
+                    single = self._single_strategies(graph, ctx, budget)
                     if single is not None and single[1].estimated_step_s < new_profile.estimated_step_s:
                         best = (single[0], single[1], [],
                                 single[3].split(":")[0] + ": quicker than the solved plan "
                                 f"({single[1].estimated_step_s * 1e3:.1f} vs "
                                 f"{new_profile.estimated_step_s * 1e3:.1f} ms estimated)")
+                        single_report = single[4]
                 break
             if label == "as ordered":
                 # The covering model missed something (an option it does not list, or an interaction): a single
                 # strategy, applied greedily and re-simulated at every step, may still fit without giving up
                 # parallelism. Measured: on an unrolled RNN swapping alone fit at 205 ms a step where the
                 # serialised plan below took 308 ms.
-                single = self._best_single_strategy(graph, ctx, budget)
+                single = self._single_strategies(graph, ctx, budget)
                 if single is not None:
-                    best = single
+                    best, single_report = single[:4], single[4]
                     break
                 # serialise: ops that run side by side hold their working sets together
                 serial = serialize_large_ops(graph, ctx)
@@ -166,7 +170,11 @@ class Planner:
             report = PassReport.empty(self.name, "no option frees memory at the peak")
             report.details["reachable_floor_bytes"] = floor
             return PassResult(graph, False, report)
-        report = _report(self.name, graph, new, profile, new_profile, plans, label, budget)
+        if single_report is not None:
+            report = _single_report(self.name, graph, new, profile, new_profile, single_report, solved, label,
+                                    budget, self.link)
+        else:
+            report = _report(self.name, graph, new, profile, new_profile, plans, label, budget)
         report.details["planner_s"] = time.perf_counter() - started
         report.details["reachable_floor_bytes"] = floor
         return PassResult(new, True, report)
@@ -174,6 +182,12 @@ class Planner:
     def _best_single_strategy(self, graph: GraphIR, ctx: PassContext, budget: int,
                               ) -> tuple[GraphIR, MemoryProfile, list[PlanResult], str] | None:
         """Each allowed strategy alone on ``graph``; of those that fit, the one of least estimated step time."""
+        found = self._single_strategies(graph, ctx, budget)
+        return None if found is None else found[:4]
+
+    def _single_strategies(self, graph: GraphIR, ctx: PassContext, budget: int,
+                           ) -> tuple[GraphIR, MemoryProfile, list[PlanResult], str, PassReport] | None:
+        """As ``_best_single_strategy``, with the winning pass's report (what it moved)."""
         passes = {"swap": SwapActivations(link=self.link), "recompute": Recompute(),
                   "place": PlacePersistent(link=self.link)}
         fitting = []
@@ -185,11 +199,11 @@ class Planner:
                 continue
             prof = ctx.simulate(result.graph)
             if prof.peak_bytes <= budget:
-                fitting.append((prof.estimated_step_s, kind, result.graph, prof))
+                fitting.append((prof.estimated_step_s, kind, result.graph, prof, result.report))
         if not fitting:
             return None
-        _, kind, new, prof = min(fitting, key=lambda f: (f[0], f[1]))
-        return new, prof, [], f"{passes[kind].name} alone: the covering model found no plan that fits"
+        _, kind, new, prof, report = min(fitting, key=lambda f: (f[0], f[1]))
+        return new, prof, [], f"{passes[kind].name} alone: the covering model found no plan that fits", report
 
     def _plan(self, graph: GraphIR, profile: MemoryProfile, ctx: PassContext,
               ) -> tuple[GraphIR, MemoryProfile, list[PlanResult], int]:
@@ -592,10 +606,10 @@ def _report(name: str, before: GraphIR, after: GraphIR, start: MemoryProfile, en
     counts: dict[str, int] = {}
     for o in final.chosen:
         counts[o.kind] = counts.get(o.kind, 0) + 1
-    if not plans:  # a single strategy's greedy pass, not a solved plan
+    if not plans:  # the greedy repair of nothing solved
         return PassReport(name, True, nodes_added=len(after) - len(before), details={"order": label},
-                          notes=(f"plan: {label}", f"simulated peak {format_bytes(start.peak_bytes)} -> "
-                                 f"{format_bytes(end.peak_bytes)}, {met} the budget"))
+                          notes=(f"plan: {label}; solver not run", f"simulated peak {format_bytes(start.peak_bytes)} "
+                                 f"-> {format_bytes(end.peak_bytes)}, {met} the budget"))
     notes = (
         f"plan ({label}): " + (", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "nothing chosen")
         + f"; solver {final.status} in {sum(p.solve_s for p in plans):.1f} s over {len(plans)} round(s); "
@@ -611,3 +625,46 @@ def _report(name: str, before: GraphIR, after: GraphIR, start: MemoryProfile, en
     }
     return PassReport(name, True, nodes_added=len(after) - len(before), notes=notes, details=details,
                       bytes_moved=sum(o.nbytes for o in final.chosen if o.kind != "recompute"))
+
+
+def _single_report(name: str, before: GraphIR, after: GraphIR, start: MemoryProfile, end: MemoryProfile,
+                   single: PassReport, solved: list[PlanResult], label: str, budget: int,
+                   link: costmodel.DeviceSpec) -> PassReport:
+    """The report of a plan one strategy made alone: its decisions, and what the solver said meanwhile."""
+    decisions = single_decisions(single, link)
+    met = "meets" if end.peak_bytes <= budget else "still above"
+    final = solved[-1] if solved else None
+    solver = (f"solver {final.status} in {sum(p.solve_s for p in solved):.1f} s (its plan not kept)" if final
+              else "solver not run")
+    overhead = sum(d["cost_s"] for d in decisions)  # type: ignore[misc]
+    notes = (f"plan: {label}; {len(decisions)} decisions; {solver}; estimated overhead {overhead * 1e3:.1f} ms "
+             "per step", f"simulated peak {format_bytes(start.peak_bytes)} -> {format_bytes(end.peak_bytes)}, "
+             f"{met} the budget")
+    details: dict[str, object] = {
+        "decisions": decisions, "order": label, "solver_status": final.status if final else "not run",
+        "solve_s": sum(p.solve_s for p in solved), "objective_s": overhead,
+        "heuristic_objective_s": final.heuristic_objective_s if final else None,
+    }
+    return PassReport(name, True, nodes_added=len(after) - len(before), notes=notes, details=details,
+                      bytes_moved=single.bytes_moved)
+
+
+def single_decisions(report: PassReport, link: costmodel.DeviceSpec) -> list[dict[str, object]]:
+    """Per tensor or variable group that a single strategy's pass moved: kind, bytes, estimated cost.
+
+    Costs are the planner's own (``options``): a swap's exposed transfer plus ``TRANSFER_OVERHEAD_SHARE`` of
+    its transfers, a recomputation's compute; a host placement's cost is its prefetches' (not split per group,
+    so each group is charged its share by bytes).
+    """
+    out: list[dict[str, object]] = []
+    for tensor, nbytes, _ins, transfer_s, exposed_s in report.details.get("swapped", ()):  # type: ignore[attr-defined]
+        cost = exposed_s + TRANSFER_OVERHEAD_SHARE * (transfer_s + link.transfer_s(nbytes))
+        out.append({"kind": "swap", "tensor": tensor, "bytes": nbytes, "cost_s": cost})
+    for tensor, nbytes, _chain, compute_s in report.details.get("recomputed", ()):  # type: ignore[attr-defined]
+        out.append({"kind": "recompute", "tensor": tensor, "bytes": nbytes, "cost_s": compute_s})
+    groups = list(report.details.get("groups", ()))  # type: ignore[call-overload]
+    total = sum(n for _, n in groups) or 1
+    for roots, nbytes in groups:
+        cost = TRANSFER_OVERHEAD_SHARE * link.transfer_s(report.bytes_moved) * nbytes / total
+        out.append({"kind": "place", "tensor": roots, "bytes": nbytes, "cost_s": cost})
+    return out

@@ -122,7 +122,8 @@ class Recompute:
                  f"{sum(len(p.chain) * len(p.groups) for p in done)} cloned ops, {cost * 1e3:.1f} ms of compute "
                  f"per step (cost model); simulated peak {format_bytes(start_peak)} -> "
                  f"{format_bytes(profile.peak_bytes)}, {met} the budget",)
-        details: dict[str, object] = {"recomputed": [(str(p.tensor), p.nbytes, list(p.chain)) for p in done],
+        details: dict[str, object] = {"recomputed": [(str(p.tensor), p.nbytes, list(p.chain),
+                                                      p.compute_s * len(p.groups)) for p in done],
                                       "compute_s": cost}
         added = len(current) - len(graph)
         return PassResult(current, True, PassReport(self.name, True, nodes_added=added,

@@ -287,7 +287,9 @@ def _report(name: str, done: list[SwapCandidate], start_peak: int, profile: Memo
         f"{(transfer - exposed) * 1e3:.1f} ms hidden behind compute and {exposed * 1e3:.1f} ms exposed",
     )
     details: dict[str, object] = {
-        "swapped": [(str(c.tensor), c.nbytes, len(c.prefetches)) for c in done],
+        # per tensor: name, bytes, swap-ins, their transfer seconds and the exposed part (cost model)
+        "swapped": [(str(c.tensor), c.nbytes, len(c.prefetches), sum(p.transfer_s for p in c.prefetches),
+                     sum(p.exposed_s for p in c.prefetches)) for c in done],
         "transfer_s": transfer, "exposed_s": exposed,
     }
     return PassReport(name, True, nodes_added=len(done) + ins, control_edges_added=ins, bytes_moved=moved,
