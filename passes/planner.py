@@ -642,7 +642,9 @@ def _single_report(name: str, before: GraphIR, after: GraphIR, start: MemoryProf
              f"{met} the budget")
     details: dict[str, object] = {
         "decisions": decisions, "order": label, "solver_status": final.status if final else "not run",
-        "solve_s": sum(p.solve_s for p in solved), "objective_s": overhead,
+        "solve_s": sum(p.solve_s for p in solved), "plan_overhead_s": overhead,
+        # the solved model's figures (its plan was not kept), for comparing the solver with the greedy
+        "objective_s": final.objective_s if final else None,
         "heuristic_objective_s": final.heuristic_objective_s if final else None,
     }
     return PassReport(name, True, nodes_added=len(after) - len(before), notes=notes, details=details,
@@ -652,9 +654,9 @@ def _single_report(name: str, before: GraphIR, after: GraphIR, start: MemoryProf
 def single_decisions(report: PassReport, link: costmodel.DeviceSpec) -> list[dict[str, object]]:
     """Per tensor or variable group that a single strategy's pass moved: kind, bytes, estimated cost.
 
-    Costs are the planner's own (``options``): a swap's exposed transfer plus ``TRANSFER_OVERHEAD_SHARE`` of
-    its transfers, a recomputation's compute; a host placement's cost is its prefetches' (not split per group,
-    so each group is charged its share by bytes).
+    Costs are the planner's own terms (``options``): a swap's exposed transfer plus ``TRANSFER_OVERHEAD_SHARE``
+    of its transfers; a recomputation's compute; for host placements, ``TRANSFER_OVERHEAD_SHARE`` of their
+    prefetches' transfer time, split among the groups by bytes (the pass does not report exposure per group).
     """
     out: list[dict[str, object]] = []
     for tensor, nbytes, _ins, transfer_s, exposed_s in report.details.get("swapped", ()):  # type: ignore[attr-defined]
