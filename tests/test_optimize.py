@@ -106,3 +106,25 @@ def test_graph_grappler_fails_on_runs_as_the_session_runs_it():
     assert all(np.array_equal(a, b) for a, b in zip(_train_steps(built.graph, fetches, built.feeds),
                                                      _train_steps(opt.graph, fetches, built.feeds, opt.config),
                                                      strict=True))
+
+
+def test_auto_falls_back_on_single_strategies_when_its_plans_miss_the_allocator_layout(monkeypatch):
+    """When every plan of the planner fits in total but fails the layout replay, auto tries the strategies in turn."""
+    import tfmem.optimizer as optimizer
+
+    built = examples.mlp(batch=1024, dims=(512, 2048, 2048, 2048, 10), optimizer="momentum")
+    real_fit, pipelines = optimizer._fit, []
+
+    def planner_plans_miss_the_layout(ir, pipeline, base, target, bound, budget, before, notes):
+        pipelines.append([p.name for p in pipeline])
+        if "planner" in pipelines[-1]:  # as if each of its plans had failed the replay: refuse with that note
+            notes.append("a plan for 1 B does not fit the device allocator's chunks")
+            return ir, [], before, -1, base
+        return real_fit(ir, pipeline, base, target, bound, budget, before, notes)
+
+    monkeypatch.setattr(optimizer, "_fit", planner_plans_miss_the_layout)
+    peak = tfmem.simulate(built.graph, built.fetches, device="/CPU:0").peak_bytes
+    opt = tfmem.optimize(built.graph, built.fetches, budget=int(peak * 0.8), host="/CPU:1", device="/CPU:0")
+    assert len(pipelines) == 2 and "planner" in pipelines[0] and "swap_activations" in pipelines[1]
+    assert any("applied in turn did" in n for n in opt.report.notes)
+    assert opt.report.after.peak_bytes <= optimizer.planning_budget(int(peak * 0.8))
