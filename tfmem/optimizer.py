@@ -163,7 +163,7 @@ def optimize(
     before = base.simulate(ir)  # the budget does not change the unoptimized graph's peak
     pipeline = resolve_passes(passes)
     auto = passes == "auto"
-    from passes import FINAL_REWRITES, LEADING_REWRITES  # passes depend on tfmem: import late
+    from passes import FINAL_REWRITES, LEADING_REWRITES, PASSES  # passes depend on tfmem: import late
 
     if pipeline:
         # Any rewrite may change how Grappler fuses kernels and orders the graph's sums (renamed inputs and
@@ -191,8 +191,6 @@ def optimize(
         # The planner's plans fit in total but not in the allocator's layout; the single strategies applied in
         # turn lay memory out differently (measured: a MoE Transformer at 69 MiB, refused by auto at 55.9 MiB
         # in total, ran at 59.9 MiB with placement then swapping).
-        from passes import FINAL_REWRITES, PASSES
-
         alternative = [PASSES[n] for n in ALTERNATIVE_PIPELINE] + list(FINAL_REWRITES)
         alt_notes: list[str] = []
         alt = _fit(ir, alternative, base, planning_budget(budget_bytes), bound, budget_bytes, before, alt_notes)
