@@ -5,7 +5,7 @@ Three tables (issue 5), written to experiments/results/planner.{json,md}:
 1. **Guarantee.** For each graph and a ladder of budgets (fractions of vanilla's measured peak), run
    ``tfmem.optimize(budget=B)``; where it accepts, run the result in a testbed of exactly ``B`` and record
    whether it ran out of memory; where it refuses, record the lower bound it reports. Between the smallest
-   accepted and the largest refused budget, try 1.2x the refusal's bound, then bisect (three probes at most),
+   accepted and the largest refused budget, try 1.3x the refusal's bound, then bisect (three probes at most),
    and compare the smallest accepted budget with the lower bound of the refusal just below it.
 2. **Strategies at equal budget.** At one budget per graph, measured step time of the planner's plan vs
    swap-only and recompute-only plans (``passes=["partition", "limit_parallelism", X]``).
@@ -69,7 +69,7 @@ def guarantee(built: examples.Built, peak: int, fractions: tuple[float, ...], st
     """``optimize`` at each budget of the ladder, then up to ``edge_probes`` budgets between the smallest accepted
     and the largest refused one; every accepted plan runs in a testbed of exactly its budget.
 
-    The first edge probe is 1.2x the lower bound that the largest refusal reported (where that lies in between):
+    The first edge probe is 1.3x the lower bound that the largest refusal reported (where that lies in between):
     one probe then says whether the planner gets within 1.3x of its bound; the others bisect.
     """
     rows: list[dict[str, object]] = []
@@ -87,7 +87,7 @@ def guarantee(built: examples.Built, peak: int, fractions: tuple[float, ...], st
         low = edge["budget_bytes"]
         if high / low <= 1 + edge_resolution:
             break
-        guess = 1.2 * edge["lower_bound_bytes"]
+        guess = 1.3 * edge["lower_bound_bytes"]
         mid = guess if low * (1 + edge_resolution) < guess < high / (1 + edge_resolution) else math.sqrt(low * high)
         mid = int(mid) // (MiB // 16) * (MiB // 16)   # 1/16 MiB steps
         if any(r["budget_bytes"] == mid for r in rows):
@@ -158,7 +158,7 @@ def large_graph(nodes: int, fraction: float) -> dict[str, object]:
 def markdown(result: dict[str, object]) -> str:
     lines = ["# Budget planner: guarantee, smallest budget, and plans compared", "",
              f"Command: `{result['provenance']['command']}`. Budgets are fractions of vanilla's measured testbed "
-             "peak, then up to three more between the smallest accepted and the largest refused (the first at 1.2x the refusal's lower bound, then bisecting); accepted plans "
+             "peak, then up to three more between the smallest accepted and the largest refused (the first at 1.3x the refusal's lower bound, then bisecting); accepted plans "
              "run in a testbed of exactly that budget; the lower bound is the one reported by the refusal "
              "nearest the smallest accepted budget. Memory: testbed allocator "
              "(measured) and simulator; step time: median testbed wall time.", "",
