@@ -40,14 +40,14 @@ SAFETY_MARGIN = 0.05
 SAFETY_MARGIN_MIN_BYTES = 4 * 2**20
 # A plan is also replayed on the device's own allocator layout, shrunk by this share plus 4 MiB, and no request
 # may go unserved there; otherwise it is planned again for less (by what its layout needed beyond the room, at
-# least 5% of the budget; a plan for less may also be laid out differently), down to the lower bound, or until
+# least 2% of the budget; a plan for less may also be laid out differently), down to the lower bound, or until
 # CAPACITY_RETRIES replans are spent. Measured near the cap, the testbed's peak ran about 4.3 MiB above the
 # replay (a conv net: replay 90.7 MiB, measured 95.0 MiB under a 96 MiB cap; it ran out of memory under 93 MiB,
 # where the replay served every request).
 CAPACITY_SLACK = 0.02
 # What passes="auto" falls back on when every plan of the planner fits in total but not in the allocator's layout.
 ALTERNATIVE_PIPELINE = ("partition", "limit_parallelism", "place_persistent", "swap_activations", "recompute")
-CAPACITY_RETRIES = 6   # a conv net at 0.7x its peak needed 4 (in 5% steps); each costs one planner run
+CAPACITY_RETRIES = 6   # a conv net at 0.7x its peak needed 4 (in the former 5% steps); each costs one planner run
 
 
 def planning_budget(budget: int) -> int:
