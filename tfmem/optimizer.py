@@ -190,8 +190,8 @@ def optimize(
         # The planner's plans fit in total but not in the allocator's layout; the single strategies applied in
         # turn lay memory out differently (measured: a MoE Transformer at 69 MiB, refused by auto at 55.9 MiB
         # in total, ran at 59.9 MiB with placement then swapping). Not tried when the planner's plans miss in
-        # total: then they did reach plans the simulator puts under the budget that ran out of memory (an
-        # unrolled RNN at 32.94 and 34.44 MiB, simulated about 30 MiB, measured 33.0 MiB under a 36 MiB cap).
+        # total: there it accepted an unrolled RNN at 32.94 and 34.44 MiB, and both ran out of memory (at
+        # 36 MiB its plan simulated at 30.01 MiB measured 33.0 MiB).
         alternative = [PASSES[n] for n in ALTERNATIVE_PIPELINE] + list(FINAL_REWRITES)
         alt_notes: list[str] = []
         alt = _fit(ir, alternative, base, target, bound, budget_bytes, before, alt_notes)
@@ -251,21 +251,14 @@ def _fit(ir: GraphIR, pipeline: Sequence[Pass], base: PassContext, target: int |
     replans. On failure the plan to report is returned (one that fitted in total if any did), with ``fits``
     False."""
     if budget_bytes is None or target is None:
-        ctx = dataclasses.replace(base, device_budget_bytes=target)
-        new_ir, reports = run_pipeline(ir, pipeline, ctx)
-        new_ir = strip_tags(new_ir)
-        after = ctx.simulate(new_ir) if any(r.changed for r in reports) else before
-        return _Fitted(new_ir, reports, after, ctx, target, fits=True)
+        return _Fitted(*_planned(ir, pipeline, base, target, before), target, fits=True)
     room = layout_room(budget_bytes)
     plan_for = min(target, room)  # the layout replay never needs less than the plan's total
     best: _Fitted | None = None
     layout_refused = False
     for _ in range(CAPACITY_RETRIES + 1):
-        ctx = dataclasses.replace(base, device_budget_bytes=plan_for)
-        new_ir, reports = run_pipeline(ir, pipeline, ctx)
-        new_ir = strip_tags(new_ir)
-        after = ctx.simulate(new_ir) if any(r.changed for r in reports) else before
-        tried = _Fitted(new_ir, reports, after, ctx, plan_for, fits=False)
+        tried = _Fitted(*_planned(ir, pipeline, base, plan_for, before), plan_for, fits=False)
+        new_ir, after, ctx = tried.ir, tried.after, tried.ctx
         if after.peak_bytes > target:
             # Missed in total. Not planned again for less: asking the planner for less than it reached once made
             # a plan the simulator put at 30.0 MiB that measured 42.0 MiB (an unrolled RNN at a 36 MiB budget).
@@ -297,6 +290,15 @@ def _fit(ir: GraphIR, pipeline: Sequence[Pass], base: PassContext, target: int |
     assert best is not None
     best.layout_refused = layout_refused
     return best
+
+
+def _planned(ir: GraphIR, pipeline: Sequence[Pass], base: PassContext, target: int | None, before: MemoryProfile,
+             ) -> tuple[GraphIR, list[PassReport], MemoryProfile, PassContext]:
+    """``pipeline`` run for ``target``: the graph (tags stripped), the reports, its simulation and the context."""
+    ctx = dataclasses.replace(base, device_budget_bytes=target)
+    new_ir, reports = run_pipeline(ir, pipeline, ctx)
+    new_ir = strip_tags(new_ir)
+    return new_ir, reports, ctx.simulate(new_ir) if any(r.changed for r in reports) else before, ctx
 
 
 def smallest_fitting_device(ctx: PassContext, graph: GraphIR, low: int, high: int) -> int | None:
