@@ -26,6 +26,7 @@ from tensorflow.python.framework import op_def_registry
 from passes.swap_activations import (
     GapSplit,
     Split,
+    buffer_root,
     device_activations,
     peak_split,
     shares_persistent_buffer,
@@ -172,7 +173,7 @@ class Recompute:
         chain: list[str] = []
 
         def available(s: TensorRef) -> bool:
-            if s in eg.fed or shares_persistent_buffer(graph, s) or s.node not in eg.unit_of:
+            if buffer_root(graph, s) in eg.fed or shares_persistent_buffer(graph, s) or s.node not in eg.unit_of:
                 return True
             return any(timeline.rank[c] >= first_late for c in eg.consumers(s) if c not in chain)
 

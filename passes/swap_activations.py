@@ -50,6 +50,7 @@ from tfmem.editor import GraphEditor
 from tfmem.execution import ALIAS_OPS, PERSISTENT_OUTPUT_OPS, RESOURCE_VARIABLE_OPS, VARIABLE_READ_OPS
 from tfmem.ir import GraphIR, TensorRef
 from tfmem.memsim import MemoryProfile
+from tfmem.opmemory import viewed_input
 from tfmem.pipeline import PassContext, PassReport, PassResult
 from tfmem.units import format_bytes
 from tfmem.verify import SWAP_IN_ATTR, SWAP_OUT_ATTR
@@ -69,12 +70,34 @@ class SwapCandidate:
         return self.nbytes * self.idle_s
 
 
+def buffer_root(graph: GraphIR, tensor: TensorRef) -> TensorRef:
+    """The tensor whose buffer ``tensor`` occupies: itself, or the source of the alias or view it is.
+
+    Views are the kernels' (``tfmem.opmemory.VIEW_RULES``): a dim-0 slice of a fed batch shares the batch's buffer.
+
+    >>> import tensorflow as tf
+    >>> from tfmem.loading import load
+    >>> g = tf.Graph()
+    >>> with g.as_default():
+    ...     x = tf.compat.v1.placeholder(tf.float32, (4, 64), name="x")
+    ...     row = tf.identity(x[1], name="row")
+    >>> str(buffer_root(load(g), TensorRef("row", 0)))
+    'x:0'
+    """
+    while True:
+        node = graph[tensor.node]
+        if node.op in ALIAS_OPS and node.inputs and tensor.index == 0:
+            tensor = node.inputs[0]
+            continue
+        viewed = viewed_input(node, graph, tensor.index)
+        if viewed is None:
+            return tensor
+        tensor = node.inputs[viewed]
+
+
 def shares_persistent_buffer(graph: GraphIR, tensor: TensorRef) -> bool:
     """Whether ``tensor`` is a view of a variable or constant (moving it would free nothing)."""
-    node = graph[tensor.node]
-    while node.op in ALIAS_OPS and node.inputs and tensor.index == 0:
-        tensor = node.inputs[0]
-        node = graph[tensor.node]
+    node = graph[buffer_root(graph, tensor).node]
     return node.op in VARIABLE_READ_OPS or node.op in PERSISTENT_OUTPUT_OPS or node.op in RESOURCE_VARIABLE_OPS
 
 
@@ -174,8 +197,9 @@ def device_activations(graph: GraphIR, ctx: PassContext, timeline: StepTimeline,
             continue  # an alias op's output is a view: its source is the candidate
         for i, spec in enumerate(graph[u].outputs):
             t = TensorRef(u, i)
+            # A view (a slice of a fed batch, say) frees nothing when it leaves: its source holds the buffer.
             if ((spec.nbytes or 0) < min_bytes or t in eg.fetched or t in eg.fed or not movable(graph, t)
-                    or t in exclude or shares_persistent_buffer(graph, t)):
+                    or t in exclude or buffer_root(graph, t) != t or shares_persistent_buffer(graph, t)):
                 continue
             readers = readers_through_identities(graph, eg, t)
             if readers and all(on_device.get(c, False) for c in readers):  # frames and other devices: leave

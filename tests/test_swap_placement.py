@@ -18,12 +18,14 @@ from hypothesis import strategies as st
 
 import tfmem
 from passes.place_persistent import PREFETCH_TAG, TO_HOST_IN_FLIGHT, TO_HOST_TAG, PlacePersistent
-from passes.recompute import RECOMPUTE_TAG
+from passes.planner import Planner
+from passes.recompute import RECOMPUTE_TAG, Recompute
 from passes.split_addn import SplitAddN
-from passes.swap_activations import SwapActivations
+from passes.swap_activations import SwapActivations, buffer_root
 from tfmem import examples
 from tfmem.devices import same_device
 from tfmem.editor import DO_NOT_REMOVE
+from tfmem.ir import TensorRef
 from tfmem.optimizer import lower_bound_bytes
 from tfmem.pipeline import PassContext
 from tfmem.shapes import annotate
@@ -282,3 +284,19 @@ def test_a_budget_below_the_lower_bound_is_refused_before_planning():
         _optimize(built, bound + 2 * 2**20, passes="auto")   # less the safety margin: below the bound
     e = err.value
     assert e.lower_bound_bytes == bound and "nothing was tried" in str(e)
+
+
+def test_views_of_fed_batches_are_never_moved():
+    # x[t] of an unrolled RNN is a view of the fed x, which stays on the device all step: swapping it out frees
+    # nothing and its swap-in adds a copy (the planner once swapped 24 such slices and missed its budget).
+    built = examples.unrolled_rnn(steps=8, batch=256, hidden=256, inputs=256)
+    ir = tfmem.load(_placed(built.graph))
+    slices = [n.name for n in ir.nodes if n.op == "StridedSlice" and n.inputs[0].node == "x"]
+    assert slices and all(str(buffer_root(ir, TensorRef(s, 0))) == "x:0" for s in slices)
+    ctx = PassContext(tuple(built.fetches), int(_vanilla_peak(built) * 0.6), DEVICE, HOST, inter_op_threads=THREADS)
+    for moving in (SwapActivations(), Recompute(), Planner()):
+        result = moving.run(ir, ctx)
+        assert result.changed or moving.name == "recompute"   # nothing here is cheap enough to recompute
+        moved = {n.inputs[0].node for n in result.graph.nodes if n.attr_bool(SWAP_OUT_ATTR)}
+        moved |= {n.name.split("/tfmem_recompute")[0] for n in result.graph.nodes if "tfmem_recompute" in n.name}
+        assert not moved & set(slices), (moving.name, sorted(moved & set(slices)))
