@@ -122,19 +122,24 @@ def _shaped_const(name: str, device: str, spec: TensorSpec, gates: list[str]) ->
 
 
 def _topological(graph: GraphIR) -> list[OpNode]:
-    """The nodes with every node after its predecessors (Grappler's output need not be ordered so)."""
+    """The nodes with every node after its predecessors (Grappler's output need not be ordered so).
+
+    A loop's back edge (``NextIteration`` into ``Merge``) is skipped where it closes a cycle; neither op folds.
+    """
     done: set[str] = set()
+    entered: set[str] = set()
     out: list[OpNode] = []
     for root in graph.nodes:
         stack = [(root.name, False)]
         while stack:
             name, expanded = stack.pop()
-            if name in done:
-                continue
             if expanded:
                 done.add(name)
                 out.append(graph[name])
                 continue
+            if name in entered:
+                continue
+            entered.add(name)
             stack.append((name, True))
-            stack.extend((p, False) for p in graph[name].predecessors if p not in done and p in graph)
+            stack.extend((p, False) for p in graph[name].predecessors if p not in entered and p in graph)
     return out
