@@ -253,3 +253,30 @@ def test_first_step_adam_update_copies_a_shared_slot_mid_region():
             == simulate(adam.graph, adam.fetches).persistent_bytes)
     momentum = examples.mlp(batch=64, dims=(256, 512, 10), optimizer="momentum")
     assert not _replayed(momentum, 64 << 20)._first_update_copies()
+
+
+def test_executor_folds_gated_constants_into_persistent_memory():
+    # A Fill gated by a control edge survives Grappler, but the executor's own constant folding turns it into a
+    # Const kernel that holds its 1 MiB for the session (measured: 7 such constants in a planned RNN's partition).
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, (512, 512), name="x")
+        with tf.control_dependencies([x.op]):
+            ones = tf.fill((512, 512), 2.0, name="ones")
+        tf.multiply(x, ones, name="y")
+    assert simulate(g, ["y:0"], grappler=False).persistent_bytes < 4096
+    assert simulate(g, ["y:0"], grappler=True).persistent_bytes >= 512 * 512 * 4
+
+
+def test_a_capacity_replays_the_feeds_in_their_worst_order():
+    # BFC splits a free chunk only when it is twice the request. Under a 31 MiB cap (a 2 MiB region, then 29 MiB),
+    # "big" (12 MiB) allocated first leaves room for small * 2; allocated after "small" (6 MiB), it takes the
+    # 23 MiB left whole and small * 2 fails. Sessions allocate feeds in the caller's order, which the graph lacks.
+    g = tf.Graph()
+    with g.as_default():
+        small = tf.compat.v1.placeholder(tf.float32, (6 * 2**18,), name="small")
+        big = tf.compat.v1.placeholder(tf.float32, (12 * 2**18,), name="big")
+        tf.add(tf.reduce_sum(small * 2.0), tf.reduce_sum(big), name="y")
+    assert simulate(g, ["y:0"], grappler=False).peak_bytes < 25 * 2**20
+    assert simulate(g, ["y:0"], grappler=False, device_memory=31 * 2**20).allocation_failures > 0
+    assert simulate(g, ["y:0"], grappler=False, device_memory=40 * 2**20).allocation_failures == 0

@@ -293,7 +293,7 @@ def test_views_of_fed_batches_are_never_moved():
     ir = tfmem.load(_placed(built.graph))
     slices = [n.name for n in ir.nodes if n.op == "StridedSlice" and n.inputs[0].node == "x"]
     assert slices and all(str(buffer_root(ir, TensorRef(s, 0))) == "x:0" for s in slices)
-    ctx = PassContext(tuple(built.fetches), int(_vanilla_peak(built) * 0.6), DEVICE, HOST, inter_op_threads=THREADS)
+    ctx = PassContext(tuple(built.fetches), int(_vanilla_peak(built) * 0.8), DEVICE, HOST, inter_op_threads=THREADS)
     for moving in (SwapActivations(), Recompute(), Planner()):
         result = moving.run(ir, ctx)
         assert result.changed or moving.name == "recompute"   # nothing here is cheap enough to recompute
