@@ -39,13 +39,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from passes.planner import allocated_bytes
 from passes.transfer import IDENTITY_OPS, identity_attrs
 from tfmem.devices import Placement
 from tfmem.editor import GraphEditor
 from tfmem.execution import ALIAS_OPS, PERSISTENT_OUTPUT_OPS, VARIABLE_READ_OPS, ExecutionGraph
 from tfmem.frames import find_regions
 from tfmem.ir import GraphIR, OpNode, TensorRef
+from tfmem.opmemory import allocated_bytes
 from tfmem.pipeline import PassContext, PassReport, PassResult
 from tfmem.units import format_bytes
 

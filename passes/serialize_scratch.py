@@ -28,9 +28,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from passes.planner import UNCHAINED_OPS, scratch_bytes, serialize_large_ops
+from passes.planner import UNCHAINED_OPS, serialize_large_ops
 from tfmem.devices import Placement
 from tfmem.ir import GraphIR
+from tfmem.opmemory import scratch_bytes
 from tfmem.pipeline import PassContext, PassReport, PassResult
 from tfmem.units import format_bytes
 

@@ -12,12 +12,12 @@ import pytest
 import tfmem
 from passes.fence_transfers import FENCE_BYTES, MIN_BYTES, FenceTransfers
 from passes.place_persistent import PlacePersistent
-from passes.planner import scratch_bytes
 from passes.serialize_scratch import MIN_SCRATCH_BYTES, SerializeScratch
 from passes.swap_activations import SwapActivations
 from tfmem import examples
 from tfmem.devices import Placement
 from tfmem.loading import load
+from tfmem.opmemory import scratch_bytes
 from tfmem.pipeline import PassContext
 from tfmem.verify import SWAP_OUT_ATTR, verify
 
