@@ -17,8 +17,10 @@ The solver starts from the greedy heuristic's plan (least cost per byte of exces
 picks dropped, then each pick left out in turn where that covers for less) and has a time limit; when it runs
 out, the heuristic plan is used and the report says so. The chosen plan is applied and re-simulated: options
 interact (a swap-in lands while another tensor is back), so if the peak is still over the budget the excess is
-added to the requirement and the plan is solved again, a few times. A plan that fits is compared with each
-strategy alone (on graphs of up to ``COMPARE_SINGLE_MAX_OPS`` ops), and the quicker by the simulator's step
+added to the requirement and the plan is solved again, a few times; what is still over is then planned on the
+applied plan's own simulation (swaps and recomputations only) while the peak falls. Every plan is judged with
+its copies to host fenced (``passes.fence_transfers``), as ``optimize`` runs it. A plan that fits is compared
+with each strategy alone (on graphs of up to ``COMPARE_SINGLE_MAX_OPS`` ops), and the quicker by the simulator's step
 estimate is kept. If the budget stays out of reach, each strategy is tried alone (its greedy pass re-simulates
 after every step, so it sees interactions the model misses) and the fitting one of least estimated step time
 is kept; failing that, the planner retries with the large device ops chained one after another (their working
@@ -33,6 +35,7 @@ Requires: a budget (without one it leaves the graph alone). Ensures: the same va
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import heapq
 import time
 import warnings
@@ -251,8 +254,7 @@ class Planner:
         for _ in range(self.rounds):
             left = self.time_limit_s - sum(p.solve_s for p in plans)
             timeline = StepTimeline.build(graph, ctx.fetches, profile, ctx.feed_shapes)
-            options = Planner(self.time_limit_s, self.rounds, self.use_solver, kinds, self.link).options(
-                graph, ctx, timeline, profile)
+            options = dataclasses.replace(self, kinds=kinds).options(graph, ctx, timeline, profile)
             plan = self.solve(options, profile, budget, time_limit_s=left)
             if not plan.chosen:
                 break
@@ -642,14 +644,15 @@ def _report(name: str, before: GraphIR, after: GraphIR, start: MemoryProfile, en
                                  f"-> {format_bytes(end.peak_bytes)}, {met} the budget"))
     notes = (
         f"plan ({label}): " + (", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "nothing chosen")
-        + f"; solver {final.status} in {sum(p.solve_s for p in plans):.1f} s over {len(plans)} round(s); "
+        + f"; solver {final.status} in {sum(p.solve_s for p in plans):.1f} s over {len(plans)} round(s)"
+        + (f" and {final.follow_ups} on the applied plan" if final.follow_ups else "") + "; "
         f"estimated overhead {final.objective_s * 1e3:.1f} ms per step (heuristic plan: "
         f"{final.heuristic_objective_s * 1e3:.1f} ms)",
         f"simulated peak {format_bytes(start.peak_bytes)} -> {format_bytes(end.peak_bytes)}, {met} the budget",
     )
     details: dict[str, object] = {
         "decisions": [{"kind": o.kind, "tensor": o.key, "bytes": o.nbytes, "cost_s": o.cost_s} for o in final.chosen],
-        "solver_status": final.status, "solve_s": sum(p.solve_s for p in plans),
+        "solver_status": final.status, "solve_s": sum(p.solve_s for p in plans), "follow_ups": final.follow_ups,
         "objective_s": final.objective_s, "heuristic_objective_s": final.heuristic_objective_s,
         "order": label,
     }
