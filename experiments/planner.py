@@ -13,6 +13,7 @@ Three tables (issue 5), written to experiments/results/planner.{json,md}:
 
     python -m experiments.planner            # full run (~15 minutes on 2 cores)
     python -m experiments.planner --tiny     # CI smoke run
+    python -m experiments.planner --strategies-at 0.7   # only table 2, at 0.7x each graph's vanilla peak
 """
 
 from __future__ import annotations
@@ -191,20 +192,34 @@ def markdown(result: dict[str, object]) -> str:
                          f"| {name} | {format_bytes(r['budget_bytes'])} | {r['solver_status']} | {r['solve_s']:.2f} s "
                          f"| 0 ms | {heur * 1e3:.1f} ms | - |")
     lines += ["", "## Strategies at equal budget (measured step time)", "",
-              "| graph | budget | " + " | ".join(STRATEGIES) + " |", "|---|---:|" + "---:|" * len(STRATEGIES)]
-    for name, g in result["graphs"].items():
-        s = g.get("strategies")
-        if not s:
-            continue
-        cells = []
-        for label in STRATEGIES:
-            r = s[label]
-            cells.append("refused" if r["refused"] else ("OOM" if r["oom"] else f"{r['step_s'] * 1e3:.0f} ms"))
-        lines.append(f"| {name} | {format_bytes(s['budget_bytes'])} | " + " | ".join(cells) + " |")
+              *_strategies_md({name: g["strategies"] for name, g in result["graphs"].items() if g.get("strategies")})]
     big = result.get("large_graph")
     if big:
         lines += ["", "## Planner time on a large graph", "", _large_md(big).rstrip("\n")]
     return "\n".join(lines) + "\n"
+
+
+def _strategies_md(rows: dict[str, dict[str, object]]) -> list[str]:
+    """The strategies table: per graph and strategy, measured step time and peak, or why there is none."""
+    lines = ["| graph | budget | " + " | ".join(STRATEGIES) + " |", "|---|---:|" + "---:|" * len(STRATEGIES)]
+    for name, s in rows.items():
+        cells = []
+        for label in STRATEGIES:
+            r = s[label]
+            cells.append("refused" if r["refused"] else "OOM" if r["oom"] else
+                         f"{r['step_s'] * 1e3:.0f} ms ({format_bytes(r['measured_peak_bytes'] or 0)})")
+        lines.append(f"| {name} | {format_bytes(s['budget_bytes'])} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def strategies_only(fraction: float, steps: int, tiny: bool) -> dict[str, object]:
+    """The strategies table at ``fraction`` of each graph's vanilla peak, where more than the planner may fit."""
+    rows: dict[str, object] = {}
+    for name, built in tqdm(graphs(tiny).items(), desc="graphs", unit="graph"):
+        with Testbed("2GiB") as tb:
+            peak = tb.run(built.graph, built.fetches, built.feeds, steps=1).device_peak_bytes or 0
+        rows[name] = strategies(built, max(math.floor(peak * fraction / MiB), 2) * MiB, steps)
+    return rows
 
 
 def _large_md(big: dict[str, object]) -> str:
@@ -223,8 +238,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--large-only", action="store_true",
                         help="only time the planner on the 20,000-op graph (writes planner_large_graph.*)")
+    parser.add_argument("--strategies-at", type=float, metavar="FRACTION",
+                        help="only the strategies table, at FRACTION of each graph's vanilla peak "
+                             "(writes planner_strategies.*)")
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args(argv)
+    if args.strategies_at is not None:
+        if not 0 < args.strategies_at <= 1:
+            parser.error(f"--strategies-at takes a fraction in (0, 1], got {args.strategies_at}")
+        rows = strategies_only(args.strategies_at, args.steps, args.tiny)
+        md = "\n".join([f"# Strategies at equal budget ({args.strategies_at:g}x vanilla's measured peak)", "",
+                        f"Command: `{provenance(argv)['command']}`. Measured: testbed step time (median) and "
+                        "device peak; each plan runs in a testbed of exactly the budget.", "",
+                        *_strategies_md(rows)]) + "\n"
+        paths = write("planner_strategies", {"provenance": provenance(argv), "fraction": args.strategies_at,
+                                             "graphs": rows}, md, Path(args.out))
+        print(md)
+        print("wrote", *paths)
+        return 0
     if args.large_only:
         row = large_graph(20_000, 0.7)
         md = "# Planner time on a large graph\n\n" + f"Command: `{provenance(argv)['command']}`.\n\n" + _large_md(row)

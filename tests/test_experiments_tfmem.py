@@ -56,6 +56,16 @@ def test_planner_tiny_never_runs_out_of_memory_when_it_accepts(tmp_path):
 
 
 @pytest.mark.testbed
+def test_planner_strategies_at_a_fraction_tiny(tmp_path):
+    assert planner.main(["--tiny", "--strategies-at", "0.8", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "planner_strategies.json").read_text())
+    row = data["graphs"]["mlp-small"]
+    assert set(row) == {"budget_bytes", *planner.STRATEGIES}
+    assert all(r["refused"] or not r["oom"] for label, r in row.items() if label != "budget_bytes")
+    assert "| mlp-small |" in (tmp_path / "planner_strategies.md").read_text()
+
+
+@pytest.mark.testbed
 def test_moe_placement_tiny(tmp_path):
     assert moe_placement.main(["--tiny", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "moe_placement_tiny.json").read_text())
