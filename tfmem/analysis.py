@@ -75,19 +75,18 @@ def expensive_of(eg: ExecutionGraph, ir: GraphIR, device: costmodel.DeviceSpec, 
 
 
 def step_time_estimate(eg: ExecutionGraph, durations: dict[str, float], parallel: dict[str, bool],
-                       cores: int, copy_work_s: float = 0.0) -> float:
+                       cores: int) -> float:
     """Step time if big ops spread over ``cores`` (intra-op parallelism) and ops share the cores.
 
     The larger of the critical path (big ops at ``cores``-fold speed, small ones on one core) and the total
     work over ``cores``: limiting inter-op parallelism costs time only where it lengthens the critical path.
-    ``copy_work_s`` is compute the step's copies between device and host take from the cores.
     """
     finish: dict[str, float] = {}
     for u in _topological(eg):  # GraphDef order need not be topological
         own = durations[u] / cores if parallel[u] else durations[u]
         finish[u] = own + max((finish[p] for p in eg.unit_preds[u]), default=0.0)
     critical = max(finish.values(), default=0.0)
-    return max(critical, (sum(durations.values()) + copy_work_s) / cores)
+    return max(critical, sum(durations.values()) / cores)
 
 
 def _topological(eg: ExecutionGraph) -> list[str]:

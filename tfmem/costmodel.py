@@ -29,9 +29,6 @@ class DeviceSpec:
     link_bandwidth: float          # bytes/s host <-> device, one direction
     launch_overhead_s: float = 5e-6
     link_latency_s: float = 10e-6
-    # Share of a copy's link time that also occupies the compute cores, however well it overlaps: a DMA
-    # engine's copy costs the host little; the testbed's loopback gRPC copies on the same cores it computes on.
-    transfer_cpu_share: float = 0.25
 
     def transfer_s(self, nbytes: int) -> float:
         """Seconds to move ``nbytes`` over the link."""
@@ -39,10 +36,8 @@ class DeviceSpec:
 
 
 DEVICES: dict[str, DeviceSpec] = {
-    # The testbed: one CPU core doing float math, gRPC over loopback as the "link" (order of magnitude). Its
-    # copies cost their whole link time in compute (measured: a conv net at 85 MiB, 24 MiB swapped, ran
-    # 14 ms slower than recomputing one tensor, which the model put at 4.7 ms; 16.8 ms of link time).
-    "testbed": DeviceSpec("testbed (CPU + loopback gRPC)", 3e10, 3e10, 1.5e9, 20e-6, 100e-6, 1.0),
+    # The testbed: one CPU core doing float math, gRPC over loopback as the "link" (order of magnitude).
+    "testbed": DeviceSpec("testbed (CPU + loopback gRPC)", 3e10, 3e10, 1.5e9, 20e-6, 100e-6),
     "TitanX+PCIe3": DeviceSpec("TitanX (12 GB) + PCIe3 x16", 6e12, 3.36e11, 12e9),
     "V100+PCIe3": DeviceSpec("V100 (16 GB) + PCIe3 x16", 14e12, 9e11, 12e9),
     "H200+PCIe5": DeviceSpec("H200 (141 GB) + PCIe5 x16", 60e12, 4.8e12, 55e9),

@@ -201,29 +201,11 @@ def simulate(
                    for o in (feed_orders(eg) if device_memory is not None else [None])),
                   key=lambda p: (p.allocation_failures, p.peak_bytes))
     # A fixed order is one thread's schedule: its length is the estimate (and scoring orders stays cheap).
-    step = sched.makespan_s if order is not None else step_time_estimate(
-        eg, durations, analysis.parallel, cores, copy_work_s(eg, placement, cost_device))
+    step = sched.makespan_s if order is not None else step_time_estimate(eg, durations, analysis.parallel, cores)
     profile = dataclasses.replace(profile, estimated_step_s=step)
     if not grappler:
         _PROFILES.put(ir, key, profile)
     return profile
-
-
-def copy_work_s(eg: ExecutionGraph, placement: Placement, device: costmodel.DeviceSpec) -> float:
-    """Compute time the step's device<->host copies take from the cores (``DeviceSpec.transfer_cpu_share``).
-
-    Each tensor read across the device/host boundary is copied once per domain that reads it.
-    """
-    domain = {u: placement.domain(eg.graph[eg.members[u][0]].device) for u in eg.units}
-    total = 0.0
-    for u in eg.units:
-        if domain[u] not in ("device", "host") or eg.is_region(u):
-            continue
-        for t in eg.outputs_of(u):
-            readers = {domain[c] for c in eg.consumers(t)} & {"device", "host"}
-            if readers - {domain[u]}:
-                total += device.transfer_s(eg.graph.spec(t).nbytes or 0)
-    return device.transfer_cpu_share * total
 
 
 def feed_orders(eg: ExecutionGraph) -> list[tuple[TensorRef, ...]]:
