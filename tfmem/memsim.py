@@ -2,6 +2,8 @@
 
 It follows TensorFlow's executor and allocator:
 
+* with Grappler, the graph is the one the session runs: Grappler's rewrites, then the executor's own constant
+  folding (``tfmem.executor_folding``);
 * the order is ``tfmem.schedule.emulate`` (TF's ready-queue policy; of several draws of the successor orders
   TF hashes, the one with the median peak) unless an explicit order is given;
 * an op's outputs are allocated when it starts and each buffer is freed when its last reader finishes;
@@ -153,7 +155,8 @@ def simulate(
         measured 69.0 MiB there). With a capacity the replay also runs the session's first step before the
         reported one (the testbed measures after a warm-up step): there TF copies one of each variable's two
         Adam slots, which share their initial buffer, into a new chunk mid-region (``FIRST_UPDATE_COPY_OPS``),
-        and later steps run around it
+        and later steps run around it; and the fed tensors are allocated in each of ``feed_orders`` (a session
+        follows the caller's feed dict), the worst replay reported
 
     Raises
     ------
