@@ -73,6 +73,11 @@ class FenceTransfers:
         if not copied:
             return PassResult(graph, False, PassReport.empty(
                 self.name, f"no device tensor of {format_bytes(MIN_BYTES)} or more is copied to the host"))
+        # Copies fenced already (the planner judges its plans fenced; optimize fences again last) keep their
+        # fence: another one could reorder a graph whose peak was taken with the first.
+        copied = [t for t in copied if not _fenced(graph, t, domain)]
+        if not copied:
+            return PassResult(graph, False, PassReport.empty(self.name, "every copy to the host is fenced already"))
         eg = ExecutionGraph.build(graph, ctx.fetches, ctx.feed_shapes)
         in_frames = find_regions(graph)
         order = [u for u in ctx.simulate(graph, inter_op_threads=1, grappler=False).schedule.order
@@ -125,6 +130,13 @@ def _device_readers(graph: GraphIR, tensor: TensorRef, domain: dict[str, str]) -
             if graph[reader].op in IDENTITY_OPS:
                 frontier.append(TensorRef(reader, 0))
     return readers
+
+
+def _fenced(graph: GraphIR, tensor: TensorRef, domain: dict[str, str]) -> bool:
+    """Whether a host reader of ``tensor`` already holds a device op back by a control edge (a fence)."""
+    return any(domain.get(r) == "host" and any(domain.get(s) == "device" and r in graph[s].control_inputs
+                                               for s in graph.successors[r])
+               for r in graph.consumers[tensor])
 
 
 def _resident(graph: GraphIR, node: OpNode) -> bool:

@@ -47,6 +47,16 @@ def swapped():
     return built, ctx, graph
 
 
+def test_fencing_a_fenced_graph_changes_nothing(swapped):
+    # The planner judges its plans fenced and optimize fences again last: a second fence could reorder the graph
+    # after its peak was taken.
+    _, ctx, graph = swapped
+    once = FenceTransfers().run(graph, ctx)
+    assert once.changed
+    twice = FenceTransfers().run(once.graph, ctx)
+    assert not twice.changed and twice.graph is once.graph
+
+
 def test_every_large_copy_to_host_gates_a_later_large_allocation(swapped):
     built, ctx, graph = swapped
     result = FenceTransfers().run(graph, ctx)
@@ -99,8 +109,12 @@ def test_optimize_fences_after_the_plan():
     built = examples.mlp(batch=4096, dims=(256, 512, 512, 512, 10), optimizer="momentum")
     peak = PassContext(tuple(built.fetches), None, DEVICE, HOST).simulate(load(built.graph)).peak_bytes
     opt = tfmem.optimize(built.graph, built.fetches, budget=peak - (2 << 20), device=DEVICE, host=HOST)
-    last = opt.report.passes[-1]
-    assert last.name == "fence_transfers" and last.changed
+    assert opt.report.passes[-1].name == "fence_transfers"
+    # the planner fences the plans it judges, so the last pass may find every copy fenced already
+    domain = Placement(DEVICE, HOST).domain
+    fences = [(c, n.name) for n in opt.ir.nodes if domain(n.device) == "device" for c in n.control_inputs
+              if domain(opt.ir[c].device) == "host"]
+    assert fences
     assert opt.report.after.peak_bytes < peak
 
 
