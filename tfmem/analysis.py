@@ -7,11 +7,12 @@ once per graph and fetches and kept here.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
 from tfmem import costmodel
+from tfmem.devices import Placement
 from tfmem.errors import ScheduleError
 from tfmem.execution import ALIAS_OPS, PERSISTENT_OUTPUT_OPS, VARIABLE_READ_OPS, ExecutionGraph
 from tfmem.graphcache import GraphCache
@@ -74,19 +75,59 @@ def expensive_of(eg: ExecutionGraph, ir: GraphIR, device: costmodel.DeviceSpec, 
     return {u: not gpu and (eg.is_region(u) or costmodel.is_expensive(ir[u], ir, device)) for u in eg.units}
 
 
+@dataclass(frozen=True)
+class Transfer:
+    """One host<->device copy a unit waits for: the tensor, its producer's unit, seconds, and the direction."""
+
+    tensor: TensorRef
+    producer: str
+    seconds: float
+    to_host: bool
+
+
+def transfers_into(eg: ExecutionGraph, placement: Placement, device: costmodel.DeviceSpec,
+                   ) -> dict[str, list[Transfer]]:
+    """Per unit, the copies over ``device``'s link that it waits for (inputs made in the other memory domain).
+
+    Fed tensors are left out: every plan of a graph feeds the same ones.
+    """
+    domain = {u: placement.domain(eg.graph[eg.members[u][0]].device) for u in eg.units}
+    out: dict[str, list[Transfer]] = {}
+    for u in eg.units:
+        for t in eg.unit_inputs[u]:
+            p = eg.unit_of.get(t.node)
+            if p is None or t in eg.fed or {domain[p], domain[u]} != {"device", "host"}:
+                continue
+            seconds = device.transfer_s(eg.graph.spec(t).nbytes or 0)
+            out.setdefault(u, []).append(Transfer(t, p, seconds, domain[u] == "host"))
+    return out
+
+
 def step_time_estimate(eg: ExecutionGraph, durations: dict[str, float], parallel: dict[str, bool],
-                       cores: int) -> float:
+                       cores: int, transfers: Mapping[str, Sequence[Transfer]] | None = None,
+                       transfer_cpu_share: float = 0.0) -> float:
     """Step time if big ops spread over ``cores`` (intra-op parallelism) and ops share the cores.
 
-    The larger of the critical path (big ops at ``cores``-fold speed, small ones on one core) and the total
-    work over ``cores``: limiting inter-op parallelism costs time only where it lengthens the critical path.
+    The largest of three bounds: the critical path (big ops at ``cores``-fold speed, small ones on one core,
+    each host<->device copy on the edges it feeds), the total work over ``cores`` (``transfer_cpu_share`` of
+    every copy counts as work: on the testbed the "link" is gRPC on the same cores), and the busier direction
+    of the link (it carries one copy at a time each way). Limiting inter-op parallelism costs time only where
+    it lengthens the critical path. ``transfers`` comes from ``transfers_into``; a tensor that several units
+    on the other side read is copied once.
     """
+    transfers = transfers or {}
     finish: dict[str, float] = {}
     for u in _topological(eg):  # GraphDef order need not be topological
         own = durations[u] / cores if parallel[u] else durations[u]
-        finish[u] = own + max((finish[p] for p in eg.unit_preds[u]), default=0.0)
+        ready = max((finish[p] for p in eg.unit_preds[u]), default=0.0)
+        for copy in transfers.get(u, ()):
+            ready = max(ready, finish.get(copy.producer, 0.0) + copy.seconds)
+        finish[u] = own + ready
     critical = max(finish.values(), default=0.0)
-    return max(critical, sum(durations.values()) / cores)
+    copies = {(c.tensor, c.to_host): c.seconds for into in transfers.values() for c in into}
+    work = sum(durations.values()) + transfer_cpu_share * sum(copies.values())
+    link = max(sum(s for (_, to_host), s in copies.items() if to_host == d) for d in (False, True))
+    return max(critical, work / cores, link)
 
 
 def _topological(eg: ExecutionGraph) -> list[str]:

@@ -29,6 +29,8 @@ class DeviceSpec:
     link_bandwidth: float          # bytes/s host <-> device, one direction
     launch_overhead_s: float = 5e-6
     link_latency_s: float = 10e-6
+    # Share of each copy's link time that also occupies the compute cores (0 for a DMA engine).
+    transfer_cpu_share: float = 0.0
 
     def transfer_s(self, nbytes: int) -> float:
         """Seconds to move ``nbytes`` over the link."""
@@ -62,10 +64,36 @@ def op_flops(node: OpNode, graph: GraphIR) -> float:
         return 2.0 * out_elems * float(inner or 1)
     if node.op in ("Conv2D", "_FusedConv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter", "DepthwiseConv2dNative"):
         return _conv_flops(node, graph)
-    if node.op in ("Einsum",):
+    if node.op == "Einsum":
+        return _einsum_flops(node, graph, out_elems)
+    return float(out_elems)
+
+
+def _einsum_flops(node: OpNode, graph: GraphIR, out_elems: int) -> float:
+    """Multiply-adds over every index of the equation: ``"bij,bjk->bik"`` is ``2*b*i*j*k``.
+
+    Each index letter's size comes from the operand it labels; an ellipsis stands for the leading dimensions
+    of the operand that carries it. Without the equation, the largest operand is the guess.
+    """
+    value = node.attrs.get("equation")
+    equation = value.s.decode() if value is not None else ""
+    lhs = equation.split("->")[0].replace(" ", "").split(",") if "->" in equation else []
+    sizes: dict[str, int] = {}
+    for labels, ref in zip(lhs, node.inputs, strict=False):
+        shape = graph.spec(ref).shape
+        if shape is None:
+            sizes.clear()
+            break
+        if "..." in labels:  # the ellipsis covers what the named letters leave of the rank
+            head, tail = labels.split("...")
+            n_ellipsis = len(shape) - len(head) - len(tail)
+            labels = head + "".join(chr(0x100 + i) for i in range(n_ellipsis)) + tail
+        for letter, dim in zip(labels, shape, strict=False):
+            sizes[letter] = max(sizes.get(letter, 1), int(dim or 1))
+    if not sizes:
         ins = [_elems(graph.spec(t).shape) for t in node.inputs]
         return 2.0 * max(ins + [out_elems])
-    return float(out_elems)
+    return 2.0 * prod(sizes.values())
 
 
 def _conv_flops(node: OpNode, graph: GraphIR) -> float:

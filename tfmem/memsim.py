@@ -41,7 +41,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2
 
 from tfmem import costmodel
-from tfmem.analysis import Analysis, analyse, step_time_estimate, units_in
+from tfmem.analysis import Analysis, analyse, step_time_estimate, transfers_into, units_in
 from tfmem.bfc import BFCAllocator, rounded_bytes
 from tfmem.devices import DEFAULT_DEVICE, Placement, with_default_device
 from tfmem.execution import (
@@ -204,7 +204,11 @@ def simulate(
                    for o in (feed_orders(eg) if device_memory is not None else [None])),
                   key=lambda p: (p.allocation_failures, p.peak_bytes))
     # A fixed order is one thread's schedule: its length is the estimate (and scoring orders stays cheap).
-    step = sched.makespan_s if order is not None else step_time_estimate(eg, durations, analysis.parallel, cores)
+    if order is not None:
+        step = sched.makespan_s
+    else:
+        step = step_time_estimate(eg, durations, analysis.parallel, cores, transfers_into(eg, placement, cost_device),
+                                  cost_device.transfer_cpu_share)
     profile = dataclasses.replace(profile, estimated_step_s=step)
     if not grappler:
         _PROFILES.put(ir, key, profile)
