@@ -69,9 +69,14 @@ from tfmem.opmemory import allocated_bytes
 from tfmem.pipeline import PassContext, PassReport, PassResult
 from tfmem.units import format_bytes
 
-# Swapped bytes also cost CPU time to copy even when the transfer overlaps compute (more so on the testbed,
-# whose "link" is gRPC on the same cores); this share of the transfer time is charged as overhead.
+# Swapped bytes also cost CPU time to copy even when the transfer overlaps compute: at least this share of the
+# transfer time is charged as overhead, more where the link keeps the cores busy (``copy_share``).
 TRANSFER_OVERHEAD_SHARE = 0.25
+
+
+def copy_share(link: costmodel.DeviceSpec) -> float:
+    """Share of a copy's link time charged as step time besides its exposed part (the testbed's gRPC: all)."""
+    return max(TRANSFER_OVERHEAD_SHARE, link.transfer_cpu_share)
 # Up to this many ops, a plan that fits is also compared with each single strategy's (each re-simulates the graph
 # after every step it takes: seconds on graphs this size, minutes on 20,000 ops).
 COMPARE_SINGLE_MAX_OPS = 5000
@@ -290,7 +295,7 @@ class Planner:
             for c in SwapActivations(link=self.link).candidates_over_gaps(graph, ctx, timeline):
                 back = min(timeline.end_s[p.trigger] for p in c.prefetches if p.trigger)
                 transfer = sum(p.transfer_s for p in c.prefetches) + self.link.transfer_s(c.nbytes)
-                cost = sum(p.exposed_s for p in c.prefetches) + TRANSFER_OVERHEAD_SHARE * transfer
+                cost = sum(p.exposed_s for p in c.prefetches) + copy_share(self.link) * transfer
                 out.append(Option("swap", str(c.tensor), c.nbytes, cost,
                                   ((c.idle_from_s, back, c.nbytes),), c))
         if "recompute" in self.kinds:
@@ -310,7 +315,7 @@ class Planner:
                     for t, prefetches in reads for p in prefetches)
                 savings = _minus_windows(g.nbytes, windows, makespan)
                 transfer = sum(p.transfer_s for _, ps in reads for p in ps) + self.link.transfer_s(g.nbytes)
-                cost = sum(p.exposed_s for _, ps in reads for p in ps) + TRANSFER_OVERHEAD_SHARE * transfer
+                cost = sum(p.exposed_s for _, ps in reads for p in ps) + copy_share(self.link) * transfer
                 out.append(Option("place", ",".join(g.roots), g.nbytes, cost, savings, g))
         return out
 
@@ -687,19 +692,19 @@ def _single_report(name: str, before: GraphIR, after: GraphIR, start: MemoryProf
 def single_decisions(report: PassReport, link: costmodel.DeviceSpec) -> list[dict[str, object]]:
     """Per tensor or variable group that a single strategy's pass moved: kind, bytes, estimated cost.
 
-    Costs are the planner's own terms (``options``): a swap's exposed transfer plus ``TRANSFER_OVERHEAD_SHARE``
-    of its transfers; a recomputation's compute; for host placements, ``TRANSFER_OVERHEAD_SHARE`` of their
+    Costs are the planner's own terms (``options``): a swap's exposed transfer plus ``copy_share(link)``
+    of its transfers; a recomputation's compute; for host placements, ``copy_share(link)`` of their
     prefetches' transfer time, split among the groups by bytes (the pass does not report exposure per group).
     """
     out: list[dict[str, object]] = []
     for tensor, nbytes, _ins, transfer_s, exposed_s in report.details.get("swapped", ()):  # type: ignore[attr-defined]
-        cost = exposed_s + TRANSFER_OVERHEAD_SHARE * (transfer_s + link.transfer_s(nbytes))
+        cost = exposed_s + copy_share(link) * (transfer_s + link.transfer_s(nbytes))
         out.append({"kind": "swap", "tensor": tensor, "bytes": nbytes, "cost_s": cost})
     for tensor, nbytes, _chain, compute_s in report.details.get("recomputed", ()):  # type: ignore[attr-defined]
         out.append({"kind": "recompute", "tensor": tensor, "bytes": nbytes, "cost_s": compute_s})
     groups = list(report.details.get("groups", ()))  # type: ignore[call-overload]
     total = sum(n for _, n in groups) or 1
     for roots, nbytes in groups:
-        cost = TRANSFER_OVERHEAD_SHARE * link.transfer_s(report.bytes_moved) * nbytes / total
+        cost = copy_share(link) * link.transfer_s(report.bytes_moved) * nbytes / total
         out.append({"kind": "place", "tensor": roots, "bytes": nbytes, "cost_s": cost})
     return out

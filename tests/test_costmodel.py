@@ -64,7 +64,7 @@ def _swapped(nbytes: int, branches: int = 1) -> tf.Graph:
 
 
 def test_copies_lengthen_the_estimated_step_by_their_link_time():
-    slow = dataclasses.replace(costmodel.DEFAULT_DEVICE, link_bandwidth=1e8, link_latency_s=0.0)
+    slow = dataclasses.replace(costmodel.DEFAULT_DEVICE, link_bandwidth=1e8, link_latency_s=0.0, transfer_cpu_share=0.0)
     fast = dataclasses.replace(slow, link_bandwidth=1e12)
     kw = dict(host=HOST, grappler=False, cores=1)
     slow_step = simulate(_swapped(8 * MiB), ["s:0"], cost_device=slow, **kw).estimated_step_s
@@ -76,7 +76,8 @@ def test_copies_lengthen_the_estimated_step_by_their_link_time():
 def test_copies_charged_as_work_where_the_link_shares_the_cores():
     # Three branches copy side by side: the critical path holds two copies, the link three each way. Charged as
     # work too (the testbed's gRPC "link" runs on the compute cores), the six copies and the ops share two cores.
-    dedicated = dataclasses.replace(costmodel.DEFAULT_DEVICE, link_bandwidth=1e9, link_latency_s=0.0)
+    dedicated = dataclasses.replace(costmodel.DEFAULT_DEVICE, link_bandwidth=1e9, link_latency_s=0.0,
+                                    transfer_cpu_share=0.0)
     shared = dataclasses.replace(dedicated, transfer_cpu_share=1.0)
     kw = dict(host=HOST, grappler=False, cores=2)
     g = _swapped(8 * MiB, branches=3)

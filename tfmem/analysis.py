@@ -109,11 +109,12 @@ def step_time_estimate(eg: ExecutionGraph, durations: dict[str, float], parallel
     """Step time if big ops spread over ``cores`` (intra-op parallelism) and ops share the cores.
 
     The largest of three bounds: the critical path (big ops at ``cores``-fold speed, small ones on one core,
-    each host<->device copy on the edges it feeds), the total work over ``cores`` (``transfer_cpu_share`` of
-    every copy counts as work: on the testbed the "link" is gRPC on the same cores), and the busier direction
-    of the link (it carries one copy at a time each way). Limiting inter-op parallelism costs time only where
-    it lengthens the critical path. ``transfers`` comes from ``transfers_into``; a tensor that several units
-    on the other side read is copied once.
+    each host<->device copy on the edges it feeds), the total work over ``cores``, and the busier direction of
+    the link (it carries one copy at a time each way). A copy also takes ``transfer_cpu_share`` of the cores for
+    its whole link time (0 for a DMA engine; on the testbed the "link" is gRPC between two processes on the
+    same cores, and each copy keeps both ends busy). Limiting inter-op parallelism costs time only where it
+    lengthens the critical path. ``transfers`` comes from ``transfers_into``; a tensor that several units on
+    the other side read is copied once.
     """
     transfers = transfers or {}
     finish: dict[str, float] = {}
@@ -125,7 +126,7 @@ def step_time_estimate(eg: ExecutionGraph, durations: dict[str, float], parallel
         finish[u] = own + ready
     critical = max(finish.values(), default=0.0)
     copies = {(c.tensor, c.to_host): c.seconds for into in transfers.values() for c in into}
-    work = sum(durations.values()) + transfer_cpu_share * sum(copies.values())
+    work = sum(durations.values()) + transfer_cpu_share * cores * sum(copies.values())
     link = max(sum(s for (_, to_host), s in copies.items() if to_host == d) for d in (False, True))
     return max(critical, work / cores, link)
 

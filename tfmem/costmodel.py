@@ -29,7 +29,7 @@ class DeviceSpec:
     link_bandwidth: float          # bytes/s host <-> device, one direction
     launch_overhead_s: float = 5e-6
     link_latency_s: float = 10e-6
-    # Share of each copy's link time that also occupies the compute cores (0 for a DMA engine).
+    # Share of the compute cores a copy keeps busy for its link time (0 for a DMA engine).
     transfer_cpu_share: float = 0.0
 
     def transfer_s(self, nbytes: int) -> float:
@@ -38,8 +38,10 @@ class DeviceSpec:
 
 
 DEVICES: dict[str, DeviceSpec] = {
-    # The testbed: one CPU core doing float math, gRPC over loopback as the "link" (order of magnitude).
-    "testbed": DeviceSpec("testbed (CPU + loopback gRPC)", 3e10, 3e10, 1.5e9, 20e-6, 100e-6),
+    # The testbed: CPU cores doing float math, gRPC over loopback as the "link". Fitted to measured steps of
+    # fixed plans (experiments/results/testbed_calibration.md): copies cost ~1 ms per MiB of step time whether
+    # or not they overlap compute (both ends of the gRPC copy run on the same two cores).
+    "testbed": DeviceSpec("testbed (CPU + loopback gRPC)", 6e10, 3e10, 1e9, 20e-6, 100e-6, transfer_cpu_share=1.0),
     "TitanX+PCIe3": DeviceSpec("TitanX (12 GB) + PCIe3 x16", 6e12, 3.36e11, 12e9),
     "V100+PCIe3": DeviceSpec("V100 (16 GB) + PCIe3 x16", 14e12, 9e11, 12e9),
     "H200+PCIe5": DeviceSpec("H200 (141 GB) + PCIe5 x16", 60e12, 4.8e12, 55e9),
