@@ -22,7 +22,8 @@ applied plan's own simulation (swaps and recomputations only) while the peak fal
 its copies to host fenced (``passes.fence_transfers``), as ``optimize`` runs it. A plan that fits is compared
 with each strategy alone (on graphs of up to ``COMPARE_SINGLE_MAX_OPS`` ops), and the quicker by the simulator's step
 estimate is kept. If the budget stays out of reach, each strategy is tried alone (its greedy pass re-simulates
-after every step, so it sees interactions the model misses) and the fitting one of least estimated step time
+after every step, so it sees interactions the model misses; one that falls short is continued by the other, so
+recomputation takes what is cheap and swapping the rest) and the fitting one of least estimated step time
 is kept; failing that, the planner retries with the large device ops chained one after another (their working
 sets then never add up), and finally repairs the best plan greedily, re-simulating after each step.
 
@@ -79,9 +80,11 @@ def copy_share(link: costmodel.DeviceSpec) -> float:
     return max(TRANSFER_OVERHEAD_SHARE, link.transfer_cpu_share)
 # Up to this many ops, a plan that fits is also compared with each single strategy's (each re-simulates the graph
 # after every step it takes: seconds on graphs this size, minutes on 20,000 ops).
-COMPARE_SINGLE_MAX_OPS = 5000
+COMPARE_SINGLE_MAX_OPS = 10000
 # Ops that allocate nothing of their own (views, reads of variables): chaining them orders nothing useful.
 UNCHAINED_OPS = ALIAS_OPS | VARIABLE_READ_OPS | PERSISTENT_OUTPUT_OPS
+# A single strategy that frees memory but not enough is continued by the other one (``_single_strategies``).
+MIXED_AFTER = {"recompute": "swap", "swap": "recompute"}
 
 
 @dataclass(frozen=True)
@@ -197,7 +200,12 @@ class Planner:
 
     def _single_strategies(self, graph: GraphIR, ctx: PassContext, budget: int,
                            ) -> tuple[GraphIR, MemoryProfile, list[PlanResult], str, PassReport] | None:
-        """As ``_best_single_strategy``, with the winning pass's report (what it moved)."""
+        """As ``_best_single_strategy``, with the winning pass's report (what it moved).
+
+        A strategy that freed memory but not enough is also continued by the other (recompute what is cheap,
+        then swap the rest, or the reverse): a greedy mix that can fit where neither does alone, and copy less
+        than swapping alone.
+        """
         passes = {"swap": SwapActivations(link=self.link), "recompute": Recompute(),
                   "place": PlacePersistent(link=self.link)}
         fitting = []
@@ -209,12 +217,22 @@ class Planner:
                 continue
             new = fenced(result.graph, ctx)
             prof = ctx.simulate(new)
+            label = f"{passes[kind].name} alone"
+            if prof.peak_bytes > budget and kind in MIXED_AFTER and ctx.host is not None:
+                then = MIXED_AFTER[kind]
+                more = passes[then].run(result.graph, ctx) if then in self.kinds else None
+                if more is None or not more.changed:
+                    continue
+                new = fenced(more.graph, ctx)
+                prof = ctx.simulate(new)
+                result = PassResult(more.graph, True, _chained_report([result.report, more.report]))
+                label = f"{passes[kind].name}, then {passes[then].name}"
             if prof.peak_bytes <= budget:
-                fitting.append((prof.estimated_step_s, kind, new, prof, result.report))
+                fitting.append((prof.estimated_step_s, label, new, prof, result.report))
         if not fitting:
             return None
-        _, kind, new, prof, report = min(fitting, key=lambda f: (f[0], f[1]))
-        return new, prof, [], f"{passes[kind].name} alone: the covering model found no plan that fits", report
+        _, label, new, prof, report = min(fitting, key=lambda f: (f[0], f[1]))
+        return new, prof, [], f"{label}: the covering model found no plan that fits", report
 
     def _plan(self, graph: GraphIR, profile: MemoryProfile, ctx: PassContext,
               ) -> tuple[GraphIR, MemoryProfile, list[PlanResult], int]:
@@ -687,6 +705,17 @@ def _single_report(name: str, before: GraphIR, after: GraphIR, start: MemoryProf
     }
     return PassReport(name, True, nodes_added=len(after) - len(before), notes=notes, details=details,
                       bytes_moved=single.bytes_moved)
+
+
+def _chained_report(reports: Sequence[PassReport]) -> PassReport:
+    """One report for passes run one after another: their moves together (what ``single_decisions`` reads)."""
+    details: dict[str, object] = {
+        key: [item for r in reports for item in r.details.get(key, ())]  # type: ignore[attr-defined]
+        for key in ("swapped", "recomputed", "groups")
+    }
+    notes = tuple(note for r in reports for note in r.notes)
+    return PassReport(", then ".join(r.name for r in reports), True, nodes_added=sum(r.nodes_added for r in reports),
+                      notes=notes, details=details, bytes_moved=sum(r.bytes_moved for r in reports))
 
 
 def single_decisions(report: PassReport, link: costmodel.DeviceSpec) -> list[dict[str, object]]:
