@@ -6,7 +6,15 @@ import json
 
 import pytest
 
-from experiments import moe_placement, optimize_speed, partition_parallelism, planner, run_all, swap_placement
+from experiments import (
+    moe_placement,
+    optimize_speed,
+    partition_parallelism,
+    planner,
+    run_all,
+    swap_placement,
+    testbed_calibration,
+)
 
 
 @pytest.mark.testbed
@@ -63,6 +71,17 @@ def test_planner_strategies_at_a_fraction_tiny(tmp_path):
     assert set(row) == {"budget_bytes", *planner.STRATEGIES}
     assert all(r["refused"] or not r["oom"] for label, r in row.items() if label != "budget_bytes")
     assert "| mlp-small |" in (tmp_path / "planner_strategies.md").read_text()
+
+
+@pytest.mark.testbed
+def test_testbed_calibration_tiny(tmp_path):
+    assert testbed_calibration.main(["--tiny", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "testbed_calibration_tiny.json").read_text())
+    plans = {r["plan"]: r for r in data["rows"]}
+    assert "as written" in plans and len(plans) >= 2
+    assert plans["as written"]["copied_bytes"] == 0
+    assert all(r["measured_step_s"] > 0 and r["estimated_step_s"] > 0 for r in data["rows"])
+    assert "| convnet-small | as written |" in (tmp_path / "testbed_calibration_tiny.md").read_text()
 
 
 @pytest.mark.testbed

@@ -1,0 +1,176 @@
+"""Benchmark: how well the testbed cost model predicts and ranks the step times of fixed plans.
+
+The planner chooses between swapping and recomputing by the cost model's step estimate, so the estimate must
+rank plans as the testbed does. For each graph of ``experiments.planner``: the graph as written, and the
+swap-only, recompute-only and planner plans at each budget fraction of its vanilla peak. Every plan runs on one
+roomy testbed (its cap does not constrain the timing) in interleaved rounds, so that a slow stretch of the shared
+machine hits every plan alike; the measured figure is the median over rounds of each round's median step.
+
+Written to ``experiments/results/testbed_calibration.{json,md}``: per plan, the estimated and measured step,
+the bytes it copies between host and device and the compute it adds (cost model); the pairs of plans of one
+graph whose measured steps differ by more than 5% and how many of them the estimate orders the same way; and
+a least-squares fit of the measured extra step time (over the graph as written) to the copied MiB and the
+added compute, from which the testbed's ``DeviceSpec`` takes its link figures.
+
+    python -m experiments.testbed_calibration              # 5 graphs x 2 fractions, 3 rounds (~15 minutes)
+    python -m experiments.testbed_calibration --tiny       # CI smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+import tfmem  # noqa: E402
+from experiments._common import RESULTS, load_average, provenance, write  # noqa: E402
+from experiments.planner import STRATEGIES, _optimize, graphs, vanilla_peak  # noqa: E402
+from tfmem import costmodel, examples  # noqa: E402
+from tfmem.analysis import analyse, transfers_into  # noqa: E402
+from tfmem.devices import Placement  # noqa: E402
+from tfmem.loading import load  # noqa: E402
+from tfmem.testbed import DEVICE, HOST, Testbed  # noqa: E402
+
+MiB = 2**20
+ROOMY = 1024 * MiB   # the testbed's cap while timing: no plan comes near it
+DIFFERING = 0.05     # pairs whose measured steps differ by more than this are scored
+
+
+def plans(built: examples.Built, fractions: tuple[float, ...]) -> dict[str, object]:
+    """The graph as written and, per fraction of its vanilla peak, each strategy's plan (refusals left out)."""
+    peak = vanilla_peak(built)
+    out: dict[str, object] = {"as written": built.graph}
+    for fraction in fractions:
+        for label, passes in STRATEGIES.items():
+            result = _optimize(built, int(peak * fraction), passes)
+            if not isinstance(result, tfmem.InfeasibleBudgetError):
+                out[f"{label} @ {fraction:g}x"] = result.graph
+    return out
+
+
+def copies_and_work(graph: object, built: examples.Built) -> tuple[int, float, float]:
+    """Bytes copied between host and device, the cost model's total op time, and its step estimate."""
+    ir = load(graph, built.feed_shapes)
+    analysis = analyse(ir, list(built.fetches), list(built.feed_shapes or {}), costmodel.DEFAULT_DEVICE)
+    transfers = transfers_into(analysis.eg, Placement(DEVICE, HOST), costmodel.DEFAULT_DEVICE)
+    copied = {(c.tensor, c.to_host): ir.spec(c.tensor).nbytes or 0 for into in transfers.values() for c in into}
+    estimate = tfmem.simulate(graph, built.fetches, feed_shapes=built.feed_shapes, device=DEVICE, host=HOST)
+    return sum(copied.values()), sum(analysis.durations.values()), estimate.estimated_step_s
+
+
+def measure(built: examples.Built, candidates: dict[str, object], rounds: int, steps: int) -> dict[str, list[float]]:
+    """Each plan's median step in each of ``rounds`` interleaved rounds, on one roomy testbed."""
+    times: dict[str, list[float]] = {label: [] for label in candidates}
+    with Testbed(ROOMY) as tb:
+        for _ in range(rounds):
+            for label, graph in candidates.items():
+                run = tb.run(graph, built.fetches, built.feeds, steps=steps)
+                times[label].append(run.step_time_s or float("nan"))
+    return times
+
+
+def calibrate(tiny: bool, fractions: tuple[float, ...], rounds: int, steps: int) -> dict[str, object]:
+    rows: list[dict[str, object]] = []
+    # (the planner's tiny MLP is too small for swapping or recomputing to fit any budget the margins allow)
+    chosen = {"convnet-small": examples.residual_convnet(batch=16, size=32, channels=16, blocks=2)} if tiny \
+        else graphs(False)
+    for name, built in tqdm(chosen.items(), desc="graphs", unit="graph"):
+        candidates = plans(built, fractions)
+        times = measure(built, candidates, rounds, steps)
+        for label, graph in candidates.items():
+            copied, work, estimate = copies_and_work(graph, built)
+            rows.append({"graph": name, "plan": label, "estimated_step_s": estimate,
+                         "measured_step_s": statistics.median(times[label]), "rounds_s": times[label],
+                         "copied_bytes": copied, "work_s": work})
+    return {"rows": rows, "ranking": ranking(rows), "fit": fit(rows)}
+
+
+def ranking(rows: list[dict[str, object]]) -> dict[str, int]:
+    """Pairs of plans of one graph whose measured steps differ by > ``DIFFERING``, and how many the estimate orders."""
+    scored = right = 0
+    for i, a in enumerate(rows):
+        for b in rows[i + 1:]:
+            ma, mb = float(a["measured_step_s"]), float(b["measured_step_s"])  # type: ignore[arg-type]
+            if a["graph"] != b["graph"] or abs(ma - mb) <= DIFFERING * min(ma, mb):
+                continue
+            scored += 1
+            right += (float(a["estimated_step_s"]) < float(b["estimated_step_s"])) == (ma < mb)  # type: ignore[arg-type]
+    return {"pairs": scored, "ordered_right": right}
+
+
+def fit(rows: list[dict[str, object]]) -> dict[str, float] | None:
+    """Least squares: measured extra step (over the graph as written) ~ a * MiB copied + b * added compute."""
+    base = {r["graph"]: r for r in rows if r["plan"] == "as written"}
+    xs, ys = [], []
+    for r in rows:
+        if r["plan"] == "as written":
+            continue
+        b = base[r["graph"]]
+        xs.append([int(r["copied_bytes"]) / MiB, (float(r["work_s"]) - float(b["work_s"])) * 1e3])  # type: ignore[arg-type]
+        ys.append((float(r["measured_step_s"]) - float(b["measured_step_s"])) * 1e3)  # type: ignore[arg-type]
+    if len(xs) < 2:
+        return None
+    (per_mib, per_work_ms), *_ = np.linalg.lstsq(np.array(xs), np.array(ys), rcond=None)
+    return {"ms_per_mib_copied": float(per_mib), "ms_per_ms_added_compute": float(per_work_ms), "plans": len(xs)}
+
+
+def markdown(result: dict[str, object]) -> str:
+    spec = costmodel.DEFAULT_DEVICE
+    lines = ["# Testbed cost model against measured steps of fixed plans", "",
+             f"Command: `{result['provenance']['command']}`. Measured: testbed step time, median over "  # type: ignore[index]
+             f"{result['rounds']} interleaved rounds of each round's median of {result['steps']} steps, on one "
+             f"{ROOMY // MiB} MiB testbed. Estimated: `tfmem.simulate(...).estimated_step_s` with the testbed "
+             f"DeviceSpec ({spec.peak_flops:.0e} FLOP/s, link {spec.link_bandwidth:.0e} B/s, "
+             f"transfer_cpu_share {spec.transfer_cpu_share:g}). Load average before: {result['load_before']}.", "",
+             "| graph | plan | estimated | measured | rounds | copied | compute (cost model) |",
+             "|---|---|---:|---:|---|---:|---:|"]
+    for r in result["rows"]:  # type: ignore[attr-defined]
+        rounds = ", ".join(f"{t * 1e3:.0f}" for t in r["rounds_s"])
+        lines.append(f"| {r['graph']} | {r['plan']} | {r['estimated_step_s'] * 1e3:.1f} ms | "
+                     f"{r['measured_step_s'] * 1e3:.1f} ms | {rounds} | {r['copied_bytes'] / MiB:.1f} MiB | "
+                     f"{r['work_s'] * 1e3:.1f} ms |")
+    rank = result["ranking"]
+    lines += ["", f"Pairs of plans of one graph whose measured steps differ by more than {DIFFERING:.0%}: "
+              f"{rank['pairs']}; the estimate orders {rank['ordered_right']} of them the same way."]  # type: ignore[index]
+    f = result["fit"]
+    if f:
+        lines += ["", f"Least-squares fit over {f['plans']} plans (measured extra step over the graph as written): "  # type: ignore[index]
+                  f"{f['ms_per_mib_copied']:.2f} ms per MiB copied, {f['ms_per_ms_added_compute']:.2f} ms per ms of "  # type: ignore[index]
+                  "compute added (cost model)."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiny", action="store_true", help="one small graph, one fraction, one round (CI smoke)")
+    parser.add_argument("--fractions", default="0.8,0.9", help="budget fractions of each vanilla peak")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--out", default=str(RESULTS))
+    args = parser.parse_args(argv)
+    try:
+        fractions = tuple(float(f) for f in args.fractions.split(","))
+    except ValueError:
+        parser.error(f"--fractions takes comma-separated numbers, got {args.fractions!r}")
+    if not all(0 < f <= 1 for f in fractions) or args.rounds < 1 or args.steps < 1:
+        parser.error("--fractions must lie in (0, 1]; --rounds and --steps must be at least 1")
+    if args.tiny:
+        fractions, args.rounds, args.steps = (0.7,), 1, 1
+    load_before = load_average()
+    result = {"provenance": provenance(argv), "rounds": args.rounds, "steps": args.steps,
+              "load_before": load_before, **calibrate(args.tiny, fractions, args.rounds, args.steps)}
+    name = "testbed_calibration_tiny" if args.tiny else "testbed_calibration"
+    paths = write(name, result, markdown(result), Path(args.out))
+    print(markdown(result))
+    print("wrote", *paths)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
