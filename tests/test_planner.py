@@ -106,3 +106,21 @@ def test_reachable_floor_is_below_every_plan_the_strategies_find():
     assert 0 < floor < peak
     for strategy in (SwapActivations(), Recompute(), PlacePersistent(), Planner()):
         assert ctx.simulate(strategy.run(graph, ctx).graph).peak_bytes >= floor, strategy.name
+
+
+def test_a_greedy_mix_reports_the_moves_of_both_strategies():
+    """Recompute-then-swap plans are reported as one plan: every recomputation and every swap, with costs."""
+    from passes.planner import _chained_report, single_decisions
+    from tfmem import costmodel
+    from tfmem.pipeline import PassReport
+
+    recomputed = PassReport("recompute", True, nodes_added=3, bytes_moved=0, notes=("recomputes 1 tensor",),
+                            details={"recomputed": [("a:0", 4096, ["a"], 1e-3)]})
+    swapped = PassReport("swap_activations", True, nodes_added=2, bytes_moved=8192, notes=("swapped 1 tensor",),
+                         details={"swapped": [("b:0", 8192, 1, 2e-3, 0.0)]})
+    mixed = _chained_report([recomputed, swapped])
+    assert mixed.name == "recompute, then swap_activations"
+    assert mixed.nodes_added == 5 and mixed.bytes_moved == 8192
+    decisions = single_decisions(mixed, costmodel.DEFAULT_DEVICE)
+    assert [(d["kind"], d["tensor"]) for d in decisions] == [("swap", "b:0"), ("recompute", "a:0")]
+    assert all(d["cost_s"] > 0 for d in decisions)
