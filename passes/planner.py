@@ -78,6 +78,8 @@ TRANSFER_OVERHEAD_SHARE = 0.25
 def copy_share(link: costmodel.DeviceSpec) -> float:
     """Share of a copy's link time charged as step time besides its exposed part (the testbed's gRPC: all)."""
     return max(TRANSFER_OVERHEAD_SHARE, link.transfer_cpu_share)
+
+
 # Up to this many ops, a plan that fits is also compared with each single strategy's (each re-simulates the graph
 # after every step it takes: seconds on graphs this size, minutes on 20,000 ops).
 COMPARE_SINGLE_MAX_OPS = 10000

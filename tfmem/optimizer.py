@@ -248,8 +248,8 @@ def _fit(ir: GraphIR, pipeline: Sequence[Pass], base: PassContext, target: int |
 
     A plan that fits in total but not in the layout is planned again for less (why is appended to ``notes``), by
     what its layout needed beyond the room, down to the lower bound ``bound``, for at most ``CAPACITY_RETRIES``
-    replans. On failure the plan to report is returned (one that fitted in total if any did), with ``fits``
-    False."""
+    replans; once a plan fits after a refusal, one more is made halfway back up (``_refined``). On failure the
+    plan to report is returned (one that fitted in total if any did), with ``fits`` False."""
     if budget_bytes is None or target is None:
         return _Fitted(*_planned(ir, pipeline, base, target, before), target, fits=True)
     room = layout_room(budget_bytes)
