@@ -126,7 +126,7 @@ def markdown(result: dict[str, object]) -> str:
              f"Command: `{result['provenance']['command']}`. Measured: testbed step time, median over "  # type: ignore[index]
              f"{result['rounds']} interleaved rounds of each round's median of {result['steps']} steps, on one "
              f"{ROOMY // MiB} MiB testbed. Estimated: `tfmem.simulate(...).estimated_step_s` with the testbed "
-             f"DeviceSpec ({spec.peak_flops:.0e} FLOP/s, link {spec.link_bandwidth:.0e} B/s, "
+             f"DeviceSpec ({spec.peak_flops:.2g} FLOP/s, link {spec.link_bandwidth:.2g} B/s, "
              f"transfer_cpu_share {spec.transfer_cpu_share:g}). Load average before: {result['load_before']}.", "",
              "| graph | plan | estimated | measured | rounds | copied | compute (cost model) |",
              "|---|---|---:|---:|---|---:|---:|"]
