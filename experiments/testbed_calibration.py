@@ -12,7 +12,7 @@ graph whose measured steps differ by more than 5% and how many of them the estim
 a least-squares fit of the measured extra step time (over the graph as written) to the copied MiB and the
 added compute, from which the testbed's ``DeviceSpec`` takes its link figures.
 
-    python -m experiments.testbed_calibration              # 5 graphs x 2 fractions, 3 rounds (~15 minutes)
+    python -m experiments.testbed_calibration              # 5 graphs x 2 fractions, 3 rounds (11 minutes)
     python -m experiments.testbed_calibration --tiny       # CI smoke run
 """
 
