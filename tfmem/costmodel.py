@@ -39,7 +39,7 @@ class DeviceSpec:
 
 DEVICES: dict[str, DeviceSpec] = {
     # The testbed: CPU cores doing float math, gRPC over loopback as the "link". Measured steps of fixed plans
-    # (experiments/results/testbed_calibration.md): copies cost ~1.2 ms per MiB of step time whether or not they
+    # (experiments/results/testbed_calibration.md): copies cost ~1 ms per MiB of step time whether or not they
     # overlap compute (both ends of the gRPC copy run on the same cores), so a copy keeps the cores busy
     # (transfer_cpu_share=1: 0.7 ms per MiB). Op and link speeds also time the prefetches: fitted to the
     # measured steps (6e10 FLOP/s, 1e9 B/s) they left fewer idle stretches long enough to swap in, and budgets
