@@ -36,6 +36,11 @@ class Analysis:
         return {}
 
     @cached_property
+    def transfers(self) -> dict[tuple[object, ...], dict[str, list[Transfer]]]:
+        """``transfers_into`` results by (placement, link), kept by ``tfmem.memsim.simulate``."""
+        return {}
+
+    @cached_property
     def footprints(self) -> FootprintModel:
         return FootprintModel(self.eg)
 

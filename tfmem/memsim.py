@@ -207,8 +207,11 @@ def simulate(
     if order is not None:
         step = sched.makespan_s
     else:
-        step = step_time_estimate(eg, durations, analysis.parallel, cores, transfers_into(eg, placement, cost_device),
-                                  cost_device.transfer_cpu_share)
+        key_t = (device, host, cost_device)
+        transfers = analysis.transfers.get(key_t)
+        if transfers is None:
+            transfers = analysis.transfers[key_t] = transfers_into(eg, placement, cost_device)
+        step = step_time_estimate(eg, durations, analysis.parallel, cores, transfers, cost_device.transfer_cpu_share)
     profile = dataclasses.replace(profile, estimated_step_s=step)
     if not grappler:
         _PROFILES.put(ir, key, profile)
