@@ -272,8 +272,7 @@ def _fit(ir: GraphIR, pipeline: Sequence[Pass], base: PassContext, target: int |
         # even on graphs large enough to plan as written (measured: deep ResNets of 13,000+ ops whose as-written
         # replay fit 90 MiB ran out of memory under 96 MiB; the faithful replay alone does not fix that, see
         # README's guarantee break).
-        runtime = dataclasses.replace(ctx, grappler=True)
-        if runtime.simulate(new_ir, device_memory=room).allocation_failures == 0:
+        if _fits_layout(tried, room):
             tried.fits, tried.layout_refused = True, layout_refused
             if refused_for is not None:
                 return _refined(ir, pipeline, base, target, before, room, tried, refused_for)
@@ -281,7 +280,8 @@ def _fit(ir: GraphIR, pipeline: Sequence[Pass], base: PassContext, target: int |
         layout_refused, best, refused_for = True, tried, plan_for  # it fits in total: what a refusal should report
         # How much the layout adds on top of this plan's total predicts how much less the next plan must need
         # (a deep conv net needed 24 MiB less; stepping 5% at a time cost five replans).
-        needed = smallest_fitting_device(runtime, new_ir, room, room + budget_bytes // 2)
+        needed = smallest_fitting_device(dataclasses.replace(ctx, grappler=True), new_ir, room,
+                                         room + budget_bytes // 2)
         step = budget_bytes // 20 if needed is None else max(budget_bytes // 50, needed - room)
         notes.append(f"a plan for {format_bytes(plan_for)} (peak {format_bytes(after.peak_bytes)}) does not fit the "
                      f"device allocator's chunks with {format_bytes(budget_bytes - room)} to spare"
@@ -310,11 +310,16 @@ def _refined(ir: GraphIR, pipeline: Sequence[Pass], base: PassContext, target: i
     tried = _Fitted(*_planned(ir, pipeline, base, middle, before), middle, fits=False)
     if tried.after.peak_bytes > target or tried.after.estimated_step_s >= fitted.after.estimated_step_s:
         return fitted
-    runtime = dataclasses.replace(tried.ctx, grappler=True)
-    if runtime.simulate(tried.ir, device_memory=room).allocation_failures:
+    if not _fits_layout(tried, room):
         return fitted
     tried.fits, tried.layout_refused = True, True
     return tried
+
+
+def _fits_layout(fitted: _Fitted, room: int) -> bool:
+    """Whether the session's graph (after Grappler) serves every request on a device of ``room`` bytes."""
+    runtime = dataclasses.replace(fitted.ctx, grappler=True)
+    return runtime.simulate(fitted.ir, device_memory=room).allocation_failures == 0
 
 
 def _planned(ir: GraphIR, pipeline: Sequence[Pass], base: PassContext, target: int | None, before: MemoryProfile,
