@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 
-from experiments import lda_convergence, mf_convergence
+from experiments import lda_convergence, mf_convergence, mf_scaling
 
 
 def test_mf_convergence_tiny(tmp_path):
@@ -35,6 +35,28 @@ def test_mf_throughput_only_tiny(tmp_path):
     res = json.loads((tmp_path / "mf_throughput.json").read_text())
     assert len(res["throughput"]["orion_par_2w"]["times_s"]) == 3 and len(res["throughput"]["loadavg_1min"]) == 4
     assert (tmp_path / "mf_throughput.md").read_text().startswith("# mf_throughput")
+
+
+def test_mf_scaling_tiny(tmp_path):
+    assert mf_scaling.main(["--tiny", "--workers", "1,2,3", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "mf_scaling.json").read_text())
+    assert [r["workers"] for r in res["rows"]] == [1, 2, 3]
+    assert all(len(r["times_s"]) == 2 and r["ratings_per_s"] > 0 for r in res["rows"])
+    assert res["rows"][0]["speedup_median"] == 1.0
+    assert (tmp_path / "mf_scaling.md").read_text().startswith("# mf_scaling")
+
+
+def test_mf_scaling_default_workers_and_bad_input(capsys):
+    assert mf_scaling.default_workers(16) == [1, 2, 4, 8, 16]
+    assert mf_scaling.default_workers(6) == [1, 2, 4, 6]
+    for bad in (["--workers", "two"], ["--workers", "0,2"]):
+        try:
+            mf_scaling.main(["--tiny", *bad])
+        except SystemExit as e:
+            assert e.code == 2
+        else:
+            raise AssertionError(f"{bad} was accepted")
+    assert "--workers takes" in capsys.readouterr().err
 
 
 def test_lda_convergence_tiny(tmp_path):
