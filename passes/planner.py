@@ -104,7 +104,7 @@ class Option:
 @dataclass(frozen=True)
 class PlanResult:
     chosen: tuple[Option, ...]
-    status: str          # "optimal", "heuristic (solver timed out)", "heuristic", "infeasible"
+    status: str          # "optimal", "heuristic (solver timed out)", "heuristic (no solver time left)", "heuristic", "infeasible"
     solve_s: float
     objective_s: float
     heuristic_objective_s: float
@@ -117,6 +117,10 @@ class Planner:
 
     name: ClassVar[str] = "planner"
     time_limit_s: float = 20.0       # CBC's time over all rounds; the greedy plan is used when it runs out
+    # The planner's own wall time after which CBC is no longer asked (the greedy plans stand). CBC gets half of
+    # what is left (``_solver_time``): writing, reading and presolving the model come on top of its time limit
+    # (measured on a 20,000-op graph: 29 s for a solve limited to about 18 s; optimize then took 62 s).
+    deadline_s: float = 25.0
     rounds: int = 4
     use_solver: bool = True
     kinds: tuple[str, ...] = ("swap", "recompute", "place")
@@ -130,13 +134,14 @@ class Planner:
         if profile.peak_bytes <= budget:
             return PassResult(graph, False, PassReport.empty(self.name, "already within the budget"))
         started = time.perf_counter()
+        deadline = started + self.deadline_s
         attempts = [("as ordered", graph, profile)]
         best: tuple[GraphIR, MemoryProfile, list[PlanResult], str] | None = None
         floors: list[int] = []   # per order tried, the lowest peak its options could reach
         single_report: PassReport | None = None   # when a strategy alone made the plan: its pass's report
         solved: list[PlanResult] = []
         for label, start, start_profile in attempts:
-            new, new_profile, plans, floor = self._plan(start, start_profile, ctx)
+            new, new_profile, plans, floor = self._plan(start, start_profile, ctx, deadline)
             floors.append(floor)
             solved = solved or plans
             if best is None or new_profile.peak_bytes < best[1].peak_bytes:
@@ -236,7 +241,12 @@ class Planner:
         _, label, new, prof, report = min(fitting, key=lambda f: (f[0], f[1]))
         return new, prof, [], f"{label}: the covering model found no plan that fits", report
 
-    def _plan(self, graph: GraphIR, profile: MemoryProfile, ctx: PassContext,
+    def _solver_time(self, plans: list[PlanResult], deadline: float) -> float:
+        """CBC's time for the next solve: what is left of ``time_limit_s`` over all rounds, and half of what is
+        left before the deadline (``solve`` skips CBC under a second)."""
+        return min(self.time_limit_s - sum(p.solve_s for p in plans), (deadline - time.perf_counter()) / 2)
+
+    def _plan(self, graph: GraphIR, profile: MemoryProfile, ctx: PassContext, deadline: float = float("inf"),
               ) -> tuple[GraphIR, MemoryProfile, list[PlanResult], int]:
         """Solve, apply and re-simulate; also the lowest peak these options could reach on this order."""
         budget = ctx.device_budget_bytes or 0
@@ -247,8 +257,7 @@ class Planner:
         best_graph, best_profile, best_round = graph, profile, -1
         extra = 0
         for _ in range(self.rounds):
-            left = self.time_limit_s - sum(p.solve_s for p in plans)  # the solver's time is shared by rounds
-            plan = self.solve(options, profile, budget - extra, time_limit_s=left)
+            plan = self.solve(options, profile, budget - extra, time_limit_s=self._solver_time(plans, deadline))
             plans.append(plan)
             if plan.status == "infeasible" and not plan.chosen:
                 break
@@ -262,11 +271,11 @@ class Planner:
         if 0 <= best_round < len(plans) - 1:  # the report describes the plan applied: put it last
             plans.append(plans.pop(best_round))
         if best_round >= 0 and best_profile.peak_bytes > budget:
-            best_graph, best_profile, plans = self._follow_up(best_graph, best_profile, plans, ctx)
+            best_graph, best_profile, plans = self._follow_up(best_graph, best_profile, plans, ctx, deadline)
         return best_graph, best_profile, plans, floor
 
     def _follow_up(self, graph: GraphIR, profile: MemoryProfile, plans: list[PlanResult], ctx: PassContext,
-                   ) -> tuple[GraphIR, MemoryProfile, list[PlanResult]]:
+                   deadline: float = float("inf")) -> tuple[GraphIR, MemoryProfile, list[PlanResult]]:
         """Plan what is still over the budget on the applied plan's own simulation, while the peak falls.
 
         Asking the first model for more only re-solves what it could see; a swap-in that lands while another
@@ -277,10 +286,9 @@ class Planner:
         budget = ctx.device_budget_bytes or 0
         kinds = tuple(k for k in self.kinds if k != "place")
         for _ in range(self.rounds):
-            left = self.time_limit_s - sum(p.solve_s for p in plans)
             timeline = StepTimeline.build(graph, ctx.fetches, profile, ctx.feed_shapes)
             options = dataclasses.replace(self, kinds=kinds).options(graph, ctx, timeline, profile)
-            plan = self.solve(options, profile, budget, time_limit_s=left)
+            plan = self.solve(options, profile, budget, time_limit_s=self._solver_time(plans, deadline))
             if not plan.chosen:
                 break
             new = fenced(apply_options(graph, plan.chosen, timeline, ctx.host, self.link), ctx)
@@ -349,7 +357,8 @@ class Planner:
         heuristic_cost = sum(options[i].cost_s for i in greedy)
         feasible = all(sum(b for _, b in row) >= need for row, need in zip(cover, excess, strict=True))
         if not self.use_solver or not excess or time_limit_s < 1.0:
-            status = "heuristic" if feasible else "infeasible"
+            status = "infeasible" if not feasible else (
+                "heuristic (no solver time left)" if self.use_solver and excess else "heuristic")
             return PlanResult(tuple(options[i] for i in greedy), status, 0.0, heuristic_cost, heuristic_cost)
         if not feasible:
             return PlanResult(tuple(options[i] for i in greedy), "infeasible", 0.0, heuristic_cost, heuristic_cost)

@@ -124,3 +124,20 @@ def test_a_greedy_mix_reports_the_moves_of_both_strategies():
     decisions = single_decisions(mixed, costmodel.DEFAULT_DEVICE)
     assert [(d["kind"], d["tensor"]) for d in decisions] == [("swap", "b:0"), ("recompute", "a:0")]
     assert all(d["cost_s"] > 0 for d in decisions)
+
+
+def test_past_its_deadline_the_planner_keeps_the_greedy_plan_and_says_so():
+    """With no time left before the deadline CBC is not asked; the plan still fits and the status says why."""
+    from passes.planner import Planner
+    from tfmem import examples, load
+    from tfmem.pipeline import PassContext
+    from tfmem.testbed import DEVICE, HOST
+
+    built = examples.mlp(batch=256, dims=(256, 1024, 1024, 1024, 10))
+    graph = load(built.graph, built.feed_shapes)
+    peak = PassContext(tuple(built.fetches), None, DEVICE, HOST, dict(built.feed_shapes)).simulate(graph).peak_bytes
+    ctx = PassContext(tuple(built.fetches), int(peak * 0.85), DEVICE, HOST, dict(built.feed_shapes))
+    profile = ctx.simulate(graph)
+    _, _, plans, _ = Planner(deadline_s=0.0)._plan(graph, profile, ctx, deadline=0.0)
+    assert plans and plans[0].status == "heuristic (no solver time left)" and plans[0].solve_s == 0.0
+    assert plans[0].chosen and plans[0].objective_s == plans[0].heuristic_objective_s
