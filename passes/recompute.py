@@ -33,7 +33,7 @@ from passes.swap_activations import (
     split_readers,
 )
 from passes.timeline import StepTimeline
-from passes.transfer import group_consumers, trigger_candidates
+from passes.transfer import group_consumers, same_view, trigger_candidates
 from tfmem import costmodel
 from tfmem.editor import GraphEditor
 from tfmem.execution import PERSISTENT_OUTPUT_OPS, PLACEHOLDER_OPS
@@ -208,7 +208,9 @@ def apply_recompute(graph: GraphIR, plans: list[RecomputePlan]) -> GraphIR:
                 editor.add_op(clone, node.op, inputs, node.outputs, control_inputs=[trigger], device=node.device,
                               attrs=attrs)
                 clones[name] = clone
-            for reader in readers:
-                editor.rewire(reader, plan.reads.get(reader, plan.tensor),
-                              TensorRef(clones[plan.tensor.node], plan.tensor.index))
+            made: dict[TensorRef, TensorRef] = {}
+            for reader in readers:  # a reader of an identity or a view of the tensor reads the same of the clone
+                read = plan.reads.get(reader, plan.tensor)
+                editor.rewire(reader, read, same_view(editor, TensorRef(clones[plan.tensor.node], plan.tensor.index),
+                                                      read, plan.tensor, made))
     return editor.finish()

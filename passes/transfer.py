@@ -27,6 +27,9 @@ from tfmem.ir import GraphIR, TensorRef
 
 # Ops whose output is their input, same shape and buffer: readers may read the input instead.
 IDENTITY_OPS = frozenset({"Identity", "Snapshot", "StopGradient", "PreventGradient"})
+# Ops whose output 0 is a view of input 0's buffer in another shape (the other inputs say which shape): a reader
+# of the view keeps the input's buffer alive, and can read the same view of a swapped-in copy instead.
+VIEW_OPS = frozenset({"Reshape", "ExpandDims", "Squeeze"})
 # Tensors of these dtypes cannot be copied between devices as plain data.
 UNMOVABLE_DTYPES = frozenset({"resource", "variant", "string"})
 
@@ -105,11 +108,15 @@ def identity_attrs(graph: GraphIR, tensor: TensorRef, tag: str) -> dict[str, att
 
 
 def readers_through_identities(graph: GraphIR, eg: ExecutionGraph, tensor: TensorRef) -> dict[str, TensorRef]:
-    """Each op that reads ``tensor``'s value, mapped to the tensor it names: ``tensor`` or an identity of it.
+    """Each op that reads ``tensor``'s value, mapped to the tensor it names: ``tensor``, an identity or a view.
 
     ``Identity``-like ops (TF1's gradient ``tuple/control_dependency`` among them) pass the same buffer on,
-    so the ops that read *their* outputs keep the buffer alive too; they are the readers that count, and
-    they can read a swapped-in copy directly. A fetched identity stays a reader itself.
+    and so do reshapes (``VIEW_OPS``), so the ops that read *their* outputs keep the buffer alive too; they
+    are the readers that count. They can read a swapped-in copy directly, or the same view of it
+    (``add_prefetches`` rebuilds the view). A fetched identity or view stays a reader itself.
+
+    Measured: on a Transformer, the weight gradient of each feed-forward layer reads the ReLU's output through
+    a Reshape, so swapping the ReLU's output for its ``ReluGrad`` alone freed nothing: the view held the buffer.
     """
     out: dict[str, TensorRef] = {}
     stack = [tensor]
@@ -117,19 +124,41 @@ def readers_through_identities(graph: GraphIR, eg: ExecutionGraph, tensor: Tenso
         t = stack.pop()
         for reader in eg.consumers(t):
             node = graph[reader]
-            if (node.op in IDENTITY_OPS and not eg.is_region(reader) and len(node.inputs) == 1
-                    and TensorRef(reader, 0) not in eg.fetched and eg.consumers(TensorRef(reader, 0))):
+            passes_on = ((node.op in IDENTITY_OPS and len(node.inputs) == 1)
+                         or (node.op in VIEW_OPS and node.inputs[0] == t and t not in node.inputs[1:]))
+            if (passes_on and not eg.is_region(reader) and TensorRef(reader, 0) not in eg.fetched
+                    and eg.consumers(TensorRef(reader, 0))):
                 stack.append(TensorRef(reader, 0))
             else:
                 out.setdefault(reader, t)
     return out
 
 
+def same_view(editor: GraphEditor, copy: TensorRef, read: TensorRef, original: TensorRef,
+               made: dict[TensorRef, TensorRef]) -> TensorRef:
+    """The tensor a reader of ``read`` (``original`` or an identity or view of it) should read instead, given
+    ``copy`` of ``original``: ``copy`` itself, or the same chain of views rebuilt on it (shared via ``made``)."""
+    if read == original:
+        return copy
+    if read not in made:
+        node = editor.graph[read.node]
+        base = same_view(editor, copy, node.inputs[0], original, made)
+        if node.op in IDENTITY_OPS:
+            made[read] = base
+        else:
+            name = editor.unique_name(f"{node.name}/tfmem_view")
+            attrs = {k: v for k, v in node.attrs.items() if k != "_class"}
+            editor.add_op(name, node.op, [base, *node.inputs[1:]], node.outputs[:1], device=node.device, attrs=attrs)
+            made[read] = TensorRef(name, 0)
+    return made[read]
+
+
 def add_prefetches(editor: GraphEditor, source: TensorRef, original: TensorRef, prefetches: Sequence[Prefetch],
                    host: str, name_prefix: str, tag: str, reads: Mapping[str, TensorRef] | None = None) -> list[str]:
     """Add one host ``Identity`` of ``source`` per prefetch; its consumers read it instead of ``original``.
 
-    ``reads`` names, per consumer, the tensor it reads when that is an identity of ``original``.
+    ``reads`` names, per consumer, the tensor it reads when that is an identity or a view of ``original``
+    (``readers_through_identities``); a view is rebuilt on the device from the copy, once per prefetch.
     """
     graph = editor.graph
     spec = graph.spec(original)
@@ -138,7 +167,9 @@ def add_prefetches(editor: GraphEditor, source: TensorRef, original: TensorRef, 
         name = editor.unique_name(f"{name_prefix}_{k}")
         editor.add_op(name, "Identity", [source], [spec], control_inputs=[p.trigger] if p.trigger else [],
                       device=host, attrs=identity_attrs(graph, original, tag))
+        made: dict[TensorRef, TensorRef] = {}
         for consumer in p.consumers:
-            editor.rewire(consumer, (reads or {}).get(consumer, original), TensorRef(name, 0))
+            read = (reads or {}).get(consumer, original)
+            editor.rewire(consumer, read, same_view(editor, TensorRef(name, 0), read, original, made))
         names.append(name)
     return names

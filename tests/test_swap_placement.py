@@ -300,3 +300,37 @@ def test_views_of_fed_batches_are_never_moved():
         moved = {n.inputs[0].node for n in result.graph.nodes if n.attr_bool(SWAP_OUT_ATTR)}
         moved |= {n.name.split("/tfmem_recompute")[0] for n in result.graph.nodes if "tfmem_recompute" in n.name}
         assert not moved & set(slices), (moving.name, sorted(moved & set(slices)))
+
+
+@pytest.mark.parametrize("strategy", [SwapActivations(), Recompute()], ids=lambda p: p.name)
+def test_a_tensor_read_late_through_a_reshape_is_freed_and_the_view_rebuilt(strategy):
+    """A reshape is a view of its input's buffer: swapping or recomputing a tensor must also serve the view's
+    late readers, or it frees nothing (a Transformer's weight gradients read the ReLU outputs through reshapes)."""
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, (512, 512), name="x")
+        a = tf.nn.relu(tf.matmul(x, x), name="a")          # 1 MiB, read first, then at the end through a reshape
+        view = tf.reshape(a, (1024, 256), name="view")
+        h = a
+        for i in range(6):                                 # a long middle stretch in which ``a`` is idle
+            h = tf.tanh(tf.matmul(h, x), name=f"h{i}")
+        with tf.control_dependencies([h]):                 # the view's reader runs at the end
+            late = tf.reduce_sum(view)
+        tf.add(late, tf.reduce_sum(h), name="out")
+    graph_def = _placed(g)
+    ir = tfmem.load(graph_def)
+    roomy = PassContext(("out",), None, DEVICE, HOST, inter_op_threads=1)
+    peak = roomy.simulate(ir).peak_bytes
+    ctx = PassContext(("out",), peak - 2**19, DEVICE, HOST, inter_op_threads=1)
+    result = strategy.run(ir, ctx)
+    assert result.changed and ctx.simulate(result.graph).peak_bytes <= ctx.device_budget_bytes
+    rebuilt = [n for n in result.graph.nodes if n.name.startswith("view/tfmem_view")]
+    assert len(rebuilt) == 1 and rebuilt[0].op == "Reshape"
+    source = result.graph[rebuilt[0].inputs[0].node]       # the copy or the recomputed tensor, reshaped again
+    assert source.attr_bool(SWAP_IN_ATTR if strategy.name == "swap_activations" else RECOMPUTE_TAG)
+    assert not same_device(rebuilt[0].device, HOST)        # the view is made on the device
+    verify(result.graph)
+    feeds = {"x:0": np.random.default_rng(0).standard_normal((512, 512)).astype(np.float32) / 30}
+    before = _session_run(graph_def, ["out:0"], feeds, init=False)
+    after = _session_run(result.graph.to_graph_def(), ["out:0"], feeds, init=False)
+    assert np.array_equal(before[0], after[0])
