@@ -55,7 +55,7 @@ class RecomputePlan:
     groups: tuple[tuple[tuple[str, ...], str], ...]   # (late readers, trigger) per clone set
     compute_s: float                  # cost-model time of one clone set
     early_readers: tuple[str, ...] = ()
-    reads: Mapping[str, TensorRef] = field(default_factory=dict)   # reader -> tensor it names, if an identity
+    reads: Mapping[str, TensorRef] = field(default_factory=dict)   # reader -> identity or view of the tensor it names
 
     @property
     def score(self) -> float:

@@ -8,7 +8,10 @@ control edge from a device op that ends one transfer-time earlier; see ``passes.
 as the simulated peak meets the budget, so nothing moves that need not.
 
 Requires: a budget and a ``host`` device in the context (without either it changes nothing).
-Ensures: the same values are computed (only ``Identity`` ops and control edges are added); every added op
+A late reader that reads the tensor through a reshape (``passes.transfer.VIEW_OPS``) reads the same reshape
+of the swapped-in copy, made on the device: the reshape is a view, so otherwise it would hold the buffer.
+
+Ensures: the same values are computed (only ``Identity`` ops, reshapes of copies and control edges are added); every added op
 carries ``_grappler_do_not_remove``; control edges point forward in a topological order, so no cycle.
 
 Examples
@@ -63,7 +66,7 @@ class SwapCandidate:
     idle_s: float                      # from the last early use to the first late one (simulated)
     prefetches: tuple[Prefetch, ...]
     idle_from_s: float = 0.0           # when the last early use ends
-    reads: Mapping[str, TensorRef] = field(default_factory=dict)   # reader -> tensor it names, if an identity
+    reads: Mapping[str, TensorRef] = field(default_factory=dict)   # reader -> identity or view of the tensor it names
 
     @property
     def score(self) -> float:
@@ -219,11 +222,11 @@ class ReaderSplit:
     early: list[str]
     late: list[str]                     # in rank order
     floor: int                          # a trigger for the late readers must rank above this
-    aliased: dict[str, TensorRef]       # late or early readers that name an identity of the tensor
+    aliased: dict[str, TensorRef]       # late or early readers that name an identity or a view of the tensor
 
 
 def split_readers(graph: GraphIR, timeline: StepTimeline, tensor: TensorRef, split: Split) -> ReaderSplit | None:
-    """Readers of ``tensor`` (through identities) split by ``split``; None when none would read it late."""
+    """Readers of ``tensor`` (through identities and views) split by ``split``; None when none would read it late."""
     reads = readers_through_identities(graph, timeline.eg, tensor)
     readers = sorted(reads, key=timeline.rank.__getitem__)
     last_early = split(tensor.node, readers)
