@@ -14,8 +14,9 @@ options of least total cost that cover them all:
                 x_o in {0, 1}
 
 The solver starts from the greedy heuristic's plan (least cost per byte of excess removed, then redundant
-picks dropped, then each pick left out in turn where that covers for less) and has a time limit; when it runs
-out, the heuristic plan is used and the report says so. The chosen plan is applied and re-simulated: options
+picks dropped, then each pick left out in turn where that covers for less) and has a time limit, shortened as
+the planner's own deadline nears (``Planner.deadline_s``); when it runs out, or the model is too large to solve
+in time (``SOLVER_MAX_PAIRS``), the heuristic plan is used and the report says so. The chosen plan is applied and re-simulated: options
 interact (a swap-in lands while another tensor is back), so if the peak is still over the budget the excess is
 added to the requirement and the plan is solved again, a few times; what is still over is then planned on the
 applied plan's own simulation (swaps and recomputations only) while the peak falls. Every plan is judged with
@@ -80,6 +81,10 @@ def copy_share(link: costmodel.DeviceSpec) -> float:
     return max(TRANSFER_OVERHEAD_SHARE, link.transfer_cpu_share)
 
 
+# Above this many (option, over-budget segment) pairs CBC is not asked: writing, reading and presolving the model
+# alone outlast the planner's deadline (a 20,017-op MLP: 3.2 million pairs, 16.9 s in CBC for a 11.5 s limit,
+# its plan then missed and the next round's greedy one was kept), and the greedy plan is used.
+SOLVER_MAX_PAIRS = 1_000_000
 # Up to this many ops, a plan that fits is also compared with each single strategy's (each re-simulates the graph
 # after every step it takes: seconds on graphs this size, minutes on 20,000 ops).
 COMPARE_SINGLE_MAX_OPS = 10000
@@ -104,7 +109,8 @@ class Option:
 @dataclass(frozen=True)
 class PlanResult:
     chosen: tuple[Option, ...]
-    status: str          # "optimal", "heuristic (solver timed out)", "heuristic (no solver time left)", "heuristic", "infeasible"
+    status: str          # "optimal", "heuristic (solver timed out | no solver time left | model too large for the
+    #                      solver)", "heuristic" (no solver asked for), "infeasible"
     solve_s: float
     objective_s: float
     heuristic_objective_s: float
@@ -356,9 +362,11 @@ class Planner:
         greedy = _greedy(options, cover, excess)
         heuristic_cost = sum(options[i].cost_s for i in greedy)
         feasible = all(sum(b for _, b in row) >= need for row, need in zip(cover, excess, strict=True))
-        if not self.use_solver or not excess or time_limit_s < 1.0:
+        too_large = sum(len(row) for row in cover) > SOLVER_MAX_PAIRS
+        if not self.use_solver or not excess or time_limit_s < 1.0 or too_large:
             status = "infeasible" if not feasible else (
-                "heuristic (no solver time left)" if self.use_solver and excess else "heuristic")
+                "heuristic" if not (self.use_solver and excess) else
+                "heuristic (model too large for the solver)" if too_large else "heuristic (no solver time left)")
             return PlanResult(tuple(options[i] for i in greedy), status, 0.0, heuristic_cost, heuristic_cost)
         if not feasible:
             return PlanResult(tuple(options[i] for i in greedy), "infeasible", 0.0, heuristic_cost, heuristic_cost)

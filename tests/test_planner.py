@@ -141,3 +141,18 @@ def test_past_its_deadline_the_planner_keeps_the_greedy_plan_and_says_so():
     _, _, plans, _ = Planner(deadline_s=0.0)._plan(graph, profile, ctx, deadline=0.0)
     assert plans and plans[0].status == "heuristic (no solver time left)" and plans[0].solve_s == 0.0
     assert plans[0].chosen and plans[0].objective_s == plans[0].heuristic_objective_s
+
+
+def test_a_model_too_large_for_the_solver_keeps_the_greedy_plan_and_says_so(monkeypatch):
+    import passes.planner as planner
+
+    options = [Option("swap", t, 4, cost, (), None) for t, cost in [("a", 1.0), ("b", 1.0), ("c", 1.5)]]
+    profile = type("P", (), {"timeline": ((0.0, 8, 0, "x"), (1.0, 8, 0, "y"))})()
+    monkeypatch.setattr(planner, "_over_budget_segments", lambda *_: ([(0.0, 1.0), (1.0, 2.0)], [4, 4]))
+    monkeypatch.setattr(planner, "_cover", lambda *_: [[(0, 4), (2, 4)], [(1, 4), (2, 4)]])
+    monkeypatch.setattr(planner, "SOLVER_MAX_PAIRS", 3)   # the cover has 4 (option, segment) pairs
+    plan = planner.Planner().solve(options, profile, budget=4)
+    assert plan.status == "heuristic (model too large for the solver)" and plan.solve_s == 0.0
+    assert [o.key for o in plan.chosen] == ["c"]
+    monkeypatch.setattr(planner, "SOLVER_MAX_PAIRS", 4)
+    assert planner.Planner().solve(options, profile, budget=4).status == "optimal"
