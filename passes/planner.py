@@ -13,20 +13,21 @@ options of least total cost that cover them all:
                 x_swap(t) + x_recompute(t) <= 1                     for every tensor t
                 x_o in {0, 1}
 
-The solver starts from the greedy heuristic's plan (least cost per byte of excess removed, then redundant
-picks dropped, then each pick left out in turn where that covers for less) and has a time limit, shortened as
-the planner's own deadline nears (``Planner.deadline_s``); when it runs out, or the model is too large to solve
-in time (``SOLVER_MAX_PAIRS``), the heuristic plan is used and the report says so. The chosen plan is applied and re-simulated: options
-interact (a swap-in lands while another tensor is back), so if the peak is still over the budget the excess is
-added to the requirement and the plan is solved again, a few times; what is still over is then planned on the
-applied plan's own simulation (swaps and recomputations only) while the peak falls. Every plan is judged with
-its copies to host fenced (``passes.fence_transfers``), as ``optimize`` runs it. A plan that fits is compared
-with each strategy alone (on graphs of up to ``COMPARE_SINGLE_MAX_OPS`` ops), and the quicker by the simulator's step
-estimate is kept. If the budget stays out of reach, each strategy is tried alone (its greedy pass re-simulates
-after every step, so it sees interactions the model misses; one that falls short is continued by the other, so
-recomputation takes what is cheap and swapping the rest) and the fitting one of least estimated step time
-is kept; failing that, the planner retries with the large device ops chained one after another (their working
-sets then never add up), and finally repairs the best plan greedily, re-simulating after each step.
+The solver starts from the greedy heuristic's plan (least cost per byte of excess removed, then redundant picks
+dropped, then each pick left out in turn where that covers for less) and has a time limit, shortened as the
+planner's own deadline nears (``Planner.deadline_s``); when it runs out, or the model is too large to solve in
+time (``SOLVER_MAX_PAIRS``), the heuristic plan is used and the report says so. The chosen plan is applied and
+re-simulated: options interact (a swap-in lands while another tensor is back), so if the peak is still over the
+budget the excess is added to the requirement and the plan is solved again, a few times; what is still over is
+then planned on the applied plan's own simulation (swaps and recomputations only) while the peak falls. Every
+plan is judged with its copies to host fenced (``passes.fence_transfers``), as ``optimize`` runs it. A plan that
+fits is compared with each strategy alone (on graphs of up to ``COMPARE_SINGLE_MAX_OPS`` ops), and the quicker
+by the simulator's step estimate is kept. If the budget stays out of reach, each strategy is tried alone (its
+greedy pass re-simulates after every step, so it sees interactions the model misses; one that falls short is
+continued by the other, so recomputation takes what is cheap and swapping the rest) and the fitting one of least
+estimated step time is kept; failing that, the planner retries with the large device ops chained one after
+another (their working sets then never add up), and finally repairs the best plan greedily, re-simulating after
+each step.
 
 The report's ``reachable_floor_bytes`` is the lowest peak any plan of these moves could reach on the order
 given (``Planner.floor``); ``tfmem.optimize`` reports it as the lower bound when it refuses a budget.
@@ -82,7 +83,7 @@ def copy_share(link: costmodel.DeviceSpec) -> float:
 
 
 # Above this many (option, over-budget segment) pairs CBC is not asked: writing, reading and presolving the model
-# alone outlast the planner's deadline (a 20,017-op MLP: 3.2 million pairs, 16.9 s in CBC for a 11.5 s limit,
+# alone outlast the planner's deadline (a 20,017-op MLP: 3.2 million pairs, 17.1 s in CBC for an 11.6 s limit;
 # its plan then missed and the next round's greedy one was kept), and the greedy plan is used.
 SOLVER_MAX_PAIRS = 1_000_000
 # Up to this many ops, a plan that fits is also compared with each single strategy's (each re-simulates the graph
@@ -125,7 +126,7 @@ class Planner:
     time_limit_s: float = 20.0       # CBC's time over all rounds; the greedy plan is used when it runs out
     # The planner's own wall time after which CBC is no longer asked (the greedy plans stand). CBC gets half of
     # what is left (``_solver_time``): writing, reading and presolving the model come on top of its time limit
-    # (measured on a 20,000-op graph: 29 s for a solve limited to about 18 s; optimize then took 62 s).
+    # (measured on a 20,000-op graph: 29 s for a solve limited to 20 s; optimize then took 62 s).
     deadline_s: float = 25.0
     rounds: int = 4
     use_solver: bool = True

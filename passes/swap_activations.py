@@ -11,8 +11,9 @@ Requires: a budget and a ``host`` device in the context (without either it chang
 A late reader that reads the tensor through a reshape (``passes.transfer.VIEW_OPS``) reads the same reshape
 of the swapped-in copy, made on the device: the reshape is a view, so otherwise it would hold the buffer.
 
-Ensures: the same values are computed (only ``Identity`` ops, reshapes of copies and control edges are added); every added op
-carries ``_grappler_do_not_remove``; control edges point forward in a topological order, so no cycle.
+Ensures: the same values are computed (only ``Identity`` ops, reshapes of copies and control edges are
+added); every added op carries ``_grappler_do_not_remove``; control edges point forward in a topological
+order, so no cycle.
 
 Examples
 --------

@@ -135,7 +135,7 @@ def readers_through_identities(graph: GraphIR, eg: ExecutionGraph, tensor: Tenso
 
 
 def same_view(editor: GraphEditor, copy: TensorRef, read: TensorRef, original: TensorRef,
-               made: dict[TensorRef, TensorRef]) -> TensorRef:
+              made: dict[TensorRef, TensorRef]) -> TensorRef:
     """The tensor a reader of ``read`` (``original`` or an identity or view of it) should read instead, given
     ``copy`` of ``original``: ``copy`` itself, or the same chain of views rebuilt on it (shared via ``made``)."""
     if read == original:
