@@ -15,7 +15,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -25,7 +24,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from experiments.mf_convergence import FULL, TINY, Problem
+from experiments.mf_convergence import FULL, TINY, Problem, _machine
 
 
 def default_workers(cpus: int | None = None) -> list[int]:
@@ -106,8 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or (Path(tempfile.mkdtemp(prefix="mf_scaling_")) if args.tiny else
                        Path(__file__).resolve().parent / "results")
     out.mkdir(parents=True, exist_ok=True)
-    machine: dict[str, Any] = {"cpus": os.cpu_count(), "platform": platform.platform(),
-                               "loadavg_start": os.getloadavg()}
+    machine = _machine()
     t0 = time.perf_counter()
     res = measure(Problem(cfg), workers, repeats)
     machine["loadavg_end"] = os.getloadavg()

@@ -11,7 +11,7 @@ Three tables (issue 5), written to experiments/results/planner.{json,md}:
    swap-only and recompute-only plans (``passes=["partition", "limit_parallelism", X]``).
 3. **Solver vs heuristic.** The MIP's estimated overhead vs the greedy heuristic's on the same model.
 
-    python -m experiments.planner            # full run (50 minutes on 2 cores, 2026-11-23)
+    python -m experiments.planner            # full run (25 minutes on 2 cores, 2026-11-24)
     python -m experiments.planner --tiny     # CI smoke run
     python -m experiments.planner --strategies-at 0.8 --steps 5   # only table 2, at 0.8x each vanilla peak
                                                                  # (3 interleaved rounds: --rounds)

@@ -61,7 +61,7 @@ from passes.place_persistent import (
 from passes.recompute import Recompute, RecomputePlan, apply_recompute
 from passes.swap_activations import SwapActivations, SwapCandidate, apply_swaps, device_activations
 from passes.timeline import StepTimeline
-from passes.transfer import readers_through_identities, trigger_candidates
+from passes.transfer import readers_through_aliases, trigger_candidates
 from tfmem import costmodel
 from tfmem.devices import Placement
 from tfmem.editor import GraphEditor
@@ -468,7 +468,7 @@ def idle_windows(graph: GraphIR, ctx: PassContext, timeline: StepTimeline, min_b
     """
     out = []
     for t in device_activations(graph, ctx, timeline, timeline.order, min_bytes):
-        readers = sorted(readers_through_identities(graph, timeline.eg, t), key=timeline.rank.__getitem__)
+        readers = sorted(readers_through_aliases(graph, timeline.eg, t), key=timeline.rank.__getitem__)
         nbytes = graph.spec(t).nbytes or 0
         busy_until, gaps = timeline.end_s[t.node], []
         for c in readers:

@@ -45,7 +45,7 @@ from passes.transfer import (
     identity_attrs,
     movable,
     plan_prefetches,
-    readers_through_identities,
+    readers_through_aliases,
     trigger_candidates,
 )
 from tfmem import costmodel
@@ -205,7 +205,7 @@ def device_activations(graph: GraphIR, ctx: PassContext, timeline: StepTimeline,
             if ((spec.nbytes or 0) < min_bytes or t in eg.fetched or t in eg.fed or not movable(graph, t)
                     or t in exclude or buffer_root(graph, t) != t or shares_persistent_buffer(graph, t)):
                 continue
-            readers = readers_through_identities(graph, eg, t)
+            readers = readers_through_aliases(graph, eg, t)
             if readers and all(on_device.get(c, False) for c in readers):  # frames and other devices: leave
                 out.append(t)
     return out
@@ -228,7 +228,7 @@ class ReaderSplit:
 
 def split_readers(graph: GraphIR, timeline: StepTimeline, tensor: TensorRef, split: Split) -> ReaderSplit | None:
     """Readers of ``tensor`` (through identities and views) split by ``split``; None when none would read it late."""
-    reads = readers_through_identities(graph, timeline.eg, tensor)
+    reads = readers_through_aliases(graph, timeline.eg, tensor)
     readers = sorted(reads, key=timeline.rank.__getitem__)
     last_early = split(tensor.node, readers)
     if last_early is None:

@@ -107,7 +107,7 @@ def identity_attrs(graph: GraphIR, tensor: TensorRef, tag: str) -> dict[str, att
     return {"T": attr_value_pb2.AttrValue(type=dtype.as_datatype_enum), tag: attr_value_pb2.AttrValue(b=True)}
 
 
-def readers_through_identities(graph: GraphIR, eg: ExecutionGraph, tensor: TensorRef) -> dict[str, TensorRef]:
+def readers_through_aliases(graph: GraphIR, eg: ExecutionGraph, tensor: TensorRef) -> dict[str, TensorRef]:
     """Each op that reads ``tensor``'s value, mapped to the tensor it names: ``tensor``, an identity or a view.
 
     ``Identity``-like ops (TF1's gradient ``tuple/control_dependency`` among them) pass the same buffer on,
@@ -158,7 +158,7 @@ def add_prefetches(editor: GraphEditor, source: TensorRef, original: TensorRef, 
     """Add one host ``Identity`` of ``source`` per prefetch; its consumers read it instead of ``original``.
 
     ``reads`` names, per consumer, the tensor it reads when that is an identity or a view of ``original``
-    (``readers_through_identities``); a view is rebuilt on the device from the copy, once per prefetch.
+    (``readers_through_aliases``); a view is rebuilt on the device from the copy, once per prefetch.
     """
     graph = editor.graph
     spec = graph.spec(original)
