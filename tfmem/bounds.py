@@ -6,10 +6,11 @@ on the device (constants and variables on it, when they cannot move to the host)
 
 from __future__ import annotations
 
-from tfmem.bfc import rounded_bytes
+from tfmem.bfc import INITIAL_REGION, MIN_ALLOCATION, BFCAllocator, rounded_bytes
 from tfmem.execution import ALIAS_OPS, ExecutionGraph
 from tfmem.ir import GraphIR
 from tfmem.opmemory import temp_bytes
+from tfmem.units import format_bytes
 
 
 def op_working_set_bytes(graph: GraphIR, name: str) -> int:
@@ -38,3 +39,84 @@ def largest_working_set(eg: ExecutionGraph) -> tuple[str, int]:
             if size > best[1]:
                 best = (name, size)
     return best
+
+
+def largest_unfed_working_set(eg: ExecutionGraph) -> tuple[str, int]:
+    """The executed op whose working set, less the fed tensors it reads, is largest, and those bytes."""
+    fed = {t: rounded_bytes(eg.graph.spec(t).nbytes or 0) for t in eg.fed}
+    best = ("", 0)
+    for name in eg.needed:
+        node = eg.graph[name]
+        if eg.unit_of[name] != name or node.op in ALIAS_OPS:
+            continue
+        size = op_working_set_bytes(eg.graph, name) - sum(fed.get(t, 0) for t in set(node.inputs))
+        if size > best[1]:
+            best = (name, size)
+    return best
+
+
+def fed_layout_floor(eg: ExecutionGraph) -> tuple[int, str]:
+    """The smallest device on which TF's allocator lays out the fed tensors and still has room for any op.
+
+    The fed tensors are the first requests of every step, made in an order the session chooses
+    (``tfmem.memsim.feed_orders`` lists the ones the layout replay checks), and they stay to the step's end.
+    BFC hands a request a whole free chunk unless the chunk is twice the request, so on a small device one
+    feed can take everything the others left: an unrolled RNN fed ``x`` (6 MiB) then ``target`` (12 MiB)
+    gives ``target`` the whole rest of a device under 32 MiB, and no op can run. Whatever else the step holds
+    (persistent tensors, the plan's own tensors) only takes more, so no plan fits a smaller device than
+    ``feeds_floor`` finds for the feeds and the largest working set less the fed tensors it reads
+    (``largest_unfed_working_set``). Returns the bytes and why.
+    """
+    from tfmem.memsim import feed_orders  # memsim imports much of tfmem; only this needs it
+
+    fed = {t: rounded_bytes(eg.graph.spec(t).nbytes or 0) for t in eg.fed}
+    op, unfed = largest_unfed_working_set(eg)
+    floor, split = feeds_floor([[fed[t] for t in order] for order in feed_orders(eg)], unfed)
+    if split:
+        return floor, f"the fed tensors and the working set of {op or 'the largest op'}"
+    sizes = ", ".join(f"{t} {format_bytes(fed[t])}" for t in sorted(fed, key=lambda t: -fed[t])[:3])
+    return floor, (f"the fed tensors ({sizes}) laid out by TF's allocator, which hands a request a whole free "
+                   f"chunk under twice its size, leave too little room for the working set of {op or 'any op'} "
+                   f"({format_bytes(unfed)}) on a smaller device")
+
+
+def feeds_floor(orders: list[list[int]], unfed: int, resolution: int = 4096) -> tuple[int, bool]:
+    """A device size below which, for some order of the feed sizes in ``orders``, BFC cannot serve every feed and
+    leave ``unfed`` bytes free; and whether that is just their sum (no chunk wasted).
+
+    What is left free after the feeds grows with the device (each feed either splits its chunk off the rest or
+    takes the rest whole), so the boundary is found by bisection, to ``resolution``; the bound returned is one
+    byte above the largest size found too small, so it never overstates.
+
+    Examples
+    --------
+    >>> MiB = 2**20
+    >>> x, target = 6 * MiB, 12 * MiB      # an unrolled RNN's feeds, in both orders; ops need 4 MiB more
+    >>> floor, _ = feeds_floor([[x, target], [target, x]], 4 * MiB)
+    >>> round(floor / MiB, 2)              # 2 MiB first region + x + twice target: target's chunk then splits
+    32.0
+    >>> round(feeds_floor([[x]], 4 * MiB)[0] / MiB, 2)   # not 10: x would take a region of 8 MiB whole
+    14.0
+    """
+    unfed = max(unfed, MIN_ALLOCATION)  # some op always runs
+
+    def fits(device: int) -> bool:
+        for order in orders:
+            bfc = BFCAllocator(limit_bytes=device)
+            for nbytes in order:
+                bfc.allocate(nbytes)
+            if bfc.failures or device - bfc.in_use_bytes < unfed:
+                return False
+        return True
+
+    total = max((sum(o) for o in orders), default=0) + unfed
+    if fits(total):
+        return total, True
+    low, high = total, 2 * total + INITIAL_REGION    # at ``high`` every feed splits off its chunk
+    while high - low > resolution:
+        middle = (low + high) // 2
+        if fits(middle):
+            high = middle
+        else:
+            low = middle
+    return low + 1, False

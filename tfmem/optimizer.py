@@ -14,7 +14,7 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 from tensorflow.core.protobuf import config_pb2
 
-from tfmem.bounds import largest_working_set
+from tfmem.bounds import fed_layout_floor, largest_working_set
 from tfmem.devices import DEFAULT_DEVICE, same_device, with_default_device
 from tfmem.errors import BadInputError, InfeasibleBudgetError
 from tfmem.execution import ExecutionGraph, parse_fetches
@@ -183,7 +183,7 @@ def optimize(
         # (measured: such plans crashed the testbed). Refuse before planning.
         ctx = dataclasses.replace(base, device_budget_bytes=target)
         bound, _ = lower_bound_bytes(ir, ctx)
-        if bound > target:
+        if bound > target or device_floor_bytes(ir, ctx)[0] > layout_room(budget_bytes):
             raise _infeasible(ir, ctx, budget_bytes, before, unplanned=True)
     fit = _fit(ir, pipeline, base, target, bound, budget_bytes, before, notes)
     if auto and budget_bytes is not None and not fit.fits and fit.layout_refused:
@@ -354,6 +354,18 @@ def lower_bound_bytes(ir: GraphIR, ctx: PassContext) -> tuple[int, str]:
     return working, op
 
 
+def device_floor_bytes(ir: GraphIR, ctx: PassContext) -> tuple[int, str]:
+    """A device size no plan fits below: the peak bound, or what the fed tensors' layout needs if more.
+
+    The second is about the allocator, not the sum of live bytes: BFC can hand a fed tensor a whole chunk
+    near twice its size (``tfmem.bounds.fed_layout_floor``). A plan is accepted only if its layout replay fits
+    ``layout_room(budget)``, so a budget whose room is below this floor is refused before planning.
+    """
+    working, op = lower_bound_bytes(ir, ctx)
+    layout, why = fed_layout_floor(ExecutionGraph.build(ir, ctx.fetches, ctx.feed_shapes))
+    return (layout, why) if layout > working else (working, f"working set of {op}")
+
+
 def _reachable_floor(reports: Sequence[PassReport]) -> int | None:
     """The planner's floor: the lowest peak every option it had, taken at once, could reach on its order."""
     floors = [r.details["reachable_floor_bytes"] for r in reports if "reachable_floor_bytes" in r.details]
@@ -363,8 +375,7 @@ def _reachable_floor(reports: Sequence[PassReport]) -> int | None:
 def _infeasible(ir: GraphIR, ctx: PassContext, budget: int, after: MemoryProfile,
                 fragmented: bool = False, unplanned: bool = False, reachable: int | None = None,
                 ) -> InfeasibleBudgetError:
-    bound, op = lower_bound_bytes(ir, ctx)
-    where = f"working set of {op}"
+    bound, where = device_floor_bytes(ir, ctx)
     if reachable is not None and reachable > bound:
         bound, where = reachable, ("what stays on the device with every swap, recomputation and host placement "
                                    "the planner could choose taken at once")
