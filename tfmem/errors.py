@@ -47,7 +47,9 @@ class InfeasibleBudgetError(TfmemError):
     """No plan tfmem can build fits the budget.
 
     Carries ``budget_bytes``, ``best_peak_bytes``, ``lower_bound_bytes`` and ``live_at_peak`` (the largest
-    tensors live at the best plan's peak) so callers can decide what to change.
+    tensors live at the best plan's peak) so callers can decide what to change. ``lower_bound_bytes`` is a
+    device size no plan fits below: the largest single-op working set, the planner's reachable floor, or what
+    the fed tensors need in TF's allocator (``tfmem.bounds.fed_layout_floor``), whichever is highest.
     """
 
     def __init__(

@@ -130,6 +130,7 @@ def simulate(
     config: config_pb2.ConfigProto | None = None,
     cores: int | None = None,
     device_memory: int | None = None,
+    large_request_margin: int = 0,
 ) -> MemoryProfile:
     """Simulate one step of ``graph`` computing ``fetches`` and return its ``MemoryProfile``.
 
@@ -157,6 +158,8 @@ def simulate(
         Adam slots, which share their initial buffer, into a new chunk mid-region (``FIRST_UPDATE_COPY_OPS``),
         and later steps run around it; and the fed tensors are allocated in each of ``feed_orders`` (a session
         follows the caller's feed dict), the worst replay reported
+    large_request_margin : with ``device_memory``, also count as failures the requests of a quarter of the device
+        or more that leave less than this in their free chunk (``tfmem.bfc.BFCAllocator.large_request_fits``)
 
     Raises
     ------
@@ -184,7 +187,8 @@ def simulate(
     cores = cores or os.cpu_count() or 1
     # Passes score one graph more than once (a pass, then optimize's own before/after): keep the answer.
     key = (tuple(fetch_names), tuple(sorted(feed_names)), device, host,
-           None if order is None else tuple(order), inter_op_threads, cost_device, cores, device_memory)
+           None if order is None else tuple(order), inter_op_threads, cost_device, cores, device_memory,
+           large_request_margin)
     cached = _PROFILES.get(ir, key) if not grappler else None
     if cached is not None:
         return cached
@@ -200,7 +204,8 @@ def simulate(
             analysis, (lambda u: False) if gpu else expensive.__getitem__, inter_op_threads))
     # With a capacity, where the fed tensors land decides what fits, and TF allocates them in the order of the
     # caller's feed dict, which the graph does not say: replay a few orders and report the worst.
-    profile = max((_Replay(eg, placement, device_memory, analysis.views, feed_order=o).run(sched)
+    profile = max((_Replay(eg, placement, device_memory, analysis.views, feed_order=o,
+                           large_request_margin=large_request_margin).run(sched)
                    for o in (feed_orders(eg) if device_memory is not None else [None])),
                   key=lambda p: (p.allocation_failures, p.peak_bytes))
     # A fixed order is one thread's schedule: its length is the estimate (and scoring orders stays cheap).
@@ -277,7 +282,8 @@ class _Replay:
     """Replays a schedule, tracking buffers per memory domain ("device", "host", "other")."""
 
     def __init__(self, eg: ExecutionGraph, placement: Placement, device_memory: int | None = None,
-                 views: dict[TensorRef, int] | None = None, feed_order: Sequence[TensorRef] | None = None) -> None:
+                 views: dict[TensorRef, int] | None = None, feed_order: Sequence[TensorRef] | None = None,
+                 large_request_margin: int = 0) -> None:
         self.eg, self.graph = eg, eg.graph
         # the order fed tensors are allocated in (default: by name, a fixed order for a reproducible layout)
         self.feed_order = tuple(feed_order) if feed_order is not None else tuple(sorted(eg.fed, key=str))
@@ -286,7 +292,8 @@ class _Replay:
         self.allocators = {d: BFCAllocator() for d in ("device", "host", "other")}
         self.bounded = device_memory is not None
         if device_memory is not None:
-            self.allocators["device"] = BFCAllocator(limit_bytes=device_memory)
+            self.allocators["device"] = BFCAllocator(limit_bytes=device_memory,
+                                                     large_request_margin=large_request_margin)
         self.persistent = {"device": 0, "host": 0, "other": 0}
         self.buffers: dict[tuple[TensorRef, str], _Buffer] = {}   # (tensor, domain) -> buffer
         self.var_storage: dict[str, _Buffer] = {}

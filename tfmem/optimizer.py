@@ -47,6 +47,10 @@ SAFETY_MARGIN_MIN_BYTES = 4 * 2**20
 CAPACITY_SLACK = 0.02
 # What passes="auto" falls back on when every plan of the planner fits in total but not in the allocator's layout.
 ALTERNATIVE_PIPELINE = ("partition", "limit_parallelism", "place_persistent", "swap_activations", "recompute")
+# In that replay, a request of a quarter of the device or more must also find a free chunk with this much to
+# spare (``tfmem.bfc.BFCAllocator.large_request_fits``): where such a request lands depends on every tensor
+# placed before it, and the session's order is not exactly the replay's.
+LARGE_REQUEST_MARGIN = 4 * 2**20
 CAPACITY_RETRIES = 6   # a conv net at 0.7x its peak needed 4 (in the former 5% steps); each costs one planner run
 
 
@@ -319,7 +323,8 @@ def _refined(ir: GraphIR, pipeline: Sequence[Pass], base: PassContext, target: i
 def _fits_layout(fitted: _Fitted, room: int) -> bool:
     """Whether the session's graph (after Grappler) serves every request on a device of ``room`` bytes."""
     runtime = dataclasses.replace(fitted.ctx, grappler=True)
-    return runtime.simulate(fitted.ir, device_memory=room).allocation_failures == 0
+    return runtime.simulate(fitted.ir, device_memory=room,
+                            large_request_margin=LARGE_REQUEST_MARGIN).allocation_failures == 0
 
 
 def _planned(ir: GraphIR, pipeline: Sequence[Pass], base: PassContext, target: int | None, before: MemoryProfile,
@@ -336,11 +341,12 @@ def smallest_fitting_device(ctx: PassContext, graph: GraphIR, low: int, high: in
 
     None when even ``high`` does not serve them all. Each try is one capped replay of the same graph.
     """
-    if ctx.simulate(graph, device_memory=high).allocation_failures:
+    margin = LARGE_REQUEST_MARGIN
+    if ctx.simulate(graph, device_memory=high, large_request_margin=margin).allocation_failures:
         return None
     while high - low > 2**20:
         mid = (low + high) // 2
-        if ctx.simulate(graph, device_memory=mid).allocation_failures:
+        if ctx.simulate(graph, device_memory=mid, large_request_margin=margin).allocation_failures:
             low = mid
         else:
             high = mid
