@@ -5,9 +5,9 @@ Gradient graphs repeat small constant computations: each of an unrolled RNN's 24
 ``1/n``. On the user's graph the session computes it once: Grappler merges identical computations
 (``DedupComputations``). After a pass gates some of them with control edges (a partition barrier, a fence),
 Grappler no longer merges them, and the executor's own constant folding turns each gated copy into a
-constant that the session holds for as long as it lives (``tfmem.executor_folding``). Measured on the 24-step unrolled
-RNN planned at 30 MiB: 10 such constants, 5 MiB of persistent device memory that no plan can move (16, 8 MiB, in
-a plan made with other prefetch triggers), where the user's graph held one.
+constant that the session holds for as long as it lives (``tfmem.executor_folding``). Measured on the 24-step
+unrolled RNN planned at 30 MiB: 10 such constants, 5 MiB of persistent device memory that no plan can move
+(16, 8 MiB, in a plan made with other prefetch triggers), where the user's graph held one.
 
 This pass merges them before any pass adds an edge: a *constant computation* is a ``Const``, or a stateless
 op outside control-flow frames whose inputs are all constant computations; two of them are the same when they
@@ -113,17 +113,17 @@ def shared_constants(graph: GraphIR, kept: frozenset[str] = frozenset()) -> dict
     first_with: dict[tuple[object, ...], str] = {}
     same_as: dict[str, str] = {}
     constant: set[str] = set()
+
+    def first(n: str) -> str:
+        return same_as.get(n, n)
+
     for name in nx.lexicographical_topological_sort(graph.nx, key=order.__getitem__):
         node = graph[name]
         if not _computes_constant(node, constant, in_frames):
             continue
         constant.add(name)
-
-        def rep(n: str) -> str:
-            return same_as.get(n, n)
-
-        key = (node.op, node.device, tuple(rep(t.node) + f":{t.index}" for t in node.inputs),
-               tuple(sorted({rep(c) for c in node.control_inputs})),
+        key = (node.op, node.device, tuple(f"{first(t.node)}:{t.index}" for t in node.inputs),
+               tuple(sorted({first(c) for c in node.control_inputs})),
                tuple(sorted((k, v.SerializeToString(deterministic=True))
                             for k, v in node.attrs.items() if k not in _IGNORED_ATTRS)),
                tuple((s.dtype, s.shape) for s in node.outputs))
