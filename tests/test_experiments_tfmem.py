@@ -69,7 +69,10 @@ def test_planner_strategies_at_a_fraction_tiny(tmp_path):
     data = json.loads((tmp_path / "planner_strategies.json").read_text())
     row = data["graphs"]["mlp-small"]
     assert set(row) == {"budget_bytes", *planner.STRATEGIES}
-    assert all(r["refused"] or not r["oom"] for label, r in row.items() if label != "budget_bytes")
+    measured = {label: r for label, r in row.items() if label != "budget_bytes"}
+    assert all(r["refused"] or not r["oom"] for r in measured.values() if "same_as" not in r)
+    assert all(r["same_as"] in measured and "rounds_s" in measured[r["same_as"]]
+               for r in measured.values() if "same_as" in r)
     assert "| mlp-small |" in (tmp_path / "planner_strategies.md").read_text()
 
 
