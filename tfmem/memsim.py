@@ -158,8 +158,8 @@ def simulate(
         Adam slots, which share their initial buffer, into a new chunk mid-region (``FIRST_UPDATE_COPY_OPS``),
         and later steps run around it; and the fed tensors are allocated in each of ``feed_orders`` (a session
         follows the caller's feed dict), the worst replay reported
-    large_request_margin : with ``device_memory``, also count as failures the requests of a quarter of the device
-        or more that leave less than this in their free chunk (``tfmem.bfc.BFCAllocator.large_request_fits``)
+    large_request_margin : with ``device_memory``, also count as failures the requests of half the device or
+        more that leave less than this in their free chunk (``tfmem.bfc.BFCAllocator.large_request_fits``)
 
     Raises
     ------

@@ -47,7 +47,7 @@ SAFETY_MARGIN_MIN_BYTES = 4 * 2**20
 CAPACITY_SLACK = 0.02
 # What passes="auto" falls back on when every plan of the planner fits in total but not in the allocator's layout.
 ALTERNATIVE_PIPELINE = ("partition", "limit_parallelism", "place_persistent", "swap_activations", "recompute")
-# In that replay, a request of a quarter of the device or more must also find a free chunk with this much to
+# In that replay, a request of half the device or more must also find a free chunk with this much to
 # spare (``tfmem.bfc.BFCAllocator.large_request_fits``): where such a request lands depends on every tensor
 # placed before it, and the session's order is not exactly the replay's.
 LARGE_REQUEST_MARGIN = 4 * 2**20
