@@ -344,7 +344,8 @@ def _planned(ir: GraphIR, pipeline: Sequence[Pass], base: PassContext, target: i
 
 
 def smallest_fitting_device(ctx: PassContext, graph: GraphIR, low: int, high: int) -> int | None:
-    """The smallest device size in ``(low, high]`` (to 1 MiB) on which replaying ``graph`` serves every request.
+    """The smallest device size in ``(low, high]`` (to 1 MiB) on which replaying ``graph`` serves every request,
+    large ones with ``LARGE_REQUEST_MARGIN`` to spare (as ``_fits_layout`` asks).
 
     None when even ``high`` does not serve them all. Each try is one capped replay of the same graph.
     """
