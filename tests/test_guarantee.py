@@ -16,17 +16,7 @@ MiB = 2**20
 def test_unrolled_rnn_at_36_mib_is_refused_or_runs_in_36_mib():
     """Planning the planner again for less than it reached once gave a plan simulated at 30.0 MiB that measured
     42.0 MiB (and hung under a 36 MiB cap); whatever plan ``optimize`` now returns must run under the budget."""
-    built = examples.unrolled_rnn(steps=24, batch=256, hidden=512, inputs=256)
-    budget = 36 * MiB
-    try:
-        opt = tfmem.optimize(built.graph, built.fetches, budget=budget, feed_shapes=built.feed_shapes,
-                             device=DEVICE, host=HOST)
-    except tfmem.InfeasibleBudgetError as e:
-        assert 0 < e.lower_bound_bytes <= budget
-        return
-    run = _common.testbed_run(budget, opt.graph, built, steps=2, step_timeout_s=60)
-    assert not run.oom, run.error
-    assert run.device_peak_bytes <= budget
+    _refused_or_runs_within(examples.unrolled_rnn(steps=24, batch=256, hidden=512, inputs=256), 36 * MiB)
 
 
 @pytest.mark.testbed
@@ -34,8 +24,11 @@ def test_unet_at_58_mib_is_refused_or_runs_in_58_mib():
     """The layout replay served a 33.75 MiB convolution-gradient scratch with 0.84 MiB to spare at the end of its
     free stretch; the testbed, which had placed one tensor differently, ran out of memory with 8.7 MiB in use.
     Requests of half the device or more now need 4 MiB to spare in the replay (``LARGE_REQUEST_MARGIN``)."""
-    built = examples.unet(batch=8, size=64, channels=16, levels=3)
-    budget = 58 * MiB
+    _refused_or_runs_within(examples.unet(batch=8, size=64, channels=16, levels=3), 58 * MiB)
+
+
+def _refused_or_runs_within(built: examples.Built, budget: int) -> None:
+    """``optimize`` for ``budget`` refuses with a bound, or its graph runs in a testbed of that size."""
     try:
         opt = tfmem.optimize(built.graph, built.fetches, budget=budget, feed_shapes=built.feed_shapes,
                              device=DEVICE, host=HOST)

@@ -17,7 +17,7 @@ import tfmem
 from passes import LEADING_REWRITES
 from passes.share_constants import ShareConstants, shared_constants
 from tfmem import examples
-from tfmem.bounds import fed_layout_floor, feeds_floor
+from tfmem.bounds import fed_layout_floor, feeds_fit, feeds_floor
 from tfmem.editor import GraphEditor
 from tfmem.execution import ExecutionGraph
 from tfmem.optimizer import device_floor_bytes, layout_room
@@ -148,22 +148,10 @@ def test_fed_layout_floor_refuses_a_budget_the_feeds_cannot_be_laid_out_in():
 @pytest.mark.parametrize("sizes,unfed", [([6 * MiB, 12 * MiB], 4 * MiB), ([3 * MiB], 5 * MiB),
                                          ([MiB, 2 * MiB, 7 * MiB], 300_000)])
 def test_feeds_floor_is_the_boundary(sizes, unfed):
-    """Below the floor some order fails; at twice the resolution above it, every order fits."""
-    from tfmem.bfc import BFCAllocator
-
+    """Below the floor some order fails; a little above it, every order fits."""
     orders = [sizes, sizes[::-1]]
     floor, _ = feeds_floor(orders, unfed)
-
-    def fits(device):
-        for order in orders:
-            bfc = BFCAllocator(limit_bytes=device)
-            for n in order:
-                bfc.allocate(n)
-            if bfc.failures or device - bfc.in_use_bytes < unfed:
-                return False
-        return True
-
-    assert not fits(floor - 1) and fits(floor + 8192)
+    assert not feeds_fit(orders, unfed, floor - 1) and feeds_fit(orders, unfed, floor + 8192)
     assert floor >= sum(sizes) + unfed
 
 

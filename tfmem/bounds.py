@@ -101,24 +101,25 @@ def feeds_floor(orders: list[list[int]], unfed: int, resolution: int = 4096) -> 
     14.0
     """
     unfed = max(unfed, MIN_ALLOCATION)  # some op always runs
-
-    def fits(device: int) -> bool:
-        for order in orders:
-            bfc = BFCAllocator(limit_bytes=device)
-            for nbytes in order:
-                bfc.allocate(nbytes)
-            if bfc.failures or device - bfc.in_use_bytes < unfed:
-                return False
-        return True
-
     total = max((sum(o) for o in orders), default=0) + unfed
-    if fits(total):
+    if feeds_fit(orders, unfed, total):
         return total, True
     low, high = total, 2 * total + INITIAL_REGION    # at ``high`` every feed splits off its chunk
     while high - low > resolution:
         middle = (low + high) // 2
-        if fits(middle):
+        if feeds_fit(orders, unfed, middle):
             high = middle
         else:
             low = middle
     return low + 1, False
+
+
+def feeds_fit(orders: list[list[int]], unfed: int, device: int) -> bool:
+    """Whether, in every order, a BFC device of ``device`` bytes serves each feed and leaves ``unfed`` bytes free."""
+    for order in orders:
+        bfc = BFCAllocator(limit_bytes=device)
+        for nbytes in order:
+            bfc.allocate(nbytes)
+        if bfc.failures or device - bfc.in_use_bytes < max(unfed, MIN_ALLOCATION):
+            return False
+    return True
