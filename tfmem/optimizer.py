@@ -188,7 +188,8 @@ def optimize(
         # (measured: such plans crashed the testbed). Refuse before planning.
         ctx = dataclasses.replace(base, device_budget_bytes=target)
         bound, _ = lower_bound_bytes(ir, ctx)
-        if bound > target or device_floor_bytes(ir, ctx)[0] > layout_room(budget_bytes):
+        feeds_floor, _ = fed_layout_floor(ExecutionGraph.build(ir, ctx.fetches, ctx.feed_shapes))
+        if bound > target or feeds_floor > layout_room(budget_bytes):
             raise _infeasible(ir, ctx, budget_bytes, before, unplanned=True)
     fit = _fit(ir, pipeline, base, target, bound, budget_bytes, before, notes)
     if auto and budget_bytes is not None and not fit.fits and fit.layout_refused:
