@@ -13,8 +13,8 @@ Three tables (issue 5), written to experiments/results/planner.{json,md}:
 
     python -m experiments.planner            # full run (25 minutes on 2 cores, 2026-11-24)
     python -m experiments.planner --tiny     # CI smoke run
-    python -m experiments.planner --strategies-at 0.8 --steps 5   # only table 2, at 0.8x each vanilla peak
-                                                                 # (3 interleaved rounds: --rounds)
+    python -m experiments.planner --strategies-at 0.9,0.8,0.7 --steps 5 --rounds 5
+                                             # only table 2, at 0.9x, 0.8x and 0.7x each vanilla peak
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import math
 import os
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -226,7 +227,8 @@ def markdown(result: dict[str, object]) -> str:
                          f"| {name} | {format_bytes(r['budget_bytes'])} | {r['solver_status']} | {r['solve_s']:.2f} s "
                          f"| 0 ms | {heur * 1e3:.1f} ms | - |")
     lines += ["", "## Strategies at equal budget (measured step time)", "", STRATEGIES_MEASURED, "",
-              *_strategies_md({name: g["strategies"] for name, g in result["graphs"].items() if g.get("strategies")})]
+              *_strategies_md({name: [g["strategies"]] for name, g in result["graphs"].items()
+                               if g.get("strategies")})]
     big = result.get("large_graph")
     if big:
         lines += ["", "## Planner time on a large graph", "", _large_md(big).rstrip("\n")]
@@ -238,19 +240,39 @@ STRATEGIES_MEASURED = ("Measured: testbed step time (median over interleaved rou
                        "cost model's step (`estimated_step_s` of the plan's simulation).")
 
 
-def _strategies_md(rows: dict[str, dict[str, object]]) -> list[str]:
-    """The strategies table: per graph and strategy, measured step time and peak, or why there is none."""
-    lines = ["| graph | budget | " + " | ".join(STRATEGIES) + " |", "|---|---:|" + "---:|" * len(STRATEGIES)]
-    for name, s in rows.items():
-        cells = []
-        for label in STRATEGIES:
-            r = s[label]
-            cells.append("refused" if r["refused"] else f"same graph as {r['same_as']}" if "same_as" in r else
-                         "OOM" if r["oom"] else
-                         f"{r['step_s'] * 1e3:.0f} ms ({format_bytes(r['measured_peak_bytes'] or 0)}; "
-                         f"est. {r['estimated_step_s'] * 1e3:.0f} ms)")
-        lines.append(f"| {name} | {format_bytes(s['budget_bytes'])} | " + " | ".join(cells) + " |")
+def _strategies_md(rows: dict[str, list[dict[str, object]]]) -> list[str]:
+    """The strategies table: per graph, budget and strategy, measured step time and peak, or why there is none;
+    then how the planner's plan compares with each strategy alone (``_versus``)."""
+    others = [label for label in STRATEGIES if label != "planner"]
+    lines = ["| graph | budget | " + " | ".join(STRATEGIES) + " | " + " | ".join(f"planner vs {o}" for o in others)
+             + " |", "|---|---:|" + "---:|" * len(STRATEGIES) + "---|" * len(others)]
+    for name, budgets in rows.items():
+        for s in budgets:
+            cells = []
+            for label in STRATEGIES:
+                r = s[label]
+                cells.append("refused" if r["refused"] else f"same graph as {r['same_as']}" if "same_as" in r else
+                             "OOM" if r["oom"] else
+                             f"{r['step_s'] * 1e3:.0f} ms ({format_bytes(r['measured_peak_bytes'] or 0)}; "
+                             f"est. {r['estimated_step_s'] * 1e3:.0f} ms)")
+            cells += [_versus(s["planner"], s[o]) for o in others]
+            lines.append(f"| {name} | {format_bytes(s['budget_bytes'])} | " + " | ".join(cells) + " |")
     return lines
+
+
+def _versus(planner: dict[str, object], other: dict[str, object]) -> str:
+    """The planner's plan against one strategy's at the same budget: who runs, and who is quicker in how many of
+    the interleaved rounds (each round runs every plan once, so a slow stretch of the machine hits both)."""
+    if planner["refused"] or "same_as" in planner or planner["oom"]:
+        return "planner refused" if planner["refused"] else "-" if "same_as" in planner else "planner OOM"
+    if other["refused"] or other.get("oom"):
+        return "only the planner fits" if other["refused"] else "only the planner runs (other OOM)"
+    if "same_as" in other:
+        return "same graph" if other["same_as"] == "planner" else "-"
+    pairs = list(zip(planner["rounds_s"], other["rounds_s"], strict=False))  # type: ignore[call-overload]
+    quicker = sum(p < o for p, o in pairs)
+    change = planner["step_s"] / other["step_s"] - 1  # type: ignore[operator]
+    return f"{'quicker' if change < 0 else 'slower'} by {abs(change):.0%}, quicker in {quicker}/{len(pairs)} rounds"
 
 
 def vanilla_peak(built: examples.Built) -> int:
@@ -259,11 +281,13 @@ def vanilla_peak(built: examples.Built) -> int:
         return tb.run(built.graph, built.fetches, built.feeds, steps=1).device_peak_bytes or 0
 
 
-def strategies_only(fraction: float, steps: int, tiny: bool, rounds: int) -> dict[str, object]:
-    """The strategies table at ``fraction`` of each graph's vanilla peak, where more than the planner may fit."""
+def strategies_only(fractions: Sequence[float], steps: int, tiny: bool, rounds: int) -> dict[str, object]:
+    """The strategies table at each of ``fractions`` of each graph's vanilla peak, where more than the planner
+    may fit."""
     rows: dict[str, object] = {}
     for name, built in tqdm(graphs(tiny).items(), desc="graphs", unit="graph"):
-        rows[name] = strategies(built, max(math.floor(vanilla_peak(built) * fraction / MiB), 2) * MiB, steps, rounds)
+        peak = vanilla_peak(built)
+        rows[name] = [strategies(built, max(math.floor(peak * f / MiB), 2) * MiB, steps, rounds) for f in fractions]
     return rows
 
 
@@ -277,28 +301,39 @@ def _large_md(big: dict[str, object]) -> str:
             + "\n")
 
 
+def _fractions(text: str) -> list[float] | None:
+    """``"0.9,0.8"`` as ``[0.9, 0.8]``; None unless every item is a number in (0, 1]."""
+    try:
+        fractions = [float(item) for item in text.split(",")]
+    except ValueError:
+        return None
+    return fractions if all(0 < f <= 1 for f in fractions) else None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="one small graph, two budgets (CI smoke)")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--large-only", action="store_true",
                         help="only time the planner on the 20,000-op graph (writes planner_large_graph.*)")
-    parser.add_argument("--strategies-at", type=float, metavar="FRACTION",
-                        help="only the strategies table, at FRACTION of each graph's vanilla peak "
-                             "(writes planner_strategies.*)")
+    parser.add_argument("--strategies-at", metavar="FRACTIONS",
+                        help="only the strategies table, at each of these comma-separated fractions of each "
+                             "graph's vanilla peak, e.g. 0.9,0.8,0.7 (writes planner_strategies.*)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the strategies table")
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.steps < 1:
         parser.error(f"--rounds and --steps must be at least 1, got {args.rounds} and {args.steps}")
     if args.strategies_at is not None:
-        if not 0 < args.strategies_at <= 1:
-            parser.error(f"--strategies-at takes a fraction in (0, 1], got {args.strategies_at}")
-        rows = strategies_only(args.strategies_at, args.steps, args.tiny, 1 if args.tiny else args.rounds)
-        md = "\n".join([f"# Strategies at equal budget ({args.strategies_at:g}x vanilla's measured peak)", "",
+        fractions = _fractions(args.strategies_at)
+        if fractions is None:
+            parser.error(f"--strategies-at takes comma-separated fractions in (0, 1], got {args.strategies_at!r}")
+        rows = strategies_only(fractions, args.steps, args.tiny, 1 if args.tiny else args.rounds)
+        at = ", ".join(f"{f:g}x" for f in fractions)
+        md = "\n".join([f"# Strategies at equal budget ({at} vanilla's measured peak)", "",
                         f"Command: `{provenance(argv)['command']}`. {STRATEGIES_MEASURED}", "",
-                        *_strategies_md(rows)]) + "\n"
-        paths = write("planner_strategies", {"provenance": provenance(argv), "fraction": args.strategies_at,
+                        *_strategies_md(rows)]) + "\n"  # type: ignore[arg-type]
+        paths = write("planner_strategies", {"provenance": provenance(argv), "fractions": fractions,
                                              "graphs": rows}, md, Path(args.out))
         print(md)
         print("wrote", *paths)

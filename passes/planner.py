@@ -243,10 +243,38 @@ class Planner:
                 label = f"{passes[kind].name}, then {passes[then].name}"
             if prof.peak_bytes <= budget:
                 fitting.append((prof.estimated_step_s, label, new, prof, result.report))
+        cheap = self._cheap_recompute_then_swap(graph, ctx, budget)
+        if cheap is not None:
+            fitting.append(cheap)
         if not fitting:
             return None
         _, label, new, prof, report = min(fitting, key=lambda f: (f[0], f[1]))
         return new, prof, [], f"{label}: the covering model found no plan that fits", report
+
+    def _cheap_recompute_then_swap(self, graph: GraphIR, ctx: PassContext, budget: int,
+                                   ) -> tuple[float, str, GraphIR, MemoryProfile, PassReport] | None:
+        """Recompute only what costs less than copying it out and back, then swap what is still over ``budget``;
+        as a ``_single_strategies`` candidate when it fits, else None.
+
+        Recomputing alone takes the dearest tensors too once the cheap ones run out, and swapping alone copies
+        tensors a few elementwise ops rebuild for less; the greedy mix in between is what a per-tensor choice
+        would make when no tensor's choice changes another's cost.
+        """
+        if ctx.host is None or not {"recompute", "swap"} <= set(self.kinds):
+            return None
+        swap_s_per_byte = 2 * copy_share(self.link) / self.link.link_bandwidth  # out and back
+        cheap = Recompute(cost_device=self.link, max_s_per_byte=swap_s_per_byte).run(graph, ctx)
+        if not cheap.changed:
+            return None
+        rest = SwapActivations(link=self.link).run(cheap.graph, ctx)
+        if not rest.changed:
+            return None
+        new = fenced(rest.graph, ctx)
+        prof = ctx.simulate(new)
+        if prof.peak_bytes > budget:
+            return None
+        return (prof.estimated_step_s, "recompute where cheaper than copying, then swap_activations", new, prof,
+                _chained_report([cheap.report, rest.report]))
 
     def _solver_time(self, plans: list[PlanResult], deadline: float) -> float:
         """CBC's time for the next solve: what is left of ``time_limit_s`` over all rounds, and half of what is

@@ -83,6 +83,9 @@ class Recompute:
     max_rounds: int = 12
     overshoot: float = 1.25
     cost_device: costmodel.DeviceSpec = field(default=costmodel.DEFAULT_DEVICE)
+    # Only tensors that cost at most this many seconds of recomputation per byte freed (None: any); the planner
+    # sets it to what copying a byte out and back costs, to recompute only where that is cheaper than swapping.
+    max_s_per_byte: float | None = None
 
     def run(self, graph: GraphIR, ctx: PassContext) -> PassResult:
         budget = ctx.device_budget_bytes
@@ -97,6 +100,8 @@ class Recompute:
         for _ in range(self.max_rounds):
             timeline = StepTimeline.build(current, ctx.fetches, profile, ctx.feed_shapes)
             plans = sorted(self.candidates(current, ctx, timeline, profile, tried), key=lambda p: -p.score)
+            if self.max_s_per_byte is not None:
+                plans = [p for p in plans if p.compute_s * len(p.groups) <= self.max_s_per_byte * p.nbytes]
             batch, covered = [], 0
             for p in plans:
                 if covered >= (profile.peak_bytes - budget) * self.overshoot:

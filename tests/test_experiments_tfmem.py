@@ -65,15 +65,35 @@ def test_planner_tiny_never_runs_out_of_memory_when_it_accepts(tmp_path):
 
 @pytest.mark.testbed
 def test_planner_strategies_at_a_fraction_tiny(tmp_path):
-    assert planner.main(["--tiny", "--strategies-at", "0.8", "--out", str(tmp_path)]) == 0
+    assert planner.main(["--tiny", "--strategies-at", "0.9,0.8", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "planner_strategies.json").read_text())
-    row = data["graphs"]["mlp-small"]
+    rows = data["graphs"]["mlp-small"]
+    assert len(rows) == 2 and rows[0]["budget_bytes"] > rows[1]["budget_bytes"]
+    row = rows[1]
     assert set(row) == {"budget_bytes", *planner.STRATEGIES}
     measured = {label: r for label, r in row.items() if label != "budget_bytes"}
     assert all(r["refused"] or not r["oom"] for r in measured.values() if "same_as" not in r)
     assert all(r["same_as"] in measured and "rounds_s" in measured[r["same_as"]]
                for r in measured.values() if "same_as" in r)
     assert "| mlp-small |" in (tmp_path / "planner_strategies.md").read_text()
+
+
+def test_planner_versus_reads_rounds_pairwise():
+    planner_row = {"refused": False, "oom": False, "rounds_s": [0.10, 0.30, 0.12], "step_s": 0.12}
+    swap_row = {"refused": False, "oom": False, "rounds_s": [0.11, 0.20, 0.15], "step_s": 0.15}
+    assert planner._versus(planner_row, swap_row) == "quicker by 20%, quicker in 2/3 rounds"
+    assert planner._versus(swap_row, planner_row) == "slower by 25%, quicker in 1/3 rounds"
+    assert planner._versus(planner_row, {"refused": True}) == "only the planner fits"
+    assert planner._versus(planner_row, {"refused": False, "same_as": "planner"}) == "same graph"
+    assert planner._versus({"refused": True}, swap_row) == "planner refused"
+
+
+@pytest.mark.parametrize("text", ["0.8,x", "0", "1.5", "0.9,,0.8"])
+def test_planner_rejects_bad_strategy_fractions(text, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        planner.main(["--strategies-at", text])
+    assert exit_info.value.code == 2
+    assert "--strategies-at" in capsys.readouterr().err
 
 
 @pytest.mark.testbed

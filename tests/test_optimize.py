@@ -125,7 +125,8 @@ def test_auto_falls_back_on_single_strategies_when_its_plans_miss_the_allocator_
     monkeypatch.setattr(optimizer, "_fit", planner_plans_miss_the_layout)
     peak = tfmem.simulate(built.graph, built.fetches, device="/CPU:0").peak_bytes
     opt = tfmem.optimize(built.graph, built.fetches, budget=int(peak * 0.8), host="/CPU:1", device="/CPU:0")
-    assert len(pipelines) == 2 and "planner" in pipelines[0] and "swap_activations" in pipelines[1]
+    # then the strategies alone, for a quicker plan (``_quickest``)
+    assert len(pipelines) == 4 and "planner" in pipelines[0] and "swap_activations" in pipelines[1]
     assert any("allocator's chunks" in n and "applied in turn did" in n for n in opt.report.notes)
     assert opt.report.after.peak_bytes <= optimizer.planning_budget(int(peak * 0.8))
 
@@ -152,3 +153,30 @@ def test_after_a_layout_refusal_plans_in_between_are_tried_and_the_quickest_kept
     best = optimizer._refined(None, [], None, 60 * MiB, None, 55 * MiB, fitted, 60 * MiB)
     assert tried == [51 * MiB, int(55.5 * MiB), int(53.25 * MiB)]
     assert best.planned_for == 51 * MiB and best.fits
+
+
+def test_auto_keeps_a_strategy_alone_when_its_fitting_plan_is_estimated_quicker(monkeypatch):
+    """The planner's plan is compared with each single strategy's (both through ``_fit``, so both passed the
+    layout replay): the quickest fitting one is returned, and a note says so; one that does not fit never is."""
+    from types import SimpleNamespace
+
+    import tfmem.optimizer as optimizer
+
+    def fitted(step_s, fits, name):
+        after = SimpleNamespace(peak_bytes=1, estimated_step_s=step_s)
+        return optimizer._Fitted(name, [], after, None, 1, fits=fits)
+
+    # swapping alone: quicker and fitting; recomputing alone: quicker still, but it does not fit
+    by_last_pass = {"swap_activations": fitted(0.8, True, "swap"), "recompute": fitted(0.5, False, "recompute")}
+
+    def fit(ir, pipeline, base, target, bound, budget, before, notes):
+        names = [p.name for p in pipeline]
+        return by_last_pass[next(n for n in reversed(names) if n in by_last_pass)]
+
+    monkeypatch.setattr(optimizer, "_fit", fit)
+    planner = fitted(1.0, True, "planner")
+    kept, notes = optimizer._quickest(None, planner, ["planner's note"], None, 1, 0, 2, None)
+    assert kept.ir == "swap" and len(notes) == 1 and "swap_activations alone" in notes[0] and "800.0 vs" in notes[0]
+    by_last_pass["swap_activations"] = fitted(1.2, True, "swap")
+    kept, notes = optimizer._quickest(None, planner, ["planner's note"], None, 1, 0, 2, None)
+    assert kept is planner and notes == ["planner's note"]

@@ -336,3 +336,32 @@ def test_a_tensor_read_late_through_a_reshape_is_freed_and_the_view_rebuilt(stra
     before = _session_run(graph_def, ["out:0"], feeds, init=False)
     after = _session_run(result.graph.to_graph_def(), ["out:0"], feeds, init=False)
     assert np.array_equal(before[0], after[0])
+
+
+def test_recompute_with_a_cost_limit_rebuilds_only_tensors_under_it():
+    """``max_s_per_byte`` (what the planner sets to a copy's cost) keeps dear recomputations out: a tensor rebuilt
+    by one elementwise op is taken, one that needs a large matmul again is not."""
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, (512, 512), name="x")
+        cheap = tf.nn.relu(x, name="cheap")                          # 1 MiB, one elementwise op from a feed
+        dear = tf.matmul(x, x, name="dear")                          # 1 MiB, a 512^3 matmul to rebuild
+        h = cheap + dear
+        for i in range(6):                                           # both idle through the middle
+            h = tf.tanh(tf.matmul(h, x), name=f"h{i}")
+        with tf.control_dependencies([h]):
+            late = tf.reduce_sum(cheap) + tf.reduce_sum(dear)
+        tf.add(late, tf.reduce_sum(h), name="out")
+    ir = tfmem.load(_placed(g))
+    peak = PassContext(("out",), None, DEVICE, HOST, inter_op_threads=1).simulate(ir).peak_bytes
+    ctx = PassContext(("out",), peak - 2**21, DEVICE, HOST, inter_op_threads=1)
+
+    def recomputed(limit):
+        result = Recompute(max_s_per_byte=limit).run(ir, ctx)
+        return {t.split(":")[0]: cost / nbytes for t, nbytes, _, cost in result.report.details.get("recomputed", [])}
+
+    unlimited = recomputed(None)
+    assert {"cheap", "dear"} <= set(unlimited) and unlimited["cheap"] < unlimited["dear"]
+    limit = (unlimited["cheap"] + unlimited["dear"]) / 2
+    assert "cheap" in recomputed(limit) and "dear" not in recomputed(limit)
+    assert recomputed(0.0) == {}

@@ -51,6 +51,15 @@ ALTERNATIVE_PIPELINE = ("partition", "limit_parallelism", "place_persistent", "s
 # spare (``tfmem.bfc.BFCAllocator.large_request_fits``): where such a request lands depends on every tensor
 # placed before it, and the session's order is not exactly the replay's.
 LARGE_REQUEST_MARGIN = 4 * 2**20
+# What passes="auto" also plans, each strategy alone, keeping whichever fitting plan is estimated quickest: the
+# planner's own comparison with single strategies sees only its first target, and when the layout then refuses
+# its plan, the replan for less can be slower than a strategy alone whose plan the layout takes (an unrolled RNN
+# at 40 MiB: the planner's plan est. 293.6 ms, swapping alone est. 280.2 ms, both fitting). Graphs of up to
+# COMPARE_SINGLE_MAX_OPS ops (passes.planner), where each extra plan costs seconds.
+SINGLE_STRATEGY_PIPELINES = (
+    ("partition", "limit_parallelism", "swap_activations"),
+    ("partition", "limit_parallelism", "recompute"),
+)
 CAPACITY_RETRIES = 6   # a conv net at 0.7x its peak needed 4 (in the former 5% steps); each costs one planner run
 REFINE_STEPS = 3   # plans between the last target the layout refused and the first it took (``_refined``)
 
@@ -169,6 +178,7 @@ def optimize(
     pipeline = resolve_passes(passes)
     auto = passes == "auto"
     from passes import FINAL_REWRITES, LEADING_REWRITES, PASSES  # passes depend on tfmem: import late
+    from passes.planner import COMPARE_SINGLE_MAX_OPS
 
     if pipeline:
         # Any rewrite may change how Grappler fuses kernels and orders the graph's sums (renamed inputs and
@@ -205,6 +215,8 @@ def optimize(
             notes = [*alt_notes, "the planner's plans fit in total but not in the device allocator's chunks; "
                      + ", ".join(ALTERNATIVE_PIPELINE) + " applied in turn did"]
             fit = alt
+    if auto and fit.fits and budget_bytes is not None and len(ir) <= COMPARE_SINGLE_MAX_OPS:
+        fit, notes = _quickest(ir, fit, notes, base, target, bound, budget_bytes, before)
     new_ir, after, ctx = fit.ir, fit.after, fit.ctx
     reports = leading_reports + fit.reports
     report = Report(budget_bytes, before, after, reports)
@@ -299,6 +311,28 @@ def _fit(ir: GraphIR, pipeline: Sequence[Pass], base: PassContext, target: int |
     assert best is not None
     best.layout_refused = layout_refused
     return best
+
+
+def _quickest(ir: GraphIR, fit: _Fitted, notes: list[str], base: PassContext, target: int, bound: int,
+              budget_bytes: int, before: MemoryProfile) -> tuple[_Fitted, list[str]]:
+    """``fit`` (the planner's plan) or the plan of one of ``SINGLE_STRATEGY_PIPELINES``, whichever fits (in total
+    and in the layout) at the least estimated step time; with the notes of the plan kept.
+
+    Only compared once the planner's plan fits: where it misses, a strategy alone was accepted and ran out of
+    memory (see the ``ALTERNATIVE_PIPELINE`` fallback in ``optimize``).
+    """
+    from passes import FINAL_REWRITES, PASSES
+
+    for names in SINGLE_STRATEGY_PIPELINES:
+        single_notes: list[str] = []
+        single = _fit(ir, [PASSES[n] for n in names] + list(FINAL_REWRITES), base, target, bound, budget_bytes,
+                      before, single_notes)
+        if single.fits and single.after.estimated_step_s < fit.after.estimated_step_s:
+            notes = [*single_notes, f"{names[-1]} alone (after {', '.join(names[:-1])}) made a plan estimated "
+                     f"quicker than the planner's ({single.after.estimated_step_s * 1e3:.1f} vs "
+                     f"{fit.after.estimated_step_s * 1e3:.1f} ms a step), and it was kept"]
+            fit = single
+    return fit, notes
 
 
 def _refined(ir: GraphIR, pipeline: Sequence[Pass], base: PassContext, target: int, before: MemoryProfile,
