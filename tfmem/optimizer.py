@@ -51,11 +51,12 @@ ALTERNATIVE_PIPELINE = ("partition", "limit_parallelism", "place_persistent", "s
 # spare (``tfmem.bfc.BFCAllocator.large_request_fits``): where such a request lands depends on every tensor
 # placed before it, and the session's order is not exactly the replay's.
 LARGE_REQUEST_MARGIN = 4 * 2**20
-# What passes="auto" also plans, each strategy alone, keeping whichever fitting plan is estimated quickest: the
-# planner's own comparison with single strategies sees only its first target, and when the layout then refuses
-# its plan, the replan for less can be slower than a strategy alone whose plan the layout takes (an unrolled RNN
-# at 40 MiB: the planner's plan est. 293.6 ms, swapping alone est. 280.2 ms, both fitting). Graphs of up to
-# COMPARE_SINGLE_MAX_OPS ops (passes.planner), where each extra plan costs seconds.
+# What passes="auto" also plans, each strategy alone, keeping whichever fitting plan is estimated quickest, once
+# the layout replay has refused one of the planner's plans: the planner compares its plan with each strategy
+# alone at its first target, but the replan for less that follows a refusal can be slower than a strategy alone
+# whose plan the layout takes (an unrolled RNN at 40 MiB: the planner's plan est. 293.6 ms, swapping alone est.
+# 280.2 ms, both fitting). Graphs of up to COMPARE_SINGLE_MAX_OPS ops (passes.planner): each extra plan costs
+# seconds (a Transformer of 4 layers: 69 s for both, on a busy machine).
 SINGLE_STRATEGY_PIPELINES = (
     ("partition", "limit_parallelism", "swap_activations"),
     ("partition", "limit_parallelism", "recompute"),
@@ -202,6 +203,7 @@ def optimize(
         if bound > target or feeds_floor > layout_room(budget_bytes):
             raise _infeasible(ir, ctx, budget_bytes, before, unplanned=True)
     fit = _fit(ir, pipeline, base, target, bound, budget_bytes, before, notes)
+    layout_refused = fit.layout_refused
     if auto and budget_bytes is not None and not fit.fits and fit.layout_refused:
         # The planner's plans fit in total but not in the allocator's layout; the single strategies applied in
         # turn lay memory out differently (measured: a MoE Transformer at 69 MiB, refused by auto at 55.9 MiB
@@ -215,7 +217,7 @@ def optimize(
             notes = [*alt_notes, "the planner's plans fit in total but not in the device allocator's chunks; "
                      + ", ".join(ALTERNATIVE_PIPELINE) + " applied in turn did"]
             fit = alt
-    if auto and fit.fits and budget_bytes is not None and len(ir) <= COMPARE_SINGLE_MAX_OPS:
+    if auto and fit.fits and layout_refused and budget_bytes is not None and len(ir) <= COMPARE_SINGLE_MAX_OPS:
         fit, notes = _quickest(ir, fit, notes, base, target, bound, budget_bytes, before)
     new_ir, after, ctx = fit.ir, fit.after, fit.ctx
     reports = leading_reports + fit.reports
