@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -396,6 +397,16 @@ def test_sigkill_of_the_user_process_kills_the_servers(users: dict[str, subproce
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=10)
     _assert_cleaned_up(info)  # PR_SET_PDEATHSIG / the watchdog; nothing could run in the parent
+    # nor remove its temp dir: the next testbed does (here called directly; a live owner's dir is kept)
+    from tfmem import testbed
+
+    assert Path(info["workdir"]).exists()
+    ours = Path(tempfile.mkdtemp(prefix=f"{testbed.WORKDIR_PREFIX}{os.getpid()}-"))
+    try:
+        testbed._remove_orphaned_workdirs()
+        assert not Path(info["workdir"]).exists() and ours.exists()
+    finally:
+        ours.rmdir()
 
 
 @pytest.mark.xfail(strict=False, reason=(

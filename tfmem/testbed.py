@@ -39,6 +39,7 @@ import atexit
 import copy
 import logging
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -151,7 +152,8 @@ class Testbed:
         self.intra_op_threads = intra_op_threads or 0
         self.start_timeout_s = start_timeout_s
         self.step_timeout_s = step_timeout_s
-        self._workdir = Path(tempfile.mkdtemp(prefix="tfmem-testbed-"))
+        _remove_orphaned_workdirs()
+        self._workdir = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-"))
         self._procs: dict[str, ServerProcess] = {}
         self._running_inter_op = -1
         self._closed = False
@@ -380,6 +382,29 @@ class Testbed:
         _log.info("testbed: device holds %d bytes after a run (idle: %d); restarting the servers",
                   current, self.idle_device_bytes)
         self._restart(self._running_inter_op)
+
+
+WORKDIR_PREFIX = "tfmem-testbed-"   # then the owner's pid: tfmem-testbed-<pid>-<random>
+
+
+def _remove_orphaned_workdirs() -> None:
+    """Remove the temp dirs of testbeds whose process ended without closing them (SIGKILLed: no exit hook ran;
+    the servers die with it, their stderr files stay). Each dir's name carries its owner's pid; a dir whose owner
+    still runs (or whose pid a new process took), or without a pid in its name, is left alone."""
+    for path in Path(tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*-*"):
+        owner = path.name[len(WORKDIR_PREFIX):].split("-", 1)[0]
+        if owner.isdigit() and not _process_exists(int(owner)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 @atexit.register
