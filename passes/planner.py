@@ -21,8 +21,9 @@ re-simulated: options interact (a swap-in lands while another tensor is back), s
 budget the excess is added to the requirement and the plan is solved again, a few times; what is still over is
 then planned on the applied plan's own simulation (swaps and recomputations only) while the peak falls. Every
 plan is judged with its copies to host fenced (``passes.fence_transfers``), as ``optimize`` runs it. A plan that
-fits is compared with each strategy alone (on graphs of up to ``COMPARE_SINGLE_MAX_OPS`` ops), and the quicker
-by the simulator's step estimate is kept. If the budget stays out of reach, each strategy is tried alone (its
+fits is compared with each strategy alone (on graphs of up to ``COMPARE_SINGLE_MAX_OPS`` ops) and with a greedy
+mix that recomputes only what costs less than copying it out and back, then swaps the rest; the quickest by the
+simulator's step estimate is kept. If the budget stays out of reach, each strategy is tried alone (its
 greedy pass re-simulates after every step, so it sees interactions the model misses; one that falls short is
 continued by the other, so recomputation takes what is cheap and swapping the rest) and the fitting one of least
 estimated step time is kept; failing that, the planner retries with the large device ops chained one after

@@ -320,8 +320,8 @@ def _quickest(ir: GraphIR, fit: _Fitted, notes: list[str], base: PassContext, ta
     """``fit`` (the planner's plan) or the plan of one of ``SINGLE_STRATEGY_PIPELINES``, whichever fits (in total
     and in the layout) at the least estimated step time; with the notes of the plan kept.
 
-    Only compared once the planner's plan fits: where it misses, a strategy alone was accepted and ran out of
-    memory (see the ``ALTERNATIVE_PIPELINE`` fallback in ``optimize``).
+    ``optimize`` asks only after a layout refusal, and only once the planner's plan fits: where it misses, a
+    strategy alone was accepted and ran out of memory (see the ``ALTERNATIVE_PIPELINE`` fallback there).
     """
     from passes import FINAL_REWRITES, PASSES
 
