@@ -11,7 +11,7 @@ Three tables (issue 5), written to experiments/results/planner.{json,md}:
    swap-only and recompute-only plans (``passes=["partition", "limit_parallelism", X]``).
 3. **Solver vs heuristic.** The MIP's estimated overhead vs the greedy heuristic's on the same model.
 
-    python -m experiments.planner            # full run (25 minutes on 2 cores, 2026-11-24)
+    python -m experiments.planner            # full run (57 minutes on 2 cores, 2026-11-24; the Transformer 50)
     python -m experiments.planner --tiny     # CI smoke run
     python -m experiments.planner --strategies-at 0.9,0.8,0.7 --steps 5 --rounds 5
                                              # only table 2, at 0.9x, 0.8x and 0.7x each vanilla peak
@@ -39,7 +39,7 @@ from tfmem.testbed import DEVICE, HOST, Testbed  # noqa: E402
 from tfmem.units import format_bytes  # noqa: E402
 
 MiB = 2**20
-FRACTIONS = (0.9, 0.7, 0.5, 0.35)
+FRACTIONS = (0.9, 0.7, 0.5, 0.35, 0.25, 0.15)
 STRATEGIES = {
     "planner": "auto",
     "swap only": ["partition", "limit_parallelism", "swap_activations"],
