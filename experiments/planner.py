@@ -258,20 +258,31 @@ def _strategies_md(rows: dict[str, list[dict[str, object]]]) -> list[str]:
                              "OOM" if r["oom"] else
                              f"{r['step_s'] * 1e3:.0f} ms ({format_bytes(r['measured_peak_bytes'] or 0)}; "
                              f"est. {r['estimated_step_s'] * 1e3:.0f} ms)")
-            cells += [_versus(s["planner"], s[o]) for o in others]
+            cells += [_versus(s["planner"], _measured_as(s, o)) for o in others]
             lines.append(f"| {name} | {format_bytes(s['budget_bytes'])} | " + " | ".join(cells) + " |")
     return lines
+
+
+def _measured_as(row: dict[str, dict[str, object]], label: str) -> dict[str, object]:
+    """``label``'s entry, or, where its graph is one another single strategy made first, that one's (measured);
+    a graph the planner made stays ``same_as`` the planner."""
+    same = row[label].get("same_as")
+    return row[same] if same and same != "planner" else row[label]  # type: ignore[index,return-value]
 
 
 def _versus(planner: dict[str, object], other: dict[str, object]) -> str:
     """The planner's plan against one strategy's at the same budget: who runs, and who is quicker in how many of
     the interleaved rounds (each round runs every plan once, so a slow stretch of the machine hits both)."""
-    if planner["refused"] or "same_as" in planner or planner["oom"]:
-        return "planner refused" if planner["refused"] else "-" if "same_as" in planner else "planner OOM"
-    if other["refused"] or other.get("oom"):
-        return "only the planner fits" if other["refused"] else "only the planner runs (other OOM)"
-    if "same_as" in other:
-        return "same graph" if other["same_as"] == "planner" else "-"
+    if planner["refused"]:
+        return "planner refused"
+    if planner["oom"]:
+        return "planner OOM"
+    if other["refused"]:
+        return "only the planner fits"
+    if other.get("same_as") == "planner":
+        return "same graph"
+    if other["oom"]:
+        return "only the planner runs (other OOM)"
     pairs = list(zip(planner["rounds_s"], other["rounds_s"], strict=False))  # type: ignore[call-overload]
     quicker = sum(p < o for p, o in pairs)
     change = planner["step_s"] / other["step_s"] - 1  # type: ignore[operator]

@@ -366,7 +366,7 @@ class Planner:
             for p in Recompute().candidates_over_gaps(graph, ctx, timeline):
                 start = max([timeline.end_s[p.tensor.node]] + [timeline.end_s[c] for c in p.early_readers])
                 back = min(timeline.end_s[trigger] for _, trigger in p.groups)
-                out.append(Option("recompute", str(p.tensor), p.nbytes, p.compute_s * len(p.groups),
+                out.append(Option("recompute", str(p.tensor), p.nbytes, p.total_s,
                                   ((start, back, p.nbytes),), p))
         if "place" in self.kinds and ctx.host is not None:
             usable = trigger_candidates(graph, timeline)

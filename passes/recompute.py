@@ -58,8 +58,13 @@ class RecomputePlan:
     reads: Mapping[str, TensorRef] = field(default_factory=dict)   # reader -> identity or view of the tensor it names
 
     @property
+    def total_s(self) -> float:
+        """Recomputation time per step: one clone set per group of late readers."""
+        return self.compute_s * len(self.groups)
+
+    @property
     def score(self) -> float:
-        return self.nbytes / max(self.compute_s * len(self.groups), 1e-9)
+        return self.nbytes / max(self.total_s, 1e-9)
 
 
 def is_recomputable(graph: GraphIR, name: str) -> bool:
@@ -101,7 +106,7 @@ class Recompute:
             timeline = StepTimeline.build(current, ctx.fetches, profile, ctx.feed_shapes)
             plans = sorted(self.candidates(current, ctx, timeline, profile, tried), key=lambda p: -p.score)
             if self.max_s_per_byte is not None:
-                plans = [p for p in plans if p.compute_s * len(p.groups) <= self.max_s_per_byte * p.nbytes]
+                plans = [p for p in plans if p.total_s <= self.max_s_per_byte * p.nbytes]
             batch, covered = [], 0
             for p in plans:
                 if covered >= (profile.peak_bytes - budget) * self.overshoot:
@@ -122,14 +127,14 @@ class Recompute:
         if not done:
             return PassResult(graph, False, PassReport.empty(
                 self.name, f"no idle activation at the peak is cheap to recompute (peak {format_bytes(start_peak)})"))
-        cost = sum(p.compute_s * len(p.groups) for p in done)
+        cost = sum(p.total_s for p in done)
         met = "meets" if profile.peak_bytes <= budget else "still above"
         notes = (f"recomputes {len(done)} tensors ({format_bytes(sum(p.nbytes for p in done))}) with "
                  f"{sum(len(p.chain) * len(p.groups) for p in done)} cloned ops, {cost * 1e3:.1f} ms of compute "
                  f"per step (cost model); simulated peak {format_bytes(start_peak)} -> "
                  f"{format_bytes(profile.peak_bytes)}, {met} the budget",)
         details: dict[str, object] = {"recomputed": [(str(p.tensor), p.nbytes, list(p.chain),
-                                                      p.compute_s * len(p.groups)) for p in done],
+                                                      p.total_s) for p in done],
                                       "compute_s": cost}
         added = len(current) - len(graph)
         return PassResult(current, True, PassReport(self.name, True, nodes_added=added,

@@ -86,6 +86,8 @@ def test_planner_versus_reads_rounds_pairwise():
     assert planner._versus(planner_row, {"refused": True}) == "only the planner fits"
     assert planner._versus(planner_row, {"refused": False, "same_as": "planner"}) == "same graph"
     assert planner._versus({"refused": True}, swap_row) == "planner refused"
+    table = {"planner": planner_row, "swap only": swap_row, "recompute only": {"refused": False, "same_as": "swap only"}}
+    assert planner._measured_as(table, "recompute only") is swap_row
 
 
 @pytest.mark.parametrize("text", ["0.8,x", "0", "1.5", "0.9,,0.8"])
