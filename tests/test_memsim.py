@@ -251,8 +251,20 @@ def test_first_step_adam_update_copies_a_shared_slot_mid_region():
     assert min(ptr[v] for v in moved) > max(p for name, p in ptr.items() if name not in moved)
     assert (simulate(adam.graph, adam.fetches, device_memory=64 << 20).persistent_bytes
             == simulate(adam.graph, adam.fetches).persistent_bytes)
-    momentum = examples.mlp(batch=64, dims=(256, 512, 10), optimizer="momentum")
-    assert not _replayed(momentum, 64 << 20)._first_update_copies()
+
+
+@pytest.mark.parametrize("optimizer, copies", [
+    # The testbed's first step (RunMetadata allocation records): each update op's bytes kept for the session.
+    # Adam: a weight's two zero slots share (one copy); a bias starts at zeros too, so it and its slots share
+    # one buffer (two copies). Momentum: a bias shares with its zero accumulator (one copy, of the bias).
+    ("adam", {"dense0/w": 1, "dense0/b": 2, "dense1/w": 1, "dense1/b": 2}),
+    ("momentum", {"dense0/b": 1, "dense1/b": 1}),
+])
+def test_first_step_copies_every_variable_that_shares_its_initial_constant(optimizer, copies):
+    built = examples.mlp(batch=64, dims=(256, 512, 10), optimizer=optimizer)
+    replay = _replayed(built, 64 << 20)
+    predicted = {op: len(vs) for op, vs in replay._first_update_copies().items()}
+    assert predicted == {f"train_op/update_{v}/ResourceApply{optimizer.capitalize()}": n for v, n in copies.items()}
 
 
 def test_executor_folds_gated_constants_into_persistent_memory():

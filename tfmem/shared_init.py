@@ -1,0 +1,95 @@
+"""Variables that start out sharing one buffer, and the updates that give each its own in a session's first step.
+
+A session initialises resource variables by running their ``AssignVariableOp`` initializers, and Grappler merges
+identical constants in that init graph: every variable initialised to the same constant (zeros of one shape,
+for the momentum or Adam slots of same-shaped weights, biases, batch-norm betas; ones for batch-norm gammas)
+then holds the one buffer. The first in-place update of such a variable finds the buffer shared and copies it
+into a new chunk, allocated mid-step and kept for the session (TF's copy-on-write in ``PrepareToUpdateVariable``);
+the last holder of a buffer keeps it. Measured on the testbed: a ResNet-20 trained with momentum allocated
+0.35 MiB in 48 such copies in its first step and nothing in later ones, and those small chunks, left between
+the first step's activations, split its free memory so that a 24.5 MiB convolution scratch of the second step
+found no free chunk under a 112 MiB cap with 64 MiB in use.
+
+Examples
+--------
+>>> import tensorflow as tf
+>>> from tfmem.loading import load
+>>> g = tf.Graph()
+>>> with g.as_default():
+...     a = tf.compat.v1.get_variable("a", initializer=tf.zeros([64]), use_resource=True)
+...     b = tf.compat.v1.get_variable("b", initializer=tf.zeros([64]), use_resource=True)
+...     c = tf.compat.v1.get_variable("c", initializer=tf.ones([64]), use_resource=True)
+>>> sorted(sharing_groups(load(g)).values())   # a and b share zeros; c alone shares with nobody
+[['a', 'b']]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+import numpy as np
+from tensorflow.python.framework import tensor_util
+
+from tfmem.ir import GraphIR, TensorRef
+
+# Ops that update a resource variable in place, and so copy its buffer first when another variable shares it.
+IN_PLACE_UPDATE_PREFIXES = ("ResourceApply", "ResourceSparseApply", "ResourceScatter")
+IN_PLACE_UPDATE_OPS = frozenset({"AssignAddVariableOp", "AssignSubVariableOp"})
+_PASS_THROUGH = frozenset({"Identity", "Snapshot"})
+
+
+def updates_in_place(op: str) -> bool:
+    """Whether ``op`` writes into a resource variable's buffer (rather than replacing it)."""
+    return op in IN_PLACE_UPDATE_OPS or op.startswith(IN_PLACE_UPDATE_PREFIXES)
+
+
+def written_variables(graph: GraphIR, name: str) -> list[str]:
+    """The ``VarHandleOp`` variables that ``name`` updates in place (none unless ``updates_in_place``)."""
+    node = graph[name]
+    if not updates_in_place(node.op):
+        return []
+    return [v for v in (_variable(graph, t) for t in node.inputs) if v is not None]
+
+
+def sharing_groups(graph: GraphIR) -> dict[Hashable, list[str]]:
+    """Variables initialised to one constant value, by that value: groups of two or more, in graph order."""
+    groups: dict[Hashable, list[str]] = {}
+    for node in graph.nodes:
+        if node.op != "AssignVariableOp" or len(node.inputs) < 2:
+            continue
+        var = _variable(graph, node.inputs[0])
+        key = _constant_key(graph, node.inputs[1])
+        if var is not None and key is not None and var not in groups.get(key, ()):
+            groups.setdefault(key, []).append(var)
+    return {k: v for k, v in groups.items() if len(v) > 1}
+
+
+def _variable(graph: GraphIR, ref: TensorRef) -> str | None:
+    node = graph[ref.node]
+    while node.op in _PASS_THROUGH and node.inputs:
+        node = graph[node.inputs[0].node]
+    return node.name if node.op == "VarHandleOp" else None
+
+
+def _constant_key(graph: GraphIR, ref: TensorRef) -> Hashable | None:
+    """A key equal for tensors Grappler folds to the same constant: dtype, shape and value; None if not constant."""
+    node = graph[ref.node]
+    while node.op in _PASS_THROUGH and node.inputs:
+        node = graph[node.inputs[0].node]
+    if node.op == "Const" and "value" in node.attrs:
+        value = tensor_util.MakeNdarray(node.attrs["value"].tensor)
+    elif node.op == "Fill" and len(node.inputs) == 2:
+        dims, scalar = (_const_array(graph, t) for t in node.inputs)
+        if dims is None or scalar is None or scalar.size != 1:
+            return None
+        value = np.broadcast_to(scalar.reshape(()), tuple(int(d) for d in dims.reshape(-1)))
+    else:
+        return None
+    if value.size and bool(np.all(value == value.flat[0])):  # a uniform fill: no need to hash every element
+        return (str(value.dtype), value.shape, value.flat[0].item())
+    return (str(value.dtype), value.shape, np.ascontiguousarray(value).tobytes())
+
+
+def _const_array(graph: GraphIR, ref: TensorRef) -> np.ndarray | None:
+    node = graph[ref.node]
+    return tensor_util.MakeNdarray(node.attrs["value"].tensor) if node.op == "Const" else None
