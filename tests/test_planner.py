@@ -90,6 +90,43 @@ def test_best_single_strategy_fits_the_budget_or_says_none():
     assert Planner()._best_single_strategy(graph, impossible, 1) is None
 
 
+def test_host_placement_is_continued_by_swapping_where_neither_alone_fits():
+    """A WGAN-GP whose variables (with Adam's slots) and activations both must shrink: placing the variables on
+    the host, then swapping activations, fits a budget that neither strategy alone (nor swap with recompute)
+    reaches; the plan keeps every fetched value."""
+    import numpy as np
+
+    from models import wgan_gp
+    from passes import PlacePersistent, SwapActivations
+    from passes.planner import Planner, fenced
+    from tests.test_swap_placement import DEVICE, HOST, _placed, _session_run  # a two-device session
+    from tfmem import load
+    from tfmem.pipeline import PassContext
+
+    built = wgan_gp.build(batch=128, data_dim=64, hidden=256, layers=3)
+    graph = load(built.graph, built.feed_shapes)
+    utmost = PassContext(tuple(built.fetches), 1, DEVICE, HOST, dict(built.feed_shapes or {}))
+
+    def peak(*strategies):
+        g = graph
+        for s in strategies:
+            g = s.run(g, utmost).graph
+        return utmost.simulate(fenced(g, utmost)).peak_bytes
+
+    placed, both = peak(PlacePersistent()), peak(PlacePersistent(), SwapActivations())
+    assert both < placed and both < peak(SwapActivations())
+    budget = (both + placed) // 2
+    ctx = PassContext(tuple(built.fetches), budget, DEVICE, HOST, dict(built.feed_shapes or {}))
+    found = Planner()._best_single_strategy(graph, ctx, budget)
+    assert found is not None
+    new, profile, _, label = found
+    assert profile.peak_bytes <= budget and label.startswith("place_persistent, then swap_activations")
+    fetches = [f for f in built.fetches if ":" in f]
+    before = _session_run(_placed(graph.to_graph_def()), fetches, built.feeds)
+    after = _session_run(_placed(new.to_graph_def()), fetches, built.feeds)
+    assert all(np.array_equal(a, b) for a, b in zip(before, after, strict=True))
+
+
 def test_reachable_floor_is_below_every_plan_the_strategies_find():
     """The floor counts every move the planner and its fallbacks could make, so none of them goes below it."""
     from passes import PlacePersistent, Planner, Recompute, SwapActivations
