@@ -60,7 +60,7 @@ from tfmem.loading import GraphSource, load, to_graph_def
 from tfmem.opmemory import FORWARDING_OPS, temp_bytes
 from tfmem.schedule import Schedule, emulate, fixed
 from tfmem.shapes import FeedShapes, annotate, dtype_size
-from tfmem.shared_init import sharing_groups, updates_in_place, written_variables
+from tfmem.shared_init import sharing_groups, updates_in_place
 
 
 @dataclass(frozen=True)
@@ -157,8 +157,8 @@ def simulate(
         measured 69.0 MiB there). With a capacity the replay also runs the session's first step before the
         reported one (the testbed measures after a warm-up step): there TF copies each variable that shares its
         initial buffer with others (Adam or momentum slots, biases: ``tfmem.shared_init``) into a new chunk
-        mid-region as it first updates it, and later steps run around those chunks; and the fed tensors are allocated in each of ``feed_orders`` (a session
-        follows the caller's feed dict), the worst replay reported
+        mid-region as it first updates it, and later steps run around those chunks; and the fed tensors are
+        allocated in each of ``feed_orders`` (a session follows the caller's feed dict), the worst replay reported
     large_request_margin : with ``device_memory``, also count as failures the requests of half the device or
         more that leave less than this in their free chunk (``tfmem.bfc.BFCAllocator.large_request_fits``)
 
@@ -210,9 +210,15 @@ def simulate(
     if device_memory is not None:
         source = graph if isinstance(graph, GraphIR) else GraphIR.from_graph_def(to_graph_def(graph))
         sharing = sharing_groups(source)
+    # Which holder of a shared buffer is updated last, and so keeps it, is the executor's order; the emulated one
+    # can differ (a ResNet-20's plan: 45 of its 47 first-step copies as measured by the schedule's order, all 47 by
+    # the graph's), and one small chunk moved decides whether a large request finds room: replay both orders, and
+    # report the worst.
+    copy_orders = ("schedule", "graph") if sharing else ("schedule",)
     profile = max((_Replay(eg, placement, device_memory, analysis.views, feed_order=o,
-                           large_request_margin=large_request_margin, sharing=sharing).run(sched)
-                   for o in (feed_orders(eg) if device_memory is not None else [None])),
+                           large_request_margin=large_request_margin, sharing=sharing,
+                           copy_order=c).run(sched)
+                   for o in (feed_orders(eg) if device_memory is not None else [None]) for c in copy_orders),
                   key=lambda p: (p.allocation_failures, p.peak_bytes))
     # A fixed order is one thread's schedule: its length is the estimate (and scoring orders stays cheap).
     if order is not None:
@@ -286,10 +292,13 @@ class _Replay:
 
     def __init__(self, eg: ExecutionGraph, placement: Placement, device_memory: int | None = None,
                  views: dict[TensorRef, int] | None = None, feed_order: Sequence[TensorRef] | None = None,
-                 large_request_margin: int = 0, sharing: dict[Hashable, list[str]] | None = None) -> None:
+                 large_request_margin: int = 0, sharing: dict[Hashable, list[str]] | None = None,
+                 copy_order: str = "schedule") -> None:
         self.eg, self.graph = eg, eg.graph
-        # variables that start out holding one buffer (``tfmem.shared_init``; default: from ``eg``'s graph)
+        # variables that start out holding one buffer (``tfmem.shared_init``; default: from ``eg``'s graph), and
+        # the order their first updates are taken in: the schedule's or the graph's (``_first_update_copies``)
         self.sharing = sharing_groups(eg.graph) if sharing is None else sharing
+        self.copy_order = copy_order
         # the order fed tensors are allocated in (default: by name, a fixed order for a reproducible layout)
         self.feed_order = tuple(feed_order) if feed_order is not None else tuple(sorted(eg.fed, key=str))
         self.views = views or {}   # output -> the input whose buffer it views (Analysis.views)
@@ -330,7 +339,8 @@ class _Replay:
     def run(self, sched: Schedule) -> MemoryProfile:
         # With a capacity, where buffers sit decides what fits: replay the session's first step first, as the
         # testbed runs a warm-up step before it measures, and report the step after it.
-        relocated = self._first_update_copies() if self.bounded else {}
+        order = sched.order if self.copy_order == "schedule" else None
+        relocated = self._first_update_copies(order) if self.bounded else {}
         self._allocate_persistent(share=self.bounded)
         if relocated:
             self._allocate_fed()
@@ -356,36 +366,32 @@ class _Replay:
                 self._end(unit)
             self._record(time_s, unit)
 
-    def _first_update_copies(self) -> dict[str, set[str]]:
+    def _first_update_copies(self, order: Sequence[str] | None = None) -> dict[str, set[str]]:
         """Variables that share their initial buffer, by the update op that gives each its own in the first step.
 
         Variables initialised to one constant hold one buffer after initialisation (``tfmem.shared_init``); the
         first in-place update of each finds it shared and copies it into a new chunk, allocated mid-step and kept
         for the session, so every later step runs around it (measured: every Adam update of a U-Net's first
-        step allocates the size of its variable, later steps none; a ResNet-20 with momentum, 48 small copies).
-        The variable whose update comes last finds the buffer its own by then and copies nothing.
+        step allocates the size of its variable, later steps none; a ResNet-20 with momentum, 47 small copies).
+        The holder updated last (in ``order``, the schedule's; default: the graph's) finds the buffer its own by
+        then and copies nothing, unless a variable this step does not update still holds it.
         """
-        position = {u: i for i, u in enumerate(self.eg.units)}
+        position = {u: i for i, u in enumerate(order if order is not None else self.eg.units)}
         out: dict[str, set[str]] = {}
         for members in self.sharing.values():
             here = [v for v in members if v in self.eg.unit_of]
-            writers: dict[str, str] = {}   # variable -> its first in-place update in this graph
-            for unit in sorted({c for v in here for c in self._updates_of(v)}, key=position.__getitem__):
-                for v in written_variables(self.graph, unit):
-                    if v in here:
-                        writers.setdefault(v, unit)
-            # every holder copies but the last one written; holders outside this graph never let go
-            copying = sorted(writers, key=lambda v: position[writers[v]])
-            if len(members) == len(here) and len(copying) == len(here):
+            first: dict[str, str] = {}   # variable -> the unit of its first in-place update
+            for v in here:
+                updates = [self.eg.unit_of[c] for c in self.graph.consumers.get(TensorRef(v, 0), ())
+                           if c in self.eg.unit_of and updates_in_place(self.graph[c].op)]
+                if updates:
+                    first[v] = min(updates, key=position.__getitem__)
+            copying = sorted(first, key=lambda v: position[first[v]])
+            if len(copying) == len(members):
                 copying = copying[:-1]
             for v in copying:
-                out.setdefault(writers[v], set()).add(v)
+                out.setdefault(first[v], set()).add(v)
         return out
-
-    def _updates_of(self, var: str) -> list[str]:
-        """Units that read ``var``'s handle, directly or through pass-through ops (its candidate updaters)."""
-        return [self.eg.unit_of[c] for c in self.graph.consumers.get(TensorRef(var, 0), ())
-                if c in self.eg.unit_of and updates_in_place(self.graph[c].op)]
 
     def _end_step(self) -> None:
         """Free what the step left (fed and fetched tensors) and start the next step's accounting afresh."""

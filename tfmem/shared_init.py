@@ -6,7 +6,7 @@ for the momentum or Adam slots of same-shaped weights, biases, batch-norm betas;
 then holds the one buffer. The first in-place update of such a variable finds the buffer shared and copies it
 into a new chunk, allocated mid-step and kept for the session (TF's copy-on-write in ``PrepareToUpdateVariable``);
 the last holder of a buffer keeps it. Measured on the testbed: a ResNet-20 trained with momentum allocated
-0.35 MiB in 48 such copies in its first step and nothing in later ones, and those small chunks, left between
+0.35 MiB in 47 such copies in its first step and nothing in later ones, and those small chunks, left between
 the first step's activations, split its free memory so that a 24.5 MiB convolution scratch of the second step
 found no free chunk under a 112 MiB cap with 64 MiB in use.
 
@@ -41,14 +41,6 @@ _PASS_THROUGH = frozenset({"Identity", "Snapshot"})
 def updates_in_place(op: str) -> bool:
     """Whether ``op`` writes into a resource variable's buffer (rather than replacing it)."""
     return op in IN_PLACE_UPDATE_OPS or op.startswith(IN_PLACE_UPDATE_PREFIXES)
-
-
-def written_variables(graph: GraphIR, name: str) -> list[str]:
-    """The ``VarHandleOp`` variables that ``name`` updates in place (none unless ``updates_in_place``)."""
-    node = graph[name]
-    if not updates_in_place(node.op):
-        return []
-    return [v for v in (_variable(graph, t) for t in node.inputs) if v is not None]
 
 
 def sharing_groups(graph: GraphIR) -> dict[Hashable, list[str]]:
