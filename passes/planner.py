@@ -220,9 +220,9 @@ class Planner:
                            ) -> tuple[GraphIR, MemoryProfile, list[PlanResult], str, PassReport] | None:
         """As ``_best_single_strategy``, with the winning pass's report (what it moved).
 
-        A strategy that freed memory but not enough is also continued by the other (recompute what is cheap,
-        then swap the rest, or the reverse): a greedy mix that can fit where neither does alone, and copy less
-        than swapping alone.
+        A strategy that freed memory but not enough is continued by the ones ``MIXED_AFTER`` names, in turn,
+        until the plan fits (swap then recompute, or the reverse; host placement, then swapping, then
+        recomputing): a greedy mix that can fit where no strategy does alone, and copy less than swapping alone.
         """
         passes = {"swap": SwapActivations(link=self.link), "recompute": Recompute(),
                   "place": PlacePersistent(link=self.link)}
