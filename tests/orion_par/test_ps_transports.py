@@ -79,7 +79,9 @@ def test_asp_never_blocks_and_counts_everything(make):
     assert ps.table("w").ravel().tolist() == [5.0, 5.0]
     for clock, (_, values) in enumerate(result.results[0]):
         assert values[0] == clock + 1  # own writes always visible
-    assert result.stats[0].blocked_s < result.stats[1].blocked_s + 1.0  # recorded, finite
+    # never waits for the slow worker: each row is fetched once, to fill the cache, and never again (a wall-clock
+    # comparison of blocked time failed here on a loaded machine: a first fetch over Ray took 2.1 s)
+    assert all(s.cache_misses == 2 for s in result.stats)
 
 
 def coalesce_program(client, worker, clock):
