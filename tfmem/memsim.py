@@ -208,8 +208,12 @@ def simulate(
     # The initializers that decide which variables share a buffer are pruned from Grappler's rewrite of the step.
     sharing = None
     if device_memory is not None:
-        source = graph if isinstance(graph, GraphIR) else GraphIR.from_graph_def(to_graph_def(graph))
-        sharing = sharing_groups(source)
+        sharing = _SHARING.get(graph, ()) if isinstance(graph, GraphIR) else None
+        if sharing is None:
+            source = graph if isinstance(graph, GraphIR) else GraphIR.from_graph_def(to_graph_def(graph))
+            sharing = sharing_groups(source)
+            if isinstance(graph, GraphIR):
+                _SHARING.put(graph, (), sharing)
     # Which holder of a shared buffer is updated last, and so keeps it, is the executor's order; the emulated one
     # can differ (a ResNet-20's plan: 45 of its 47 first-step copies as measured by the schedule's order, all 47 by
     # the graph's), and one small chunk moved decides whether a large request finds room: replay both orders, and
@@ -285,6 +289,9 @@ def _typical_schedule(analysis: Analysis, expensive: Callable[[str], bool], thre
 _PROFILES: GraphCache[MemoryProfile] = GraphCache(kept=8)
 # Grappler's rewrites of recent graph objects (annotated), keyed by fetches, device, config and feed shapes.
 _RUNTIME: GraphCache[GraphIR] = GraphCache(kept=4, same_object=True)
+# Variables sharing an initial buffer (``tfmem.shared_init``) of recent graph objects: a layout check replays one
+# plan on several device sizes and in two thread orders.
+_SHARING: GraphCache[dict[Hashable, list[str]]] = GraphCache(kept=4, same_object=True)
 
 
 class _Replay:
