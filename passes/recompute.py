@@ -16,6 +16,7 @@ control input (which also keeps Grappler's duplicate elimination from merging th
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -145,18 +146,22 @@ class Recompute:
                    exclude: set[TensorRef]) -> list[RecomputePlan]:
         """Tensors idle at the peak that a short chain of stateless ops can rebuild for their late readers."""
         split = peak_split(timeline, profile)
-        return self._plans(graph, ctx, timeline, timeline.order[:split.at_peak + 1], exclude, split)
+        return self._plans(graph, ctx, timeline, timeline.order[:split.at_peak + 1], exclude, [split])
 
-    def candidates_over_gaps(self, graph: GraphIR, ctx: PassContext, timeline: StepTimeline) -> list[RecomputePlan]:
-        """Every recomputable activation, split at its longest idle gap (what the planner chooses among)."""
-        return self._plans(graph, ctx, timeline, timeline.order, set(), GapSplit(timeline))
+    def candidates_over_gaps(self, graph: GraphIR, ctx: PassContext, timeline: StepTimeline,
+                             gaps: int = 1) -> list[RecomputePlan]:
+        """Every recomputable activation, split at each of its ``gaps`` longest idle gaps (what the planner
+        chooses among, at most one per tensor)."""
+        return self._plans(graph, ctx, timeline, timeline.order, set(),
+                           [GapSplit(timeline, nth) for nth in range(gaps)])
 
     def _plans(self, graph: GraphIR, ctx: PassContext, timeline: StepTimeline, producers: Sequence[str],
-               exclude: set[TensorRef], split: Split) -> list[RecomputePlan]:
+               exclude: set[TensorRef], splits: Sequence[Split]) -> list[RecomputePlan]:
         usable = trigger_candidates(graph, timeline)
         recomputable = [u for u in producers if is_recomputable(graph, u)]
         out = []
-        for t in device_activations(graph, ctx, timeline, recomputable, self.min_bytes, exclude):
+        for t, split in itertools.product(device_activations(graph, ctx, timeline, recomputable, self.min_bytes,
+                                                             exclude), splits):
             readers = split_readers(graph, timeline, t, split)
             if readers is None:
                 continue

@@ -33,6 +33,7 @@ Examples
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -163,18 +164,26 @@ class SwapActivations:
                     profile: MemoryProfile, exclude: set[TensorRef]) -> list[SwapCandidate]:
         """Tensors resident but idle at the peak: early readers before it, late ones after."""
         split = peak_split(timeline, profile)
-        return self._split_candidates(graph, ctx, timeline, timeline.order[:split.at_peak + 1], exclude, split)
+        return self._split_candidates(graph, ctx, timeline, timeline.order[:split.at_peak + 1], exclude, [split])
 
-    def candidates_over_gaps(self, graph: GraphIR, ctx: PassContext, timeline: StepTimeline) -> list[SwapCandidate]:
-        """Every swappable activation, split at its longest idle gap (what the planner chooses among)."""
-        return self._split_candidates(graph, ctx, timeline, timeline.order, set(), GapSplit(timeline))
+    def candidates_over_gaps(self, graph: GraphIR, ctx: PassContext, timeline: StepTimeline,
+                             gaps: int = 1, just_in_time: bool = False) -> list[SwapCandidate]:
+        """Every swappable activation, split at each of its ``gaps`` longest idle gaps (what the planner chooses
+        among, at most one per tensor); with ``just_in_time``, each also with its copies back started by the
+        unit just before their readers, where that differs from the trigger that hides the transfer."""
+        splits = [GapSplit(timeline, nth) for nth in range(gaps)]
+        return self._split_candidates(graph, ctx, timeline, timeline.order, set(), splits, just_in_time)
 
     def _split_candidates(self, graph: GraphIR, ctx: PassContext, timeline: StepTimeline, producers: Sequence[str],
-                          exclude: set[TensorRef], split: Split) -> list[SwapCandidate]:
-        """Candidates whose readers ``split`` puts early (before the swap) and late (after it)."""
+                          exclude: set[TensorRef], splits: Sequence[Split],
+                          just_in_time: bool = False) -> list[SwapCandidate]:
+        """Candidates whose readers a split puts early (before the swap) and late (after it): one per tensor and
+        split in ``splits`` that sends some readers late (two with ``just_in_time``, see ``candidates_over_gaps``).
+        """
         usable = trigger_candidates(graph, timeline)
         out = []
-        for t in device_activations(graph, ctx, timeline, producers, self.min_bytes, exclude):
+        for t, split in itertools.product(device_activations(graph, ctx, timeline, producers, self.min_bytes,
+                                                             exclude), splits):
             readers = split_readers(graph, timeline, t, split)
             if readers is None:
                 continue
@@ -186,6 +195,12 @@ class SwapActivations:
                 continue
             idle = timeline.start_s[readers.late[0]] - idle_from
             out.append(SwapCandidate(t, nbytes, max(idle, 0.0), tuple(prefetches), idle_from, readers.aliased))
+            if just_in_time:
+                # A copy that lands while a large op runs adds to that op's peak; started after it instead, the
+                # copy's transfer is exposed, but the tensor stays away for all of its gap.
+                late = plan_prefetches(groups, nbytes, timeline, self.link, usable, readers.floor, lead_s=0.0)
+                if late != prefetches and all(p.trigger is not None for p in late):
+                    out.append(SwapCandidate(t, nbytes, max(idle, 0.0), tuple(late), idle_from, readers.aliased))
         return out
 
 
@@ -258,27 +273,29 @@ def peak_split(timeline: StepTimeline, profile: MemoryProfile) -> PeakSplit:
 
 @dataclass(frozen=True)
 class GapSplit:
-    """Early = before the longest wait between two uses (see ``longest_gap_split``)."""
+    """Early = before the ``nth`` longest wait between two uses (0: the longest; see ``gap_splits``)."""
 
     timeline: StepTimeline
+    nth: int = 0
 
     def __call__(self, producer: str, readers: list[str]) -> int | None:
-        return longest_gap_split(self.timeline, producer, readers)
+        ranks = gap_splits(self.timeline, producer, readers)
+        return ranks[self.nth] if self.nth < len(ranks) else None
 
 
-def longest_gap_split(timeline: StepTimeline, producer: str, readers: list[str]) -> int | None:
-    """The rank after which ``readers`` (sorted by rank) wait longest for the next one; None if none waits.
+def gap_splits(timeline: StepTimeline, producer: str, readers: list[str]) -> list[int]:
+    """The ranks after which ``readers`` (sorted by rank) wait for the next one, the longest wait first.
 
     The producer counts as the first use: a tensor made long before its first reader splits right there.
     """
-    best, best_gap = None, 0.0
+    gaps = []
     previous, busy_until = producer, timeline.end_s[producer]
     for c in readers:
         gap = timeline.start_s[c] - busy_until
-        if gap > best_gap:
-            best, best_gap = timeline.rank[previous], gap
+        if gap > 0.0:
+            gaps.append((-gap, timeline.rank[previous]))
         previous, busy_until = c, max(busy_until, timeline.end_s[c])
-    return best
+    return [rank for _, rank in sorted(gaps)]
 
 
 def peak_rank(timeline: StepTimeline, profile: MemoryProfile) -> int:

@@ -87,14 +87,16 @@ def group_consumers(consumers: Sequence[str], timeline: StepTimeline, split_gap_
 
 
 def plan_prefetches(groups: Sequence[tuple[str, ...]], nbytes: int, timeline: StepTimeline, link: DeviceSpec,
-                    usable: Mapping[str, bool], not_before: int) -> list[Prefetch]:
-    """A trigger for each group: ranked after ``not_before`` and after the previous group."""
+                    usable: Mapping[str, bool], not_before: int, lead_s: float | None = None) -> list[Prefetch]:
+    """A trigger for each group: ranked after ``not_before`` and after the previous group, ending ``lead_s``
+    (default: the transfer's time) before the group's first reader starts where one can."""
     out = []
     transfer = link.transfer_s(nbytes)
+    lead = transfer if lead_s is None else lead_s
     floor = not_before
     for group in groups:
         first = min(group, key=lambda c: timeline.rank[c])
-        trigger = timeline.trigger_for(first, transfer, floor, usable)
+        trigger = timeline.trigger_for(first, lead, floor, usable)
         window = timeline.start_s[first] - timeline.end_s[trigger] if trigger else 0.0
         out.append(Prefetch(group, trigger, transfer, max(window, 0.0)))
         floor = max(floor, max(timeline.rank[c] for c in group))
