@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 from hypothesis import given, settings
@@ -193,3 +194,58 @@ def test_a_model_too_large_for_the_solver_keeps_the_greedy_plan_and_says_so(monk
     assert [o.key for o in plan.chosen] == ["c"]
     monkeypatch.setattr(planner, "SOLVER_MAX_PAIRS", 4)
     assert planner.Planner().solve(options, profile, budget=4).status == "optimal"
+
+
+def test_swap_options_leave_at_several_gaps_and_may_come_back_just_in_time():
+    """Per tensor, the planner offers a swap at each of its longest idle gaps, and one whose copy back waits for
+    the op before its reader; choosing the late copies keeps every fetched value."""
+    import numpy as np
+
+    from passes.planner import Planner, apply_options, fenced
+    from passes.timeline import StepTimeline
+    from tests.test_swap_placement import DEVICE, HOST, _placed, _session_run
+    from tfmem import examples, load
+    from tfmem.pipeline import PassContext
+
+    built = examples.residual_convnet(batch=8, size=32, channels=16, blocks=2)
+    graph = load(built.graph, built.feed_shapes)
+    ctx = PassContext(tuple(built.fetches), 1, DEVICE, HOST, dict(built.feed_shapes or {}))
+    profile = ctx.simulate(graph)
+    timeline = StepTimeline.build(graph, ctx.fetches, profile, ctx.feed_shapes)
+    planner = Planner()
+    swaps: dict[str, list] = {}
+    for o in planner.options(graph, ctx, timeline, profile):
+        if o.kind == "swap":
+            swaps.setdefault(o.key, []).append(o)
+    plain = {o.key for o in dataclasses.replace(planner, gaps=1, just_in_time=False).options(
+        graph, ctx, timeline, profile) if o.kind == "swap"}
+    assert plain == set(swaps)   # the same tensors, with more ways each
+    assert all(len(ways) <= 2 * planner.gaps for ways in swaps.values())
+    assert any(len({o.payload.idle_from_s for o in ways}) > 1 for ways in swaps.values())  # another gap
+    late = []
+    for ways in swaps.values():
+        by_gap: dict[float, list] = {}
+        for o in ways:
+            by_gap.setdefault(o.payload.idle_from_s, []).append(o)
+        for pair in (p for p in by_gap.values() if len(p) == 2):
+            hidden, jit = sorted(pair, key=lambda o: o.savings[0][1])   # the later copy back frees longer ...
+            assert jit.savings[0][1] > hidden.savings[0][1] and jit.cost_s >= hidden.cost_s  # ... and costs more
+            late.append(jit)
+    assert late
+    new = fenced(apply_options(graph, late, timeline, HOST, planner.link), ctx)
+    fetches = [f for f in built.fetches if ":" in f]
+    before = _session_run(_placed(graph.to_graph_def()), fetches, built.feeds)
+    after = _session_run(_placed(new.to_graph_def()), fetches, built.feeds)
+    assert all(np.array_equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+def test_gap_splits_rank_the_waits_longest_first():
+    from types import SimpleNamespace
+
+    from passes.swap_activations import GapSplit, gap_splits
+
+    # producer p runs 0-1; readers a (1-2), b (5-6), c (7-8): waits of 3 after a and 1 after b, none after p
+    timeline = SimpleNamespace(start_s={"p": 0, "a": 1, "b": 5, "c": 7}, end_s={"p": 1, "a": 2, "b": 6, "c": 8},
+                               rank={"p": 0, "a": 1, "b": 2, "c": 3})
+    assert gap_splits(timeline, "p", ["a", "b", "c"]) == [1, 2]
+    assert GapSplit(timeline, 1)("p", ["a", "b", "c"]) == 2 and GapSplit(timeline, 2)("p", ["a", "b", "c"]) is None
