@@ -90,6 +90,30 @@ def test_planner_versus_reads_rounds_pairwise():
     assert planner._measured_as(table, "recompute only") is swap_row
 
 
+def test_guarantee_probes_the_edge_and_above_a_ladder_refused_everywhere(monkeypatch):
+    """Between the smallest accepted and the largest refused budget the first probe is 1.3x the bound; where the
+    whole ladder was refused, it is 1.3x the bound above the ladder (below vanilla's peak)."""
+    mib = 2**20
+
+    def fake_row(smallest_accepted):
+        def row(built, budget, steps, fraction):
+            accepted = budget >= smallest_accepted
+            return {"budget_bytes": budget, "accepted": accepted,
+                    **({} if accepted else {"lower_bound_bytes": 30 * mib})}
+        return row
+
+    monkeypatch.setattr(planner, "_guarantee_row", fake_row(40 * mib))   # 1.3 x 30 MiB = 39 MiB is refused
+    rows = planner.guarantee(None, 100 * mib, (0.8, 0.5, 0.3), steps=1)
+    budgets = [r["budget_bytes"] / mib for r in rows]
+    assert budgets[:2] == [80, 50] and budgets[-2:] == [39, 30] and len(budgets) == 6   # then bisecting 39-50
+    monkeypatch.setattr(planner, "_guarantee_row", fake_row(37 * mib))
+    rows = planner.guarantee(None, 45 * mib, (0.8, 0.6), steps=1)    # ladder 36 and 27 MiB: both refused
+    assert [r["budget_bytes"] // mib for r in rows][0] == 39 and rows[0]["accepted"]
+    monkeypatch.setattr(planner, "_guarantee_row", fake_row(50 * mib))
+    rows = planner.guarantee(None, 38 * mib, (0.8,), steps=1)    # 1.3x the bound is above vanilla's peak
+    assert [r["budget_bytes"] // mib for r in rows] == [30]
+
+
 @pytest.mark.parametrize("text", ["0.8,x", "0", "1.5", "0.9,,0.8"])
 def test_planner_rejects_bad_strategy_fractions(text, capsys):
     with pytest.raises(SystemExit) as exit_info:
