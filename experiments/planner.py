@@ -96,7 +96,7 @@ def guarantee(built: examples.Built, peak: int, fractions: tuple[float, ...], st
 
     The first edge probe is 1.3x the lower bound that the largest refusal reported (where that lies in between,
     or, where every budget was refused, between the largest and vanilla's peak): one probe then says whether the
-    planner gets within 1.3x of its bound; the others bisect.
+    planner gets within 1.3x of its bound; the others bisect (towards vanilla's peak while all are refused).
     """
     rows: list[dict[str, object]] = []
     for f in fractions:
@@ -104,11 +104,15 @@ def guarantee(built: examples.Built, peak: int, fractions: tuple[float, ...], st
     for _ in range(edge_probes):
         accepted = [r for r in rows if r["accepted"]]
         if not accepted:
-            # Refused all the way up the ladder: 1.3x the bound, where that lies between the ladder and vanilla's
-            # peak, says whether the planner gets within 1.3x of it there (the ladder starts at 0.8x vanilla).
+            # Refused all the way up the ladder (it starts at 0.8x vanilla): 1.3x the bound, where that lies
+            # between the ladder and vanilla's peak, says whether the planner gets within 1.3x of it; after
+            # that, bisect towards vanilla's peak.
             top = max(rows, key=lambda r: r["budget_bytes"])
-            guess = int(1.3 * top.get("lower_bound_bytes", 0)) // (MiB // 16) * (MiB // 16)
-            if not top["budget_bytes"] < guess < peak:
+            guess = 1.3 * top.get("lower_bound_bytes", 0)
+            if not top["budget_bytes"] * (1 + edge_resolution) < guess < peak:
+                guess = math.sqrt(top["budget_bytes"] * peak)
+            guess = int(guess) // (MiB // 16) * (MiB // 16)
+            if not top["budget_bytes"] * (1 + edge_resolution) < guess < peak:
                 break
             rows.append(_guarantee_row(built, guess, steps, fraction=guess / peak))
             continue
