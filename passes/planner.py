@@ -1,8 +1,9 @@
 """The budget planner: one budget in, one plan out -- keep, swap, recompute or host-place each candidate.
 
 The planner works on the graph after ``partition`` and ``limit_parallelism`` (a fixed order). From one
-simulation it lists the *options* that could free device memory: swap an activation to the host over its
-longest idle gap, recompute it from tensors that stay alive anyway, or keep a variable group on the host.
+simulation it lists the *options* that could free device memory: swap an activation to the host over one of
+its longest idle gaps (the copy back started early enough to hide it, or just before its reader), recompute it
+over one of them from tensors that stay alive anyway, or keep a variable group on the host.
 Each option frees some bytes over some stretch of simulated time and costs some step time (cost model:
 exposed transfer, recomputation). Every stretch of the step where the simulated memory is over the budget
 becomes a covering constraint, and a mixed-integer program (PuLP with its bundled CBC solver) picks the
@@ -10,7 +11,7 @@ options of least total cost that cover them all:
 
     minimise    sum_o cost_o * x_o
     subject to  sum_o saving_o(segment) * x_o >= excess(segment)   for every over-budget segment
-                x_swap(t) + x_recompute(t) <= 1                     for every tensor t
+                sum of x_o over the options of tensor t <= 1          for every tensor t
                 x_o in {0, 1}
 
 The solver starts from the greedy heuristic's plan (least cost per byte of excess removed, then redundant picks
@@ -19,7 +20,8 @@ planner's own deadline nears (``Planner.deadline_s``); when it runs out, or the 
 time (``SOLVER_MAX_PAIRS``), the heuristic plan is used and the report says so. The chosen plan is applied and
 re-simulated: options interact (a swap-in lands while another tensor is back), so if the peak is still over the
 budget the excess is added to the requirement and the plan is solved again, a few times; what is still over is
-then planned on the applied plan's own simulation (swaps and recomputations only) while the peak falls. Every
+then planned on the applied plan's own simulation (swaps and recomputations only) while the peak falls; if it
+is still over, the same is done with the longest gaps and hidden copies alone, and the lower plan kept. Every
 plan is judged with its copies to host fenced (``passes.fence_transfers``), as ``optimize`` runs it. A plan that
 fits is compared with each strategy alone (on graphs of up to ``COMPARE_SINGLE_MAX_OPS`` ops) and with a greedy
 mix that recomputes only what costs less than copying it out and back, then swaps the rest; the quickest by the
@@ -31,7 +33,8 @@ another (their working sets then never add up), and finally repairs the best pla
 each step.
 
 The report's ``reachable_floor_bytes`` is the lowest peak any plan of these moves could reach on the order
-given (``Planner.floor``); ``tfmem.optimize`` reports it as the lower bound when it refuses a budget.
+given (``Planner.floor``); ``tfmem.optimize`` mentions it when it refuses a budget (its lower bound is the
+proven one of ``tfmem.bounds``).
 
 Requires: a budget (without one it leaves the graph alone). Ensures: the same values are computed.
 """
@@ -528,7 +531,7 @@ def idle_windows(graph: GraphIR, ctx: PassContext, timeline: StepTimeline, min_b
                  ) -> list[tuple[str, tuple[tuple[float, float, int], ...]]]:
     """Per swappable activation, every stretch between two of its uses: where some swap could free it.
 
-    The planner's swap options split each tensor at its longest idle gap only, while ``swap_activations``
+    The planner's swap options split each tensor at one of its few longest idle gaps, while ``swap_activations``
     (its fallback) may split it elsewhere and swap a swapped-in copy again; a lower bound must allow all of it.
     """
     out = []
