@@ -6,8 +6,8 @@ Three tables (issue 5), written to experiments/results/planner.{json,md}:
    ``tfmem.optimize(budget=B)``; where it accepts, run the result in a testbed of exactly ``B`` and record
    whether it ran out of memory; where it refuses, record the lower bound it reports. Between the smallest
    accepted and the largest refused budget, try 1.3x the refusal's bound, then bisect (three probes at most;
-   where every budget was refused, the first probe is 1.3x the bound, if below vanilla's peak), and compare the
-   smallest accepted budget with the lower bound of the refusal just below it.
+   where every budget was refused, the first probe is 1.3x the bound, if below vanilla's peak, then bisecting
+   towards it), and compare the smallest accepted budget with the lower bound of the refusal just below it.
 2. **Strategies at equal budget.** At one budget per graph, measured step time of the planner's plan vs
    swap-only and recompute-only plans (``passes=["partition", "limit_parallelism", X]``).
 3. **Solver vs heuristic.** The MIP's estimated overhead vs the greedy heuristic's on the same model.
@@ -254,7 +254,8 @@ def markdown(result: dict[str, object]) -> str:
 
 GUARANTEE_METHOD = ("Budgets are fractions of vanilla's measured testbed peak, then up to three more between the "
                     "smallest accepted and the largest refused (the first at 1.3x the refusal's lower bound, then "
-                    "bisecting; where every budget was refused, 1.3x the bound first, if below vanilla's peak); "
+                    "bisecting; where every budget was refused, 1.3x the bound first, if below vanilla's peak, then "
+                    "bisecting towards it); "
                     "accepted plans run in a testbed of exactly that budget; the lower bound is the one "
                     "reported by the refusal nearest the smallest accepted budget.")
 
