@@ -719,7 +719,16 @@ def _greedy_cover(options: Sequence[Option], by_option: dict[int, tuple[np.ndarr
     [1]
     """
     covered = np.zeros_like(need)
+    unmet = int((need > 0).sum())   # segments not yet covered, kept up to date by ``shift``
     chosen: dict[str, int] = {}   # tensor (option key) -> its pick
+
+    def shift(i: int, sign: int) -> None:   # add (+1) or take out (-1) option i's bytes
+        nonlocal unmet
+        segs, frees = by_option[i]   # each segment once per option
+        was = covered[segs] >= need[segs]
+        covered[segs] += sign * frees
+        now = covered[segs] >= need[segs]
+        unmet -= int((now & ~was).sum()) - int((was & ~now).sum())
 
     def ratio(i: int) -> float:   # cost per byte of excess removed; inf when it removes none
         held = chosen.get(options[i].key)
@@ -731,7 +740,7 @@ def _greedy_cover(options: Sequence[Option], by_option: dict[int, tuple[np.ndarr
 
     heap = [(ratio(i), i) for i in by_option if i not in exclude]
     heapq.heapify(heap)
-    while heap and bool(np.any(covered < need)):
+    while heap and unmet:
         stale, i = heapq.heappop(heap)
         fresh = ratio(i)
         if fresh == float("inf"):
@@ -741,12 +750,10 @@ def _greedy_cover(options: Sequence[Option], by_option: dict[int, tuple[np.ndarr
             continue
         held = chosen.get(options[i].key)
         if held is not None:   # replaced: it may come back, scored against i
-            segs, frees = by_option[held]
-            np.subtract.at(covered, segs, frees)
+            shift(held, -1)
             heapq.heappush(heap, (ratio(held), held))
         chosen[options[i].key] = i
-        segs, frees = by_option[i]
-        np.add.at(covered, segs, frees)
+        shift(i, +1)
     picks = list(chosen.values())
     for i in sorted(picks, key=lambda i: -options[i].cost_s):
         segs, frees = by_option[i]
