@@ -2,8 +2,8 @@
 
 Each pass is a frozen dataclass with ``name`` and ``run(graph, ctx) -> PassResult`` (``tfmem.pipeline``).
 ``DEFAULT_PASSES`` is what ``passes="auto"`` runs, in order; ``PASSES`` maps every pass name to an instance.
-``auto`` runs pin_fusions, split_addn, share_constants, serialize_scratch, partition, limit_parallelism, the
-planner and fence_transfers; place_persistent, swap_activations and recompute can also run on their own, each
+``auto`` runs pin_fusions, split_addn, share_constants, unshare_initial_values, serialize_scratch, partition,
+limit_parallelism, the planner and fence_transfers; place_persistent, swap_activations and recompute can also run on their own, each
 stopping as soon as the simulated peak meets the budget.
 """
 
@@ -20,14 +20,17 @@ from passes.serialize_scratch import SerializeScratch
 from passes.share_constants import ShareConstants
 from passes.split_addn import SplitAddN
 from passes.swap_activations import SwapActivations
+from passes.unshare_initial_values import UnshareInitialValues
 from tfmem.pipeline import Pass
 
 # Run before any pass list (tfmem.optimize adds them), once, as they do not depend on the budget: rewrites change
 # how Grappler fuses kernels and orders sums, so the first two write the user's graph's runtime arithmetic into
 # the graph itself; the third merges repeated constant computations while Grappler still would (control edges
-# stop it, and the executor then holds each copy as a constant); the fourth keeps kernels with large scratch
-# buffers from running side by side.
-LEADING_REWRITES: tuple[Pass, ...] = (PinFusions(), SplitAddN(), ShareConstants(), SerializeScratch())
+# stop it, and the executor then holds each copy as a constant); the fourth gives each variable initialised to a
+# constant its own buffer, so the first step does not copy it into the middle of free memory; the fifth keeps
+# kernels with large scratch buffers from running side by side.
+LEADING_REWRITES: tuple[Pass, ...] = (PinFusions(), SplitAddN(), ShareConstants(), UnshareInitialValues(),
+                                      SerializeScratch())
 # Run after any pass list: the device waits for its copies to host where the plan counted their memory as freed.
 FINAL_REWRITES: tuple[Pass, ...] = (FenceTransfers(),)
 DEFAULT_PASSES: tuple[Pass, ...] = (

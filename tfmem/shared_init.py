@@ -49,21 +49,28 @@ def sharing_groups(graph: GraphIR) -> dict[Hashable, list[str]]:
     for node in graph.nodes:
         if node.op != "AssignVariableOp" or len(node.inputs) < 2:
             continue
-        var = _variable(graph, node.inputs[0])
-        key = _constant_key(graph, node.inputs[1])
+        var = variable_of(graph, node.inputs[0])
+        key = constant_key(graph, node.inputs[1])
         if var is not None and key is not None and var not in groups.get(key, ()):
             groups.setdefault(key, []).append(var)
     return {k: v for k, v in groups.items() if len(v) > 1}
 
 
-def _variable(graph: GraphIR, ref: TensorRef) -> str | None:
+def updated_in_place(graph: GraphIR) -> frozenset[str]:
+    """Variables (``VarHandleOp`` names) that some op of ``graph`` updates in place, e.g. an optimizer's slots."""
+    return frozenset(var for node in graph.nodes if updates_in_place(node.op)
+                     for var in (variable_of(graph, t) for t in node.inputs) if var is not None)
+
+
+def variable_of(graph: GraphIR, ref: TensorRef) -> str | None:
+    """The ``VarHandleOp`` whose handle ``ref`` is (through ``Identity``/``Snapshot``), or None."""
     node = graph[ref.node]
     while node.op in _PASS_THROUGH and node.inputs:
         node = graph[node.inputs[0].node]
     return node.name if node.op == "VarHandleOp" else None
 
 
-def _constant_key(graph: GraphIR, ref: TensorRef) -> Hashable | None:
+def constant_key(graph: GraphIR, ref: TensorRef) -> Hashable | None:
     """A key equal for tensors Grappler folds to the same constant: dtype, shape and value; None if not constant."""
     node = graph[ref.node]
     while node.op in _PASS_THROUGH and node.inputs:
