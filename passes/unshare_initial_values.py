@@ -29,6 +29,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from tensorflow.core.framework import attr_value_pb2
+
+from passes.place_persistent import COLOCATION_ATTR
 from tfmem.editor import GraphEditor
 from tfmem.execution import ExecutionGraph
 from tfmem.ir import GraphIR, TensorRef
@@ -39,6 +42,12 @@ from tfmem.units import format_bytes
 # dtypes (as ``TensorSpec.dtype`` names them) whose initializers are copied: the slots, biases and scales that
 # start at a constant are floating point, and DeepCopy has kernels for these on CPU and GPU.
 COPIED_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
+
+
+def _colocated_with(var: str) -> attr_value_pb2.AttrValue:
+    """TF's colocation constraint: the copy goes wherever ``var`` does (placing a variable on the host moves the
+    ops colocated with it too, ``passes.place_persistent.persistent_groups``)."""
+    return attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(s=[f"loc:@{var}".encode()]))
 
 
 @dataclass(frozen=True)
@@ -79,7 +88,7 @@ class UnshareInitialValues:
                 continue
             copy = editor.add_op(editor.unique_name(f"{var}/tfmem_initial_copy"), "DeepCopy", [value], [spec],
                                  device=node.device,
-                                 attrs={"T": node.attrs["dtype"]})
+                                 attrs={"T": node.attrs["dtype"], COLOCATION_ATTR: _colocated_with(var)})
             editor.rewire(node.name, value, TensorRef(copy.name, 0))
             copied[var] = spec.nbytes or 0
         if not copied:

@@ -114,6 +114,10 @@ def test_inserted_ops_are_marked_and_on_the_host(case):
             assert tags == 1 or (tags == 0 and receipt)
         elif n.op == "AddV2":  # split_addn's chain, on the device with the sum it replaces
             assert "/tfmem_sum_" in n.name and not same_device(n.device, HOST)
+        elif n.op == "DeepCopy":  # unshare_initial_values: a variable's initial value, copied for it alone
+            readers = opt.ir.consumers[n.output(0)]
+            assert "/tfmem_initial_copy" in n.name and len(readers) == 1
+            assert opt.ir[readers[0]].op == "AssignVariableOp" and opt.ir[readers[0]].device == n.device
         else:
             assert n.op == "NoOp"
     verify(opt.ir)
