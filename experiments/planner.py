@@ -17,6 +17,9 @@ Three tables (issue 5), written to experiments/results/planner.{json,md}:
     python -m experiments.planner --strategies-at 0.9,0.8,0.7 --steps 5 --rounds 5
                                              # only table 2, at 0.9x, 0.8x and 0.7x each vanilla peak
     python -m experiments.planner --held-out # only table 1, on models the planner was not developed on
+    python -m experiments.planner --held-out-at ResNet-20=56,53 --repeat 2
+                                             # table 1's rows for chosen budgets of one held-out graph, each
+                                             # optimized and run again --repeat times (planner_heldout_at.*)
 """
 
 from __future__ import annotations
@@ -365,6 +368,27 @@ def _fractions(text: str) -> list[float] | None:
     return fractions if all(0 < f <= 1 for f in fractions) else None
 
 
+def _held_out_at(text: str) -> tuple[str, list[float]] | None:
+    """``"ResNet-20=56,53"`` -> the held-out graph's full name and the budgets in MiB; None if malformed."""
+    prefix, _, mibs = text.partition("=")
+    names = [n for n in held_out_graphs() if n.split()[0] == prefix.strip()]
+    try:
+        budgets = [float(b) for b in mibs.split(",")]
+    except ValueError:
+        return None
+    return (names[0], budgets) if names and budgets and all(b > 0 for b in budgets) else None
+
+
+def _at_row(row: dict[str, object]) -> str:
+    def mib(key: str) -> str:
+        value = row.get(key)
+        return format_bytes(value) if isinstance(value, int) else "-"
+
+    oom = "-" if not row["accepted"] else ("yes" if row["oom"] else "no")
+    return (f"| {mib('budget_bytes')} | {'yes' if row['accepted'] else 'no'} | {mib('measured_peak_bytes')} | {oom} "
+            f"| {mib('simulated_peak_bytes')} | {mib('lower_bound_bytes')} | {mib('best_peak_bytes')} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="one small graph, two budgets (CI smoke)")
@@ -377,11 +401,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--held-out", action="store_true",
                         help="only the guarantee table, on the models/ graphs the planner was not developed on "
                              "(writes planner_heldout.*)")
+    parser.add_argument("--held-out-at", metavar="GRAPH=MIBS",
+                        help="only these budgets (MiB, comma-separated) of the held-out graph whose name starts "
+                             "with GRAPH, e.g. ResNet-20=56,53 (writes planner_heldout_at.*)")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each --held-out-at budget")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the strategies table")
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args(argv)
-    if args.rounds < 1 or args.steps < 1:
-        parser.error(f"--rounds and --steps must be at least 1, got {args.rounds} and {args.steps}")
+    if args.rounds < 1 or args.steps < 1 or args.repeat < 1:
+        parser.error(f"--rounds, --steps and --repeat must be at least 1, got {args.rounds}, {args.steps} and "
+                     f"{args.repeat}")
     if args.strategies_at is not None:
         fractions = _fractions(args.strategies_at)
         if fractions is None:
@@ -393,6 +422,27 @@ def main(argv: list[str] | None = None) -> int:
                         *_strategies_md(rows)]) + "\n"  # type: ignore[arg-type]
         paths = write("planner_strategies", {"provenance": provenance(argv), "fractions": fractions,
                                              "graphs": rows}, md, Path(args.out))
+        print(md)
+        print("wrote", *paths)
+        return 0
+    if args.held_out_at is not None:
+        chosen = _held_out_at(args.held_out_at)
+        if chosen is None:
+            names = ", ".join(n.split()[0] for n in held_out_graphs())
+            parser.error(f"--held-out-at takes GRAPH=MIB[,MIB...] with GRAPH one of {names}, "
+                         f"got {args.held_out_at!r}")
+        name, budgets = chosen
+        built = held_out_graphs()[name]
+        rows = [_guarantee_row(built, int(b * MiB), args.steps, fraction=None)
+                for b in tqdm(budgets, desc=name, unit="budget") for _ in range(args.repeat)]
+        md = "\n".join([f"# Budget planner on {name}: chosen budgets", "",
+                        f"Command: `{provenance(argv)['command']}`. Each budget optimized and, where accepted, run "
+                        "in a testbed of exactly that budget, once per repeat. Memory: testbed allocator (measured).",
+                        "", "| budget | accepted | measured peak | OOM | simulated peak | lower bound | best peak |",
+                        "|---:|---|---:|---|---:|---:|---:|",
+                        *(_at_row(r) for r in rows)]) + "\n"
+        paths = write("planner_heldout_at", {"provenance": provenance(argv), "graph": name, "rows": rows}, md,
+                      Path(args.out))
         print(md)
         print("wrote", *paths)
         return 0
