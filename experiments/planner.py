@@ -30,7 +30,7 @@ import math
 import os
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -72,16 +72,21 @@ def graphs(tiny: bool) -> dict[str, examples.Built]:
 HELD_OUT_FRACTIONS = (0.8, 0.6, 0.45, 0.3, 0.2)
 
 
-def held_out_graphs() -> dict[str, examples.Built]:
+def held_out_builders() -> dict[str, Callable[[], examples.Built]]:
+    """The held-out graphs by name, each built when called (``held_out_graphs`` builds them all)."""
     from models import deepspeech, moe_transformer, resnet, wgan_gp
 
     return {
-        "ResNet-20 (momentum)": resnet.build(depth=20, batch=32, image=32, width=16),
-        "WGAN-GP (4 layers)": wgan_gp.build(batch=512, data_dim=256, hidden=512, layers=4),
-        "MoE Transformer (16 experts)": moe_transformer.build(experts=16, layers=2, d_model=128, d_ff=256, seq=64,
-                                                              batch=8),
-        "DeepSpeech (64 frames)": deepspeech.build(seq_len=64, batch=16, freq=64, hidden=128),
+        "ResNet-20 (momentum)": lambda: resnet.build(depth=20, batch=32, image=32, width=16),
+        "WGAN-GP (4 layers)": lambda: wgan_gp.build(batch=512, data_dim=256, hidden=512, layers=4),
+        "MoE Transformer (16 experts)": lambda: moe_transformer.build(experts=16, layers=2, d_model=128, d_ff=256,
+                                                                      seq=64, batch=8),
+        "DeepSpeech (64 frames)": lambda: deepspeech.build(seq_len=64, batch=16, freq=64, hidden=128),
     }
+
+
+def held_out_graphs() -> dict[str, examples.Built]:
+    return {name: build() for name, build in held_out_builders().items()}
 
 
 def _optimize(built: examples.Built, budget: int, passes: object) -> tfmem.Optimized | tfmem.InfeasibleBudgetError:
@@ -371,7 +376,7 @@ def _fractions(text: str) -> list[float] | None:
 def _held_out_at(text: str) -> tuple[str, list[float]] | None:
     """``"ResNet-20=56,53"`` -> the held-out graph's full name and the budgets in MiB; None if malformed."""
     prefix, _, mibs = text.partition("=")
-    names = [n for n in held_out_graphs() if n.split()[0] == prefix.strip()]
+    names = [n for n in held_out_builders() if n.split()[0] == prefix.strip()]
     try:
         budgets = [float(b) for b in mibs.split(",")]
     except ValueError:
@@ -428,11 +433,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.held_out_at is not None:
         chosen = _held_out_at(args.held_out_at)
         if chosen is None:
-            names = ", ".join(n.split()[0] for n in held_out_graphs())
+            names = ", ".join(n.split()[0] for n in held_out_builders())
             parser.error(f"--held-out-at takes GRAPH=MIB[,MIB...] with GRAPH one of {names}, "
                          f"got {args.held_out_at!r}")
         name, budgets = chosen
-        built = held_out_graphs()[name]
+        built = held_out_builders()[name]()
         rows = [_guarantee_row(built, int(b * MiB), args.steps, fraction=None)
                 for b in tqdm(budgets, desc=name, unit="budget") for _ in range(args.repeat)]
         md = "\n".join([f"# Budget planner on {name}: chosen budgets", "",

@@ -78,6 +78,14 @@ def test_planner_strategies_at_a_fraction_tiny(tmp_path):
     assert "| mlp-small |" in (tmp_path / "planner_strategies.md").read_text()
 
 
+@pytest.mark.parametrize("argv", [["--held-out-at", "VGG=56"], ["--held-out-at", "ResNet-20=56,x"],
+                                  ["--held-out-at", "ResNet-20=0"], ["--held-out-at", "ResNet-20=56", "--repeat", "0"]])
+def test_planner_held_out_at_refuses_bad_arguments(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        planner.main(argv)
+    assert exit_info.value.code == 2 and "--" in capsys.readouterr().err
+
+
 def test_planner_versus_reads_rounds_pairwise():
     planner_row = {"refused": False, "oom": False, "rounds_s": [0.10, 0.30, 0.12], "step_s": 0.12}
     swap_row = {"refused": False, "oom": False, "rounds_s": [0.11, 0.20, 0.15], "step_s": 0.15}
