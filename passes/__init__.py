@@ -3,8 +3,8 @@
 Each pass is a frozen dataclass with ``name`` and ``run(graph, ctx) -> PassResult`` (``tfmem.pipeline``).
 ``DEFAULT_PASSES`` is what ``passes="auto"`` runs, in order; ``PASSES`` maps every pass name to an instance.
 ``auto`` runs pin_fusions, split_addn, share_constants, unshare_initial_values, serialize_scratch, partition,
-limit_parallelism, the planner and fence_transfers; place_persistent, swap_activations and recompute can also run on their own, each
-stopping as soon as the simulated peak meets the budget.
+limit_parallelism, the planner and fence_transfers; place_persistent, swap_activations and recompute can also
+run on their own, each stopping as soon as the simulated peak meets the budget.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ convolution scratch then found no free chunk under a 112 MiB cap with 64 MiB in 
 
 This pass routes each such initializer through a ``DeepCopy``: the variable starts out holding a fresh buffer
 that nothing else references, so no update copies it (measured in a one-session workflow: an MLP's first
-step allocated 1.1 MiB in its Adam updates and 0.5 MiB in its momentum updates before, nothing after). The
+step allocated 1.0 MiB in its Adam updates and 0.5 MiB in its momentum updates before, nothing after). The
 copies are made once, when the user runs the initializers, next to the other variables; ``DeepCopy`` is
 stateful, so neither Grappler nor the executor folds or merges it back into a shared constant.
 
