@@ -308,7 +308,8 @@ def _fit(ir: GraphIR, pipeline: Sequence[Pass], base: PassContext, target: int |
         if floor is not None and lower < floor < plan_for:
             # Not past the planner's reachable floor in one step: asked for less, it makes the same plan as for its
             # floor, and the targets in between go untried (a ResNet-20 at 63 MiB stepped from 57.7 to 37.1 MiB,
-            # under its 40.3 MiB floor, and was refused; at 56 MiB a plan for 46.1 MiB fitted the layout).
+            # under the 38.4 MiB floor its refused plan reported, and was refused; at 56 MiB a plan for 46.1 MiB
+            # fitted the layout).
             lower = floor
         notes.append(f"a plan for {format_bytes(plan_for)} (peak {format_bytes(after.peak_bytes)}) does not fit the "
                      f"device allocator's chunks with {format_bytes(budget_bytes - room)} to spare"
