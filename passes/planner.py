@@ -54,6 +54,7 @@ import numpy as np
 import pulp
 
 from passes.fence_transfers import FenceTransfers
+from passes.peak_descent import descend
 from passes.place_persistent import (
     PersistentGroup,
     PlacePersistent,
@@ -125,6 +126,10 @@ class PlanResult:
     follow_ups: int = 0   # rounds planned on the applied plan's simulation (``Planner._follow_up``)
 
 
+# A plan made by strategies applied greedily: estimated step, label, graph, its simulation, the passes' report.
+_StrategyPlan = tuple[float, str, GraphIR, MemoryProfile, PassReport]
+
+
 @dataclass(frozen=True)
 class Planner:
     """Meet ``ctx.device_budget_bytes`` at the least estimated step time (see the module docstring)."""
@@ -166,7 +171,7 @@ class Planner:
             floors.append(floor)
             solved = solved or plans
             if best is None or new_profile.peak_bytes < best[1].peak_bytes:
-                best = (new, new_profile, plans, label)
+                best, single_report = (new, new_profile, plans, label), None
             if new_profile.peak_bytes <= budget:
                 if label == "as ordered" and len(graph) <= COMPARE_SINGLE_MAX_OPS:
                     # The covering model charges each option alone; a single strategy applied greedily may still
@@ -185,10 +190,16 @@ class Planner:
                 # strategy, applied greedily and re-simulated at every step, may still fit without giving up
                 # parallelism. Measured: on an unrolled RNN swapping alone fit at 205 ms a step where the
                 # serialised plan below took 308 ms.
-                single = self._single_strategies(graph, ctx, budget)
+                closest: list[_StrategyPlan] = []
+                single = self._single_strategies(graph, ctx, budget, closest)
                 if single is not None:
                     best, single_report = single[:4], single[4]
                     break
+                if closest and closest[0][3].peak_bytes < best[1].peak_bytes:
+                    # None fits, but the greedy plan nearest the budget is where the peak descent below starts
+                    # (a WGAN-GP at 6.8 MiB: the solved plan peaked at 29.6 MiB, placing then swapping at 7.7).
+                    _, near_label, near, near_profile, single_report = closest[0]
+                    best = (near, near_profile, [], f"{near_label} (nearest the budget; none fits)")
                 # serialise: ops that run side by side hold their working sets together
                 serial = serialize_large_ops(graph, ctx)
                 attempts.append(("large ops one at a time", serial, ctx.simulate(serial)))
@@ -202,6 +213,13 @@ class Planner:
             repaired_profile = ctx.simulate(repaired)
             if repaired_profile.peak_bytes < best[1].peak_bytes:
                 best = (repaired, repaired_profile, best[2], best[3] + ", then greedy repair")
+        if best[1].peak_bytes > budget and ctx.host is not None:
+            # Still over: the moves above free whole gaps and hide copies; take what is live at the peak itself
+            # off the device, one tensor at a time (see passes.peak_descent).
+            start = fenced(best[0], ctx)
+            found = descend(start, ctx, ctx.simulate(start), judge=lambda g: fenced(g, ctx), link=self.link)
+            if found.profile.peak_bytes < best[1].peak_bytes:
+                best = (found.graph, found.profile, best[2], best[3] + f", then peak descent ({found.moves} moves)")
         new, new_profile, plans, label = best
         chosen = plans[-1].chosen if plans else ()
         # The floor is a model's answer; a plan that went lower (a greedy pass's option the model does not list)
@@ -227,8 +245,10 @@ class Planner:
         return None if found is None else found[:4]
 
     def _single_strategies(self, graph: GraphIR, ctx: PassContext, budget: int,
+                           closest: list[_StrategyPlan] | None = None,
                            ) -> tuple[GraphIR, MemoryProfile, list[PlanResult], str, PassReport] | None:
-        """As ``_best_single_strategy``, with the winning pass's report (what it moved).
+        """As ``_best_single_strategy``, with the winning pass's report (what it moved). Where none fits and
+        ``closest`` is given, the plan of lowest peak is appended to it.
 
         A strategy that freed memory but not enough is continued by the ones ``MIXED_AFTER`` names, in turn,
         until the plan fits (swap then recompute, or the reverse; host placement, then swapping, then
@@ -236,7 +256,7 @@ class Planner:
         """
         passes = {"swap": SwapActivations(link=self.link), "recompute": Recompute(),
                   "place": PlacePersistent(link=self.link)}
-        fitting = []
+        made: list[_StrategyPlan] = []
         for kind in self.kinds:
             if kind != "recompute" and ctx.host is None:
                 continue
@@ -260,20 +280,21 @@ class Planner:
                     if prof.peak_bytes <= budget:
                         break
                 label = ", then ".join(names) if len(names) > 1 else label
-            if prof.peak_bytes <= budget:
-                fitting.append((prof.estimated_step_s, label, new, prof, result.report))
+            made.append((prof.estimated_step_s, label, new, prof, result.report))
         cheap = self._cheap_recompute_then_swap(graph, ctx, budget)
         if cheap is not None:
-            fitting.append(cheap)
+            made.append(cheap)
+        fitting = [m for m in made if m[3].peak_bytes <= budget]
         if not fitting:
+            if closest is not None and made:
+                closest.append(min(made, key=lambda m: (m[3].peak_bytes, m[1])))
             return None
         _, label, new, prof, report = min(fitting, key=lambda f: (f[0], f[1]))
         return new, prof, [], f"{label}: the covering model found no plan that fits", report
 
-    def _cheap_recompute_then_swap(self, graph: GraphIR, ctx: PassContext, budget: int,
-                                   ) -> tuple[float, str, GraphIR, MemoryProfile, PassReport] | None:
+    def _cheap_recompute_then_swap(self, graph: GraphIR, ctx: PassContext, budget: int) -> _StrategyPlan | None:
         """Recompute only what costs less than copying it out and back, then swap what is still over ``budget``;
-        as a ``_single_strategies`` candidate when it fits, else None.
+        as a ``_single_strategies`` candidate (None when either frees nothing).
 
         Recomputing alone takes the dearest tensors too once the cheap ones run out, and swapping alone copies
         tensors a few elementwise ops rebuild for less; the greedy mix in between is what a per-tensor choice
@@ -290,8 +311,6 @@ class Planner:
             return None
         new = fenced(rest.graph, ctx)
         prof = ctx.simulate(new)
-        if prof.peak_bytes > budget:
-            return None
         return (prof.estimated_step_s, "recompute where cheaper than copying, then swap_activations", new, prof,
                 _chained_report([cheap.report, rest.report]))
 

@@ -163,8 +163,14 @@ class SwapActivations:
     def _candidates(self, graph: GraphIR, ctx: PassContext, timeline: StepTimeline,
                     profile: MemoryProfile, exclude: set[TensorRef]) -> list[SwapCandidate]:
         """Tensors resident but idle at the peak: early readers before it, late ones after."""
-        split = peak_split(timeline, profile)
-        return self._split_candidates(graph, ctx, timeline, timeline.order[:split.at_peak + 1], exclude, [split])
+        return self.candidates_at(graph, ctx, timeline, peak_split(timeline, profile), exclude=exclude)
+
+    def candidates_at(self, graph: GraphIR, ctx: PassContext, timeline: StepTimeline, split: PeakSplit,
+                      exclude: Collection[TensorRef] = (), just_in_time: bool = False) -> list[SwapCandidate]:
+        """Activations made up to ``split``'s unit and read after it (not by it), each swapped over that unit;
+        with ``just_in_time``, each also with its copies back started just before their readers."""
+        return self._split_candidates(graph, ctx, timeline, timeline.order[:split.at_peak + 1], set(exclude),
+                                      [split], just_in_time)
 
     def candidates_over_gaps(self, graph: GraphIR, ctx: PassContext, timeline: StepTimeline,
                              gaps: int = 1, just_in_time: bool = False) -> list[SwapCandidate]:
