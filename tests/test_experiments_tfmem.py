@@ -11,6 +11,7 @@ from experiments import (
     optimize_speed,
     partition_parallelism,
     planner,
+    planner_gap,
     run_all,
     swap_placement,
     testbed_calibration,
@@ -76,6 +77,26 @@ def test_planner_strategies_at_a_fraction_tiny(tmp_path):
     assert all(r["same_as"] in measured and "rounds_s" in measured[r["same_as"]]
                for r in measured.values() if "same_as" in r)
     assert "| mlp-small |" in (tmp_path / "planner_strategies.md").read_text()
+
+
+@pytest.mark.testbed
+def test_planner_gap_tiny_finds_a_cap_no_smaller_than_the_bound(tmp_path):
+    """The smallest testbed cap the lowest plan runs at is at least the lower bound (a bound the real allocator
+    went under would be no bound), and the plan's simulated peak is too."""
+    assert planner_gap.main(["--tiny", "--out", str(tmp_path)]) == 0
+    row = json.loads((tmp_path / "planner_gap_tiny.json").read_text())["rows"][0]
+    bound, cap = row["lower_bound_bytes"], row["smallest_cap_mib"]
+    assert row["plan_peak_bytes"] >= bound and cap is not None and cap * 2**20 >= bound
+    at_cap = [r for r in row["runs"] if r["cap_mib"] == cap]
+    assert at_cap and not at_cap[-1]["oom"]   # the confirming runs end at the cap, and the last one ran
+    assert "| mlp-small |" in (tmp_path / "planner_gap_tiny.md").read_text()
+
+
+@pytest.mark.parametrize("argv", [["--graph", "VGG"], ["--steps", "0"]])
+def test_planner_gap_refuses_bad_arguments(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        planner_gap.main(argv)
+    assert exit_info.value.code == 2 and "--" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv", [["--held-out-at", "VGG=56"], ["--held-out-at", "ResNet-20=56,x"],
