@@ -30,7 +30,9 @@ greedy pass re-simulates after every step, so it sees interactions the model mis
 continued by the other, so recomputation takes what is cheap and swapping the rest) and the fitting one of least
 estimated step time is kept; failing that, the planner retries with the large device ops chained one after
 another (their working sets then never add up), and finally repairs the best plan greedily, re-simulating after
-each step.
+each step. A plan still over the budget then goes through peak descent (``passes.peak_descent``): from the
+lowest plans made, the tensors live at the peak are moved off the device one at a time (copies restarted after
+the peak's op, just-in-time swaps, the peak's op waiting for a tensor's last readers) while the peak falls.
 
 The report's ``reachable_floor_bytes`` is the lowest peak any plan of these moves could reach on the order
 given (``Planner.floor``); ``tfmem.optimize`` mentions it when it refuses a budget (its lower bound is the

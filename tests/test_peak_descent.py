@@ -86,3 +86,33 @@ def test_random_graphs_keep_values_and_the_peak_never_rises(dag, fraction):
     before = _session_run(gd, fetches, feeds, init=False)
     after = _session_run(found.graph.to_graph_def(), fetches, feeds, init=False)
     assert np.array_equal(before[0], after[0])
+
+
+def test_the_peak_op_waits_for_the_last_reader_of_a_tensor_live_beside_it():
+    """Two threads run ``large`` beside the ``e``/``c`` chain, so at the peak (``c``) the 8 MiB ``large`` waits
+    for its sum; making the peak's op wait for that sum frees ``large`` first. The values stay the same."""
+    import tensorflow as tf
+
+    v1 = tf.compat.v1
+    n = 1 << 20   # 4 MiB of float32
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, (n,), name="x")
+        a = tf.math.sin(x, name="a")
+        b = tf.math.cos(a, name="b")
+        large = tf.tile(b, [2], name="large")
+        c = tf.reduce_sum(tf.math.cos(b, name="e"), name="c")
+        r = tf.reduce_sum(tf.multiply(a, c, name="scaled"), name="r")
+        out = tf.identity(tf.reduce_sum(large, name="Sum") + r, name="out")
+    feeds = {"x:0": np.linspace(-1.0, 1.0, n, dtype=np.float32)}
+    gd = _placed(g)
+    ir = load(gd, {"x:0": (n,)})
+    ctx = PassContext((out.name,), 1, DEVICE, HOST, {"x:0": (n,)}, inter_op_threads=2)
+    start = ctx.simulate(ir)
+    assert start.peak_unit == "c" and "large:0" in {x.tensor for x in start.live_at_peak}
+    found = descend(ir, ctx, start)
+    assert found.profile.peak_bytes < start.peak_bytes and "Sum" in found.graph["c"].control_inputs
+    verify(found.graph)
+    before = _session_run(gd, [out.name], feeds, init=False)
+    after = _session_run(found.graph.to_graph_def(), [out.name], feeds, init=False)
+    assert np.array_equal(before[0], after[0])
