@@ -45,16 +45,16 @@ def budget_planning_for(target: int) -> int:
     return budget
 
 
-def lowest_plan(built: examples.Built, tries: int = 3, probes: int = 2,
+def lowest_plan(built: examples.Built, tries: int = 8, probes: int = 2, step: float = 1.25,
                 ) -> tuple[int, int, tfmem.Optimized | tfmem.InfeasibleBudgetError]:
     """The reported lower bound, the target planned for, and the plan ``optimize`` makes for it with the layout
     check switched off.
 
-    First for the bound; where even the plan's total misses, for the best peak the refusal reports, up to
-    ``tries`` targets (the last refusal, when none is met). Asked for far less than it can reach, the planner can
-    return a worse plan than for a little less (a MoE Transformer: 22.83 MiB asked for its best refusal's peak,
-    11.93 MiB asked for 12.3 MiB), so ``probes`` more targets bisect between the bound and the lowest peak found,
-    and the lowest plan is kept.
+    Targets climb from the bound by ``step`` until a plan meets one in total (``tries`` targets at most; the last
+    refusal when none is met), then ``probes`` more bisect between the last refused target and that plan's
+    peak, and the lowest plan is kept. The planner is not monotone in its target: asked for far less than it
+    can reach, it can plan worse than for a little less (a MoE Transformer: 22.83 MiB asked for its best
+    refusal's peak, 11.93 MiB asked for 12.3 MiB), so the climb starts low and goes in small steps.
     """
     try:
         tfmem.optimize(built.graph, built.fetches, budget=MiB, feed_shapes=built.feed_shapes, device=DEVICE, host=HOST,
@@ -71,15 +71,14 @@ def lowest_plan(built: examples.Built, tries: int = 3, probes: int = 2,
             except tfmem.InfeasibleBudgetError as e:
                 return e
 
-    target, found = bound, plan_for(bound)
+    low, target, found = bound, bound, plan_for(bound)
     for _ in range(tries - 1):
         if not isinstance(found, tfmem.InfeasibleBudgetError):
             break
-        target = max(target, found.best_peak_bytes) + 64 * 1024
+        low, target = target, int(target * step)
         found = plan_for(target)
     if isinstance(found, tfmem.InfeasibleBudgetError):
         return bound, target, found
-    low = bound
     for _ in range(probes):
         middle = (low + found.report.after.peak_bytes) // 2
         if middle - low < MiB // 4:
