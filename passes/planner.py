@@ -99,6 +99,9 @@ COMPARE_SINGLE_MAX_OPS = 10000
 # A plan still over the budget after the greedy repair is lowered by peak descent (``passes.peak_descent``)
 # from at most this many of the plans made, lowest first, on graphs of up to COMPARE_SINGLE_MAX_OPS ops.
 DESCENT_STARTS = 3
+# ... within this many seconds in all: a refusal replans up to CAPACITY_RETRIES + 1 times, and every replan that
+# misses descends (20 s per start would add up to a minute to each).
+DESCENT_S = 20.0
 # Ops that allocate nothing of their own (views, reads of variables): chaining them orders nothing useful.
 UNCHAINED_OPS = ALIAS_OPS | VARIABLE_READ_OPS | PERSISTENT_OUTPUT_OPS
 # A single strategy that frees memory but not enough is continued by these, in turn, until the plan fits
@@ -228,9 +231,14 @@ class Planner:
             # 38.4 MiB, the one as ordered from 46.4 to 41.65 MiB only.
             starts = [(best, single_report)] + sorted((m for m in made if m[0][0] is not best[0]),
                                                       key=lambda m: m[0][1].peak_bytes)
-            for (start, _, start_plans, start_label), start_report in starts[:DESCENT_STARTS]:
-                start = fenced(start, ctx)
-                found = descend(start, ctx, ctx.simulate(start), judge=lambda g: fenced(g, ctx), link=self.link)
+            descent_ends = time.perf_counter() + DESCENT_S
+            for (plan, _, start_plans, start_label), start_report in starts[:DESCENT_STARTS]:
+                left = descent_ends - time.perf_counter()
+                if left <= 0:
+                    break
+                start = fenced(plan, ctx)
+                found = descend(start, ctx, ctx.simulate(start), judge=lambda g: fenced(g, ctx), link=self.link,
+                                time_limit_s=left)
                 if found.profile.peak_bytes < best[1].peak_bytes:
                     best = (found.graph, found.profile, start_plans,
                             start_label + f", then peak descent ({found.moves} moves)")
