@@ -45,6 +45,17 @@ def budget_planning_for(target: int) -> int:
     return budget
 
 
+def plan_without_layout_check(built: examples.Built, target: int) -> tfmem.Optimized | tfmem.InfeasibleBudgetError:
+    """The plan ``optimize`` makes for a peak of ``target`` bytes with its allocator-layout check switched off
+    (so it comes back whatever its layout), or its refusal."""
+    with mock.patch.object(optimizer, "_fits_layout", lambda fitted, room: True):
+        try:
+            return tfmem.optimize(built.graph, built.fetches, budget=budget_planning_for(target),
+                                  feed_shapes=built.feed_shapes, device=DEVICE, host=HOST, passes="auto")
+        except tfmem.InfeasibleBudgetError as e:
+            return e
+
+
 def lowest_plan(built: examples.Built, tries: int = 8, probes: int = 2, step: float = 1.25,
                 ) -> tuple[int, int, tfmem.Optimized | tfmem.InfeasibleBudgetError]:
     """The reported lower bound, the target planned for, and the plan ``optimize`` makes for it with the layout
@@ -64,12 +75,7 @@ def lowest_plan(built: examples.Built, tries: int = 8, probes: int = 2, step: fl
         bound = e.lower_bound_bytes
 
     def plan_for(target: int) -> tfmem.Optimized | tfmem.InfeasibleBudgetError:
-        with mock.patch.object(optimizer, "_fits_layout", lambda fitted, room: True):
-            try:
-                return tfmem.optimize(built.graph, built.fetches, budget=budget_planning_for(target),
-                                      feed_shapes=built.feed_shapes, device=DEVICE, host=HOST, passes="auto")
-            except tfmem.InfeasibleBudgetError as e:
-                return e
+        return plan_without_layout_check(built, target)
 
     low, target, found = bound, bound, plan_for(bound)
     for _ in range(tries - 1):

@@ -10,6 +10,7 @@ from experiments import (
     moe_placement,
     optimize_speed,
     partition_parallelism,
+    peak_variance,
     planner,
     planner_gap,
     run_all,
@@ -90,6 +91,54 @@ def test_planner_gap_tiny_finds_a_cap_no_smaller_than_the_bound(tmp_path):
     at_cap = [r for r in row["runs"] if r["cap_mib"] == cap]
     assert at_cap and not at_cap[-1]["oom"]   # the confirming runs end at the cap, and the last one ran
     assert "| mlp-small |" in (tmp_path / "planner_gap_tiny.md").read_text()
+
+
+@pytest.mark.testbed
+def test_peak_variance_tiny_runs_both_forms(tmp_path):
+    assert peak_variance.main(["--tiny", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "peak_variance_tiny.json").read_text())
+    assert data["chained_ops"] > 0 and data["plan_peak_bytes"] <= 13 * 2**20
+    for form in ("as planned", "one device order"):   # 20 MiB holds a plan simulated under 13 MiB
+        assert [r["oom"] for r in data["runs"][form]] == [False]
+    assert "| one device order | 20 MiB | 1/1 |" in (tmp_path / "peak_variance_tiny.md").read_text()
+
+
+def test_device_total_order_chains_the_step_and_keeps_values():
+    """Chaining the step's device ops in the simulated order changes no value, and initialisation still runs
+    (no control edge into what an initializer reads)."""
+    import numpy as np
+    import tensorflow as tf
+
+    from tfmem import examples
+    from tfmem.loading import load
+    from tfmem.pipeline import PassContext
+    from tfmem.testbed import initializer_names
+
+    built = examples.mlp(batch=64, dims=(32, 64, 64, 10))
+    ir = load(built.graph, built.feed_shapes)
+    order = PassContext(tuple(built.fetches), None, feed_shapes=built.feed_shapes).simulate(ir).schedule.order
+    chained, count = peak_variance.device_total_order(ir, order, built.fetches, device="")
+    assert count > 10 and len(chained) == len(ir)
+
+    def run(graph_def):
+        g = tf.Graph()
+        with g.as_default():
+            tf.graph_util.import_graph_def(graph_def, name="")
+        with tf.compat.v1.Session(graph=g) as sess:
+            sess.run(initializer_names(graph_def))
+            return [sess.run(built.fetches, built.feeds) for _ in range(2)]
+
+    for want, got in zip(run(ir.to_graph_def()), run(chained.to_graph_def()), strict=True):
+        for a, b in zip(want, got, strict=True):
+            if a is not None:
+                np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("argv", [["--graph", "VGG"], ["--caps", "10,x"], ["--runs", "0"], ["--caps", "0"]])
+def test_peak_variance_refuses_bad_arguments(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        peak_variance.main(argv)
+    assert exit_info.value.code == 2 and "--" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv", [["--graph", "VGG"], ["--steps", "0"]])
