@@ -69,7 +69,7 @@ class RunResult:
     ``oom`` is True when the device went over its cap; ``error`` then holds a one-line summary. Peaks are
     allocator bytes (BFC chunk sizes) over the timed steps, resident variables and constants included;
     ``step_time_s`` is the median client wall time of the timed steps; ``outputs`` maps each tensor fetch to
-    its value at the last step.
+    its value at the last step. ``run_metadata`` is the last step's full trace when ``run(trace=True)``.
     """
 
     oom: bool
@@ -78,6 +78,7 @@ class RunResult:
     host_peak_bytes: int | None
     step_time_s: float | None
     outputs: dict[str, np.ndarray] = field(default_factory=dict)
+    run_metadata: tf.compat.v1.RunMetadata | None = None
 
 
 def _physical_memory_bytes() -> int:
@@ -243,7 +244,7 @@ class Testbed:
 
     def run(self, graph: GraphLike, fetches: list[str], feeds: dict[str, Any] | None = None, steps: int = 3,
             config: tf.compat.v1.ConfigProto | None = None, inter_op_threads: int | None = None,
-            init_ops: list[str] | None = None) -> RunResult:
+            init_ops: list[str] | None = None, trace: bool = False) -> RunResult:
         """Run ``graph`` on the testbed: initialise variables, one warm-up step, ``steps`` timed steps.
 
         Parameters
@@ -263,6 +264,9 @@ class Testbed:
             servers (the pool is fixed when a server starts).
         init_ops : list of str, optional
             Ops to run once before measuring; default ``initializer_names(graph_def)``.
+        trace : bool
+            Trace the last timed step (``RunOptions.FULL_TRACE``: every op's start and end and the allocator's
+            bytes in use after it) into ``RunResult.run_metadata``; that step's time then includes tracing.
 
         Returns
         -------
@@ -285,7 +289,7 @@ class Testbed:
         """
         g, init = self._prepare(graph, fetches, feeds, steps, inter_op_threads, init_ops)
         try:
-            return self._measure(g, list(fetches), dict(feeds or {}), steps, config, init)
+            return self._measure(g, list(fetches), dict(feeds or {}), steps, config, init, trace)
         except tf.errors.ResourceExhaustedError as e:
             if not _is_oom(e):  # e.g. gRPC's message-size limit also says RESOURCE_EXHAUSTED
                 raise self._failed(fetches, e) from e
@@ -331,7 +335,7 @@ class Testbed:
         return g, initializer_names(graph_def) if init_ops is None else list(init_ops)
 
     def _measure(self, g: tf.Graph, fetches: list[str], feeds: dict[str, Any], steps: int,
-                 config: tf.compat.v1.ConfigProto | None, init: list[str]) -> RunResult:
+                 config: tf.compat.v1.ConfigProto | None, init: list[str], trace: bool = False) -> RunResult:
         # Reset drops every resource container (variables) on both jobs, so runs are independent.
         tf.compat.v1.Session.reset(self.target)
         config = copy.deepcopy(config) or tf.compat.v1.ConfigProto()
@@ -353,16 +357,20 @@ class Testbed:
             sess.run(fetches, feeds, options=options)
             for proc in self._procs.values():
                 proc.call("reset")
-            for _ in range(steps):
+            metadata = tf.compat.v1.RunMetadata() if trace else None
+            for i in range(steps):
+                traced = trace and i == steps - 1
+                if traced:
+                    options.trace_level = tf.compat.v1.RunOptions.FULL_TRACE
                 start = time.perf_counter()
-                values = sess.run(fetches, feeds, options=options)
+                values = sess.run(fetches, feeds, options=options, run_metadata=metadata if traced else None)
                 times.append(time.perf_counter() - start)
             device, host = (self._procs[j].call("stats") for j in ("worker", "host"))
         self._settle()
         outputs = {name: np.asarray(v) for name, v in zip(fetches, values, strict=True) if ":" in name}
         return RunResult(oom=False, error=None, device_peak_bytes=int(device["peak"]),
                          host_peak_bytes=int(host["peak"]), step_time_s=statistics.median(times),
-                         outputs=outputs)
+                         outputs=outputs, run_metadata=metadata)
 
     def _settle(self) -> None:
         """Free the last run's state; restart the servers if that does not bring the device back to idle."""
