@@ -60,6 +60,34 @@ def test_variables_are_persistent_and_reads_alias_them():
     assert prof.transient_peak_bytes == prof.peak_bytes - prof.persistent_bytes
 
 
+def _graph_with_an_idle_variable() -> tuple[tf.Graph, list[str]]:
+    g = tf.Graph()
+    with g.as_default():
+        used = tf.compat.v1.get_variable("used", (1024, 1024), initializer=tf.compat.v1.ones_initializer())
+        tf.compat.v1.get_variable("idle", (2048, 1024), initializer=tf.compat.v1.ones_initializer())  # 8 MiB
+        tf.reduce_sum(used * 2.0, name="y")
+    return g, ["y:0"]
+
+
+def test_variables_the_step_does_not_run_still_take_device_memory():
+    g, fetches = _graph_with_an_idle_variable()
+    for capacity in (None, 64 << 20):
+        prof = simulate(g, fetches, device_memory=capacity)
+        assert prof.persistent_bytes >= (4 + 8) << 20, capacity   # "used" (4 MiB) and "idle" (8 MiB)
+        assert "idle variable" in {t.producer for t in prof.live_at_peak}
+
+
+@pytest.mark.testbed
+def test_idle_variable_is_measured_as_simulated():
+    from tfmem.testbed import Testbed
+
+    g, fetches = _graph_with_an_idle_variable()
+    with Testbed("64MiB") as tb:
+        measured = tb.run(g, fetches, steps=1).device_peak_bytes
+    simulated = simulate(g, fetches, device_memory=64 << 20).peak_bytes
+    assert abs(simulated - measured) <= 0.05 * measured, (simulated, measured)
+
+
 def test_live_at_peak_names_producers_and_consumers():
     prof = simulate(_chain(3), ["s2:0"])
     names = {t.tensor for t in prof.live_at_peak}
