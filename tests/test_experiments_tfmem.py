@@ -173,6 +173,20 @@ def test_traced_order_follows_the_clock_but_never_an_input_late():
     assert order == ["b1", "b2", "a1", "a2", "y"]
 
 
+def test_largest_overlap_sums_the_ops_running_at_once():
+    import tensorflow as tf
+
+    metadata = tf.compat.v1.RunMetadata()
+    device = metadata.step_stats.dev_stats.add(device="/job:worker/replica:0/task:0/device:CPU:0")
+    for name, start, length, nbytes in [("a", 0, 10, 5), ("b", 5, 10, 7), ("c", 20, 5, 100), ("d", 21, 1, 1)]:
+        stats = device.node_stats.add(node_name=name, all_start_micros=start, all_end_rel_micros=length)
+        stats.memory.add(peak_bytes=nbytes)
+    host = metadata.step_stats.dev_stats.add(device="/job:host/replica:0/task:0/device:CPU:0")
+    host.node_stats.add(node_name="h", all_start_micros=0, all_end_rel_micros=50).memory.add(peak_bytes=1000)
+    # c and d overlap (101 bytes), a and b too (12); c alone would be more than a + b, but not "at once"
+    assert simulator_order.largest_overlap(metadata) == (101, ("c", "d"))
+
+
 @pytest.mark.parametrize("argv", [["--graph", "VGG"], ["--runs", "0"]])
 def test_simulator_order_refuses_bad_arguments(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
