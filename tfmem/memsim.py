@@ -613,9 +613,9 @@ def idle_variables(graph: GraphSource, eg: ExecutionGraph) -> tuple[tuple[str, i
     """``(name, bytes, device)`` of the variables of ``graph`` that the step ``eg`` does not run.
 
     A session keeps every variable it has initialised where it was placed, used by the step or not (measured: a
-    WGAN-GP fetching its critic loss alone runs its step with 14.65 MiB in use between steps, all its variables;
-    the variables that step reads are 7.08 MiB). Grappler's rewrite of the step prunes the others, so they are
-    taken from the graph as given.
+    WGAN-GP fetching its critic loss alone had 14.65 MiB in use between steps, all its variables, where the
+    simulator counting only what the step runs said 7.08 MiB). Grappler's rewrite of the step prunes the others,
+    so they are taken from the graph as given.
     """
     if isinstance(graph, GraphIR):
         nodes = ((n.name, n.op, n.attrs, n.device) for n in graph.nodes)
