@@ -34,7 +34,7 @@ from tqdm import tqdm  # noqa: E402
 
 import tfmem  # noqa: E402
 from experiments._common import RESULTS, provenance, testbed_run, write  # noqa: E402
-from experiments.planner import held_out_builders  # noqa: E402
+from experiments.planner import held_out_matching  # noqa: E402
 from experiments.planner_gap import plan_without_layout_check  # noqa: E402
 from tfmem import examples  # noqa: E402
 from tfmem.devices import same_device  # noqa: E402
@@ -159,11 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         name, built = "mlp-small", examples.mlp(batch=512, dims=(256, 1024, 1024, 10))
         args.runs, args.steps, args.target_mib, caps = 1, 1, 13.0, [20]   # it peaks at 16 MiB as written
     else:
-        builders = {n: b for n, b in held_out_builders().items() if n.startswith(args.graph)}
-        if not builders:
-            parser.error(f"--graph takes one of {', '.join(n.split()[0] for n in held_out_builders())}, "
-                         f"got {args.graph!r}")
-        name, build = next(iter(builders.items()))
+        name, build = next(iter(held_out_matching(parser, args.graph).items()))
         built = build()
     result = {"provenance": provenance(argv), "graph": name,
               **measure(built, int(args.target_mib * MiB), caps, args.runs, args.steps)}

@@ -89,6 +89,19 @@ def held_out_graphs() -> dict[str, examples.Built]:
     return {name: build() for name, build in held_out_builders().items()}
 
 
+def held_out_matching(parser: argparse.ArgumentParser, prefix: str | None,
+                      ) -> dict[str, Callable[[], examples.Built]]:
+    """The held-out builders whose name starts with ``prefix`` (all for None); none matching is a usage error
+    (``parser.error``: one line, exit 2), naming the choices."""
+    builders = held_out_builders()
+    if prefix is None:
+        return builders
+    chosen = {name: build for name, build in builders.items() if name.startswith(prefix)}
+    if not chosen:
+        parser.error(f"--graph takes one of {', '.join(n.split()[0] for n in builders)}, got {prefix!r}")
+    return chosen
+
+
 def _optimize(built: examples.Built, budget: int, passes: object) -> tfmem.Optimized | tfmem.InfeasibleBudgetError:
     try:
         return tfmem.optimize(built.graph, built.fetches, budget=budget, feed_shapes=built.feed_shapes,

@@ -29,7 +29,7 @@ from tqdm import tqdm  # noqa: E402
 
 import tfmem  # noqa: E402
 from experiments._common import RESULTS, provenance, testbed_run, write  # noqa: E402
-from experiments.planner import held_out_builders  # noqa: E402
+from experiments.planner import held_out_builders, held_out_matching  # noqa: E402
 from tfmem import examples, optimizer  # noqa: E402
 from tfmem.testbed import DEVICE, HOST  # noqa: E402
 from tfmem.units import format_bytes  # noqa: E402
@@ -201,12 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.tiny:
         builders = {"mlp-small": lambda: examples.mlp(batch=512, dims=(256, 1024, 1024, 10))}
     else:
-        builders = held_out_builders()
-        if args.graph is not None:
-            builders = {n: b for n, b in builders.items() if n.startswith(args.graph)}
-            if not builders:
-                names = ", ".join(n.split()[0] for n in held_out_builders())
-                parser.error(f"--graph takes one of {names}, got {args.graph!r}")
+        builders = held_out_matching(parser, args.graph)
     made = provenance(argv)
     rows = [{**graph_row(name, build(), 1 if args.tiny else args.steps, 1 if args.tiny else args.repeat,
                          probes=0 if args.tiny else 2),

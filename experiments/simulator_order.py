@@ -26,7 +26,7 @@ import tensorflow as tf  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from experiments._common import RESULTS, provenance, write  # noqa: E402
-from experiments.planner import held_out_builders  # noqa: E402
+from experiments.planner import held_out_matching  # noqa: E402
 from tfmem import costmodel, examples  # noqa: E402
 from tfmem.analysis import analyse  # noqa: E402
 from tfmem.devices import DEFAULT_DEVICE, with_default_device  # noqa: E402
@@ -167,12 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         builders = {"mlp-small": lambda: examples.mlp(batch=128, dims=(256, 512, 512, 10))}
         args.runs = 1
     else:
-        builders = held_out_builders()
-        if args.graph is not None:
-            builders = {n: b for n, b in builders.items() if n.startswith(args.graph)}
-            if not builders:
-                parser.error(f"--graph takes one of {', '.join(n.split()[0] for n in held_out_builders())}, "
-                             f"got {args.graph!r}")
+        builders = held_out_matching(parser, args.graph)
     rows = [graph_row(name, build(), args.runs) for name, build in tqdm(builders.items(), desc="graphs", unit="graph")]
     result = {"provenance": provenance(argv), "rows": rows}
     md = markdown(result)
