@@ -118,6 +118,7 @@ def graph_row(name: str, built: examples.Built, runs: int) -> dict[str, object]:
             run = tb.run(built.graph, built.fetches, built.feeds, steps=1, trace=True)
             order = traced_order(eg, usual.schedule.order, start_times(run.run_metadata))
             members = [n for unit in order for n in eg.members[unit]]
+            # ``ir`` is the step alone: variables no op of it runs are not counted here (none in these graphs).
             replayed = simulate(ir, built.fetches, feed_shapes=built.feed_shapes, order=members, grappler=False)
             overlap, ops = largest_overlap(run.run_metadata)
             measured.append({"measured_peak_bytes": run.device_peak_bytes, "replayed_peak_bytes": replayed.peak_bytes,
