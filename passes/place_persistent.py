@@ -52,12 +52,13 @@ from passes.transfer import (
     identity_attrs,
     movable,
     plan_prefetches,
+    ready_at_start,
     trigger_candidates,
 )
 from tfmem import costmodel
 from tfmem.devices import Placement
 from tfmem.editor import DO_NOT_REMOVE, GraphEditor
-from tfmem.execution import PERSISTENT_OUTPUT_OPS, PLACEHOLDER_OPS, ExecutionGraph
+from tfmem.execution import PERSISTENT_OUTPUT_OPS, ExecutionGraph
 from tfmem.frames import back_edges
 from tfmem.ir import GraphIR, OpNode, TensorRef
 from tfmem.memsim import MemoryProfile, variable_bytes
@@ -212,7 +213,11 @@ def chain_to_host(graph: GraphIR, groups: list[PersistentGroup], timeline: StepT
             pending.setdefault(alloc, set()).add(t.node)
             done_by.setdefault(alloc, []).append(receipt)
     for node in graph.nodes:
-        if node.attr_bool(PREFETCH_TAG) and graph.successors.get(node.name):
+        # A small copy (a scalar such as Adam's beta1, read by every update at the step's end) is not worth a
+        # place in the chain, and would hold it: the chain waits for each item's readers in turn (measured: an
+        # MoE plan whose first items were beta1's copies released 562 of its 593 items unchained).
+        if (node.attr_bool(PREFETCH_TAG) and graph.successors.get(node.name)
+                and (graph.spec(TensorRef(node.name, 0)).nbytes or 0) >= min_bytes):
             pending[node.name] = set(graph.successors[node.name])
             done_by[node.name] = list(graph.successors[node.name])
     if not pending:
@@ -267,6 +272,7 @@ def _chain_order(graph: GraphIR, timeline: StepTimeline, items: Mapping[str, set
     soft = {n.name: set(n.control_inputs) for n in graph.nodes if n.attr_bool(PREFETCH_TAG) and n.control_inputs}
     urgency = {p: min((timeline.rank.get(c, len(index)) for c in graph.successors.get(p, ())), default=len(index))
                for p in soft}
+    early = ready_at_start(graph)     # never a released prefetch's trigger: these may run as the step starts
     position: dict[str, float] = {}   # the simulated rank; a node the simulation lacks runs once ready
     done: set[str] = set()
 
@@ -313,8 +319,7 @@ def _chain_order(graph: GraphIR, timeline: StepTimeline, items: Mapping[str, set
         order.append(u)
         done.add(u)
         node = graph[u]
-        if (node.device != host and u in timeline.rank and node.op not in PERSISTENT_OUTPUT_OPS
-                and node.op not in VARIABLE_OPS and node.op not in PLACEHOLDER_OPS):
+        if node.device != host and u in timeline.rank and u not in early:
             last_device = u
         for a in producers.get(u, ()):
             pending[a].discard(u)

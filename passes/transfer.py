@@ -22,7 +22,14 @@ from tensorflow.core.framework import attr_value_pb2
 from passes.timeline import StepTimeline
 from tfmem.costmodel import DeviceSpec
 from tfmem.editor import GraphEditor
-from tfmem.execution import PERSISTENT_OUTPUT_OPS, PLACEHOLDER_OPS, RESOURCE_VARIABLE_OPS, ExecutionGraph
+from tfmem.execution import (
+    PERSISTENT_OUTPUT_OPS,
+    PLACEHOLDER_OPS,
+    RESOURCE_VARIABLE_OPS,
+    VARIABLE_READ_OPS,
+    ExecutionGraph,
+)
+from tfmem.frames import back_edges
 from tfmem.ir import GraphIR, TensorRef
 
 # Ops whose output is their input, same shape and buffer: readers may read the input instead.
@@ -30,6 +37,9 @@ IDENTITY_OPS = frozenset({"Identity", "Snapshot", "StopGradient", "PreventGradie
 # Ops whose output 0 is a view of input 0's buffer in another shape (the other inputs say which shape): a reader
 # of the view keeps the input's buffer alive, and can read the same view of a swapped-in copy instead.
 VIEW_OPS = frozenset({"Reshape", "ExpandDims", "Squeeze"})
+# Ops that do no work of their own: sources, reads of variables, and identities of those (``ready_at_start``).
+NO_WORK_OPS = (PERSISTENT_OUTPUT_OPS | RESOURCE_VARIABLE_OPS | PLACEHOLDER_OPS | VARIABLE_READ_OPS | IDENTITY_OPS
+               | {"PlaceholderWithDefault"})
 # Tensors of these dtypes cannot be copied between devices as plain data.
 UNMOVABLE_DTYPES = frozenset({"resource", "variant", "string"})
 
@@ -58,17 +68,51 @@ def movable(graph: GraphIR, tensor: TensorRef) -> bool:
 def trigger_candidates(graph: GraphIR, timeline: StepTimeline) -> dict[str, bool]:
     """Units that may carry a trigger's control edge: plain ops that run in the step's order.
 
-    Constants, variables and placeholders run (or are ready) at the very start whatever waits for them, so
-    they time nothing; frames cannot take control edges from outside their body.
+    Ops that are ready when the step starts (``ready_at_start``) time nothing, wherever the simulation put them;
+    frames cannot take control edges from outside their body.
     """
-    usable = {}
-    for u in timeline.order:
-        if timeline.eg.is_region(u):
-            usable[u] = False
-            continue
-        op = graph[u].op
-        usable[u] = op not in PERSISTENT_OUTPUT_OPS and op not in RESOURCE_VARIABLE_OPS and op not in PLACEHOLDER_OPS
-    return usable
+    early = ready_at_start(graph)
+    return {u: not timeline.eg.is_region(u) and u not in early for u in timeline.order}
+
+
+def ready_at_start(graph: GraphIR) -> frozenset[str]:
+    """Ops ready as soon as a step starts: those whose inputs (data and control) all come from ops that do no
+    work and are themselves ready then -- constants, variables, placeholders, reads of variables, identities of
+    those -- and those no-work ops.
+
+    TensorFlow's executor runs a ready op at once, so these may run at the very start whatever the simulated
+    order says, and a copy triggered by one starts then too. Measured: an MoE plan with every variable on the
+    host triggered prefetches from a bias's ``ReadVariableOp`` that the simulation ran mid-step, and all 32
+    experts' weights (16.9 MiB) were on the device at once.
+
+    Examples
+    --------
+    >>> import tensorflow as tf
+    >>> from tfmem.loading import load
+    >>> g = tf.Graph()
+    >>> with g.as_default():
+    ...     x = tf.compat.v1.placeholder(tf.float32, (4, 4), name="x")
+    ...     w = tf.Variable(tf.ones((4, 4)), name="w")
+    ...     y = tf.matmul(tf.nn.relu(tf.matmul(x, w, name="first"), name="h"), w, name="y")
+    >>> early = ready_at_start(load(g))
+    >>> "w/Read/ReadVariableOp" in early, "first" in early, "h" in early
+    (True, True, False)
+    """
+    # A no-work op ready at start is a source, or has only such ops as inputs: grow that set from the sources
+    # (a loop's ops wait for their frame, so none is ready at start).
+    loops = back_edges(graph)
+    in_loop = {n for edge in loops for n in edge}
+    no_work = {n.name for n in graph.nodes if not n.predecessors and n.op in NO_WORK_OPS}
+    stack = list(no_work)
+    while stack:
+        for succ in graph.successors.get(stack.pop(), ()):
+            node = graph[succ]
+            if (succ not in no_work and succ not in in_loop and node.op in NO_WORK_OPS
+                    and all(p in no_work for p in node.predecessors)):
+                no_work.add(succ)
+                stack.append(succ)
+    return frozenset(n.name for n in graph.nodes
+                     if n.name not in in_loop and all(p in no_work for p in n.predecessors)) | no_work
 
 
 def group_consumers(consumers: Sequence[str], timeline: StepTimeline, split_gap_s: float) -> list[tuple[str, ...]]:
