@@ -279,3 +279,37 @@ def test_gap_splits_rank_the_waits_longest_first():
                                rank={"p": 0, "a": 1, "b": 2, "c": 3})
     assert gap_splits(timeline, "p", ["a", "b", "c"]) == [1, 2]
     assert GapSplit(timeline, 1)("p", ["a", "b", "c"]) == 2 and GapSplit(timeline, 2)("p", ["a", "b", "c"]) is None
+
+
+def test_every_option_at_once_then_thinned_fits_and_keeps_the_values():
+    """From every option taken at once, options are given back while the plan still fits: at a budget between
+    that plan's peak and the graph's, some come back, the rest fit, and every fetched value stays the same."""
+    import numpy as np
+
+    from models import wgan_gp
+    from passes.planner import Planner
+    from tests.test_swap_placement import DEVICE, HOST, _placed, _session_run  # a two-device session
+    from tfmem import load
+    from tfmem.pipeline import PassContext
+    from tfmem.verify import verify
+
+    built = wgan_gp.build(batch=128, data_dim=64, hidden=256, layers=3)
+    graph = load(built.graph, built.feed_shapes)
+    shapes = dict(built.feed_shapes or {})
+    utmost = PassContext(tuple(built.fetches), 1, DEVICE, HOST, shapes)
+    profile = utmost.simulate(graph)
+    everything = Planner()._everything_then_thin(graph, utmost, profile, 1)
+    assert everything is not None
+    low, low_profile, (plan,), label = everything
+    assert low_profile.peak_bytes < profile.peak_bytes / 2 and "(0 of " in label
+    budget = (low_profile.peak_bytes + profile.peak_bytes) // 2
+    ctx = PassContext(tuple(built.fetches), budget, DEVICE, HOST, shapes)
+    new, new_profile, (thinned,), _ = Planner()._everything_then_thin(graph, ctx, profile, budget)
+    assert new_profile.peak_bytes <= budget and new_profile.peak_bytes == ctx.simulate(new).peak_bytes
+    assert 0 < len(thinned.chosen) < len(plan.chosen)
+    assert thinned.objective_s < plan.objective_s
+    verify(new)
+    fetches = [f for f in built.fetches if ":" in f]
+    before = _session_run(_placed(graph.to_graph_def()), fetches, built.feeds)
+    after = _session_run(_placed(new.to_graph_def()), fetches, built.feeds)
+    assert all(np.array_equal(a, b) for a, b in zip(before, after, strict=True))
