@@ -17,6 +17,7 @@ Three tables (issue 5), written to experiments/results/planner.{json,md}:
     python -m experiments.planner --strategies-at 0.9,0.8,0.7 --steps 5 --rounds 5
                                              # only table 2, at 0.9x, 0.8x and 0.7x each vanilla peak
     python -m experiments.planner --held-out # only table 1, on models the planner was not developed on
+    python -m experiments.planner --held-out --graph WGAN   # ... on the held-out graphs named WGAN...
     python -m experiments.planner --held-out-at ResNet-20=56,53 --repeat 2
                                              # table 1's rows for chosen budgets of one held-out graph, each
                                              # optimized and run again --repeat times (planner_heldout_at.*)
@@ -73,7 +74,7 @@ HELD_OUT_FRACTIONS = (0.8, 0.6, 0.45, 0.3, 0.2)
 
 
 def held_out_builders() -> dict[str, Callable[[], examples.Built]]:
-    """The held-out graphs by name, each built when called (``held_out_graphs`` builds them all)."""
+    """The held-out graphs by name, each built when called."""
     from models import deepspeech, moe_transformer, resnet, wgan_gp
 
     return {
@@ -83,10 +84,6 @@ def held_out_builders() -> dict[str, Callable[[], examples.Built]]:
                                                                       seq=64, batch=8),
         "DeepSpeech (64 frames)": lambda: deepspeech.build(seq_len=64, batch=16, freq=64, hidden=128),
     }
-
-
-def held_out_graphs() -> dict[str, examples.Built]:
-    return {name: build() for name, build in held_out_builders().items()}
 
 
 def held_out_matching(parser: argparse.ArgumentParser, prefix: str | None,
@@ -419,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--held-out", action="store_true",
                         help="only the guarantee table, on the models/ graphs the planner was not developed on "
                              "(writes planner_heldout.*)")
+    parser.add_argument("--graph", help="with --held-out: only the held-out graphs whose name starts with this")
     parser.add_argument("--held-out-at", metavar="GRAPH=MIBS",
                         help="only these budgets (MiB, comma-separated) of the held-out graph whose name starts "
                              "with GRAPH, e.g. ResNet-20=56,53 (writes planner_heldout_at.*)")
@@ -429,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1 or args.steps < 1 or args.repeat < 1:
         parser.error(f"--rounds, --steps and --repeat must be at least 1, got {args.rounds}, {args.steps} and "
                      f"{args.repeat}")
+    if args.graph is not None and not args.held_out:
+        parser.error("--graph picks graphs of --held-out only; --held-out-at names its graph itself")
     if args.strategies_at is not None:
         fractions = _fractions(args.strategies_at)
         if fractions is None:
@@ -466,7 +466,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.held_out:
         result = {"provenance": provenance(argv), "fractions": HELD_OUT_FRACTIONS, "graphs": {}}
-        for name, built in tqdm(held_out_graphs().items(), desc="graphs", unit="graph"):
+        for name, build in tqdm(held_out_matching(parser, args.graph).items(), desc="graphs", unit="graph"):
+            built = build()
             peak = vanilla_peak(built)
             result["graphs"][name] = {"vanilla_peak_bytes": peak,
                                       "guarantee": guarantee(built, peak, HELD_OUT_FRACTIONS, args.steps)}

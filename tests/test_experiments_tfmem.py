@@ -202,7 +202,8 @@ def test_planner_gap_refuses_bad_arguments(argv, capsys):
 
 
 @pytest.mark.parametrize("argv", [["--held-out-at", "VGG=56"], ["--held-out-at", "ResNet-20=56,x"],
-                                  ["--held-out-at", "ResNet-20=0"], ["--held-out-at", "ResNet-20=56", "--repeat", "0"]])
+                                  ["--held-out-at", "ResNet-20=0"], ["--held-out-at", "ResNet-20=56", "--repeat", "0"],
+                                  ["--held-out", "--graph", "VGG"], ["--graph", "WGAN"]])
 def test_planner_held_out_at_refuses_bad_arguments(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
         planner.main(argv)
