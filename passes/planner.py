@@ -29,9 +29,9 @@ simulator's step estimate is kept. If the budget stays out of reach, each strate
 greedy pass re-simulates after every step, so it sees interactions the model misses; one that falls short is
 continued by the other, so recomputation takes what is cheap and swapping the rest) and the fitting one of least
 estimated step time is kept; failing that, every option is taken at once and the dearest given back while the
-plan still fits (``Planner._everything_then_thin``); failing that too, the planner retries with the large device ops chained one after
-another (their working sets then never add up), and finally repairs the best plan greedily, re-simulating after
-each step. With ``peak_descent`` (off by default, see the field), a plan still over the budget then goes through
+plan still fits (``Planner._everything_then_thin``); failing that too, the planner retries with the large device
+ops chained one after another (their working sets then never add up), and finally repairs the best plan
+greedily, re-simulating after each step. With ``peak_descent`` (off by default, see the field), a plan still over the budget then goes through
 peak descent (``passes.peak_descent``): from the lowest plans made, the tensors live at the peak are moved off the
 device one at a time (copies restarted after the peak's op, just-in-time swaps, the peak's op waiting for a
 tensor's last readers) while the peak falls.

@@ -98,8 +98,8 @@ def ready_at_start(graph: GraphIR) -> frozenset[str]:
     >>> "w/Read/ReadVariableOp" in early, "first" in early, "h" in early
     (True, True, False)
     """
-    # A no-work op ready at start is a source, or has only such ops as inputs: grow that set from the sources
-    # (a loop's ops wait for their frame, so none is ready at start).
+    # A no-work op ready at start is a source, or has only such ops as inputs: grow that set from the sources.
+    # The Merge and NextIteration ops that close v1 loops wait for an iteration, so they are never counted.
     loops = back_edges(graph)
     in_loop = {n for edge in loops for n in edge}
     no_work = {n.name for n in graph.nodes if not n.predecessors and n.op in NO_WORK_OPS}
