@@ -58,14 +58,13 @@ from passes.transfer import (
 from tfmem import costmodel
 from tfmem.devices import Placement
 from tfmem.editor import DO_NOT_REMOVE, GraphEditor
-from tfmem.execution import PERSISTENT_OUTPUT_OPS, ExecutionGraph
+from tfmem.execution import PERSISTENT_OUTPUT_OPS, VARIABLE_OPS, ExecutionGraph
 from tfmem.frames import back_edges
 from tfmem.ir import GraphIR, OpNode, TensorRef
 from tfmem.memsim import MemoryProfile, variable_bytes
 from tfmem.pipeline import PassContext, PassReport, PassResult
 from tfmem.units import format_bytes
 
-VARIABLE_OPS = frozenset({"VarHandleOp", "VariableV2", "Variable"})
 REF_VARIABLE_OPS = frozenset({"VariableV2", "Variable"})
 REF_READ_OPS = frozenset({"Identity", "RefIdentity", "IsVariableInitialized"})
 COLOCATION_ATTR = "_class"

@@ -10,12 +10,12 @@ import difflib
 import tensorflow as tf
 
 from tfmem.errors import BadInputError
+from tfmem.execution import VARIABLE_OPS
 
 DEVICE = "/job:worker/replica:0/task:0/device:CPU:0"
 HOST = "/job:host/replica:0/task:0/device:CPU:0"
 
 GraphLike = tf.Graph | tf.compat.v1.GraphDef
-_VARIABLE_OPS = frozenset({"VarHandleOp", "VariableV2", "Variable"})
 _ASSIGN_OPS = frozenset({"AssignVariableOp", "Assign"})
 
 
@@ -85,7 +85,7 @@ def initializer_names(graph_def: tf.compat.v1.GraphDef) -> list[str]:
     >>> initializer_names(g.as_graph_def())
     ['v/Assign']
     """
-    variables = {n.name for n in graph_def.node if n.op in _VARIABLE_OPS}
+    variables = {n.name for n in graph_def.node if n.op in VARIABLE_OPS}
     return [
         n.name for n in graph_def.node
         if n.op in _ASSIGN_OPS and n.input and _node_name(n.input[0]) in variables

@@ -28,6 +28,8 @@ VARIABLE_READ_OPS = frozenset({"ReadVariableOp"})
 # Ops whose outputs live as long as the graph (the kernel or the resource manager holds them).
 PERSISTENT_OUTPUT_OPS = frozenset({"Const", "HostConst", "VariableV2", "Variable", "TemporaryVariable"})
 RESOURCE_VARIABLE_OPS = frozenset({"VarHandleOp"})
+# Ops that declare a variable's storage (resource and reference variables).
+VARIABLE_OPS = RESOURCE_VARIABLE_OPS | {"VariableV2", "Variable"}
 PLACEHOLDER_OPS = frozenset({"Placeholder", "PlaceholderV2"})
 # Out-edges a TF ``EdgeSet`` keeps in insertion order (64 bytes of pointers); more go to a hash set.
 EDGE_SET_INLINE = 8

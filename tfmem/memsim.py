@@ -49,6 +49,7 @@ from tfmem.execution import (
     ALIAS_OPS,
     PERSISTENT_OUTPUT_OPS,
     RESOURCE_VARIABLE_OPS,
+    VARIABLE_OPS,
     VARIABLE_READ_OPS,
     ExecutionGraph,
 )
@@ -434,10 +435,8 @@ class _Replay:
         # allocate their tensors, the executor's own folded constants last (its graph lists them after the
         # rest; measured in a BFC dump). The order decides which buffers land in the BFC's first 2 MiB region.
         nodes = [(u, self.graph[n]) for u in self.eg.units for n in self.eg.members[u]]
-        variables = {"VariableV2", "Variable", *RESOURCE_VARIABLE_OPS}
-
         def rank(un: tuple[str, OpNode]) -> int:
-            return 0 if un[1].op in variables else 2 if un[1].attr_bool(FOLDED_ATTR) else 1
+            return 0 if un[1].op in VARIABLE_OPS else 2 if un[1].attr_bool(FOLDED_ATTR) else 1
 
         idle_pending = True
         for u, node in sorted(nodes, key=rank):  # stable: graph order kept
@@ -604,9 +603,6 @@ def _declared_bytes(attrs: Mapping[str, attr_value_pb2.AttrValue]) -> int:
         count *= d
     return count * dtype_size(tf.as_dtype(attrs["dtype"].type))
 
-
-# Ops that declare a variable's storage (resource and reference variables).
-VARIABLE_OPS = RESOURCE_VARIABLE_OPS | {"VariableV2", "Variable"}
 
 
 def idle_variables(graph: GraphSource, eg: ExecutionGraph) -> tuple[tuple[str, int, str], ...]:
