@@ -161,7 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     if not all(0 < f <= 1 for f in fractions) or args.rounds < 1 or args.steps < 1:
         parser.error("--fractions must lie in (0, 1]; --rounds and --steps must be at least 1")
     if args.tiny:
-        fractions, args.rounds, args.steps = (0.7,), 1, 1
+        # 0.85x, not lower: this graph's smallest accepted budget (about 44 MiB here, the allocator-layout
+        # margin) sits at 0.69x of its measured peak, and that peak includes convolution scratch whose size
+        # depends on the machine's kernels; CI once measured a lower peak and refused every plan at 0.7x.
+        fractions, args.rounds, args.steps = (0.85,), 1, 1
     load_before = load_average()
     result = {"provenance": provenance(argv), "rounds": args.rounds, "steps": args.steps,
               "load_before": load_before, **calibrate(args.tiny, fractions, args.rounds, args.steps)}
