@@ -40,6 +40,7 @@ from tfmem.testbed import DEVICE, HOST, Testbed  # noqa: E402
 MiB = 2**20
 ROOMY = 1024 * MiB   # the testbed's cap while timing: no plan comes near it
 DIFFERING = 0.05     # pairs whose measured steps differ by more than this are scored
+TINY_GRAPH = "mlp-4x1024"
 
 
 def plans(built: examples.Built, fractions: tuple[float, ...]) -> dict[str, object]:
@@ -77,9 +78,14 @@ def measure(built: examples.Built, candidates: dict[str, object], rounds: int, s
 
 def calibrate(tiny: bool, fractions: tuple[float, ...], rounds: int, steps: int) -> dict[str, object]:
     rows: list[dict[str, object]] = []
-    # (the planner's tiny MLP is too small for swapping or recomputing to fit any budget the margins allow)
-    chosen = {"convnet-small": examples.residual_convnet(batch=16, size=32, channels=16, blocks=2)} if tiny \
-        else graphs(False)
+    # The smoke graph is an MLP, not a convnet: its measured peak matches the simulator's (53.2 vs 52.2 MiB
+    # here), so a fraction of it lands in the same place on every machine. A convnet's measured peak includes
+    # convolution scratch sized by the machine's kernels and caches (a small residual convnet: 64 MiB measured,
+    # 37 simulated here, less on CI), and CI refused every plan of one at 0.7x. The planner plans this MLP
+    # from 0.6x to 0.9x of its peak. (experiments.planner's tiny MLP is too small for any budget the margins
+    # allow.)
+    chosen = {TINY_GRAPH: examples.mlp(batch=1024, dims=(256,) + (1024,) * 4 + (10,), optimizer="momentum")} \
+        if tiny else graphs(False)
     for name, built in tqdm(chosen.items(), desc="graphs", unit="graph"):
         candidates = plans(built, fractions)
         times = measure(built, candidates, rounds, steps)
@@ -161,10 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     if not all(0 < f <= 1 for f in fractions) or args.rounds < 1 or args.steps < 1:
         parser.error("--fractions must lie in (0, 1]; --rounds and --steps must be at least 1")
     if args.tiny:
-        # 0.85x, not lower: this graph's smallest accepted budget (about 44 MiB here, the allocator-layout
-        # margin) sits at 0.69x of its measured peak, and that peak includes convolution scratch whose size
-        # depends on the machine's kernels; CI once measured a lower peak and refused every plan at 0.7x.
-        fractions, args.rounds, args.steps = (0.85,), 1, 1
+        fractions, args.rounds, args.steps = (0.8,), 1, 1
     load_before = load_average()
     result = {"provenance": provenance(argv), "rounds": args.rounds, "steps": args.steps,
               "load_before": load_before, **calibrate(args.tiny, fractions, args.rounds, args.steps)}
