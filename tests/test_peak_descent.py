@@ -18,6 +18,7 @@ from tests.test_swap_placement import (
     _placed,
     _session_run,
     _training_like_graph,
+    as_optimize_plans,
     training_like_dags,
 )
 from tfmem import load
@@ -26,7 +27,10 @@ from tfmem.verify import SWAP_IN_ATTR, verify
 
 
 def _greedy_plan(graph, ctx):
-    """Host placement then swapping, each as far as it goes, fenced: copies come back early, to hide them."""
+    """Host placement then swapping, each as far as it goes, fenced: copies come back early, to hide them.
+
+    Planned on the graph ``optimize`` plans, after its exact rewrites (``as_optimize_plans``)."""
+    graph = as_optimize_plans(graph, ctx)
     for strategy in (PlacePersistent(), SwapActivations()):
         graph = strategy.run(graph, ctx).graph
     return fenced(graph, ctx)

@@ -130,13 +130,20 @@ def test_host_placement_is_continued_by_swapping_where_neither_alone_fits():
     from models import wgan_gp
     from passes import PlacePersistent, SwapActivations
     from passes.planner import Planner, fenced
-    from tests.test_swap_placement import DEVICE, HOST, _placed, _session_run  # a two-device session
+    from tests.test_swap_placement import (  # a two-device session
+        DEVICE,
+        HOST,
+        _placed,
+        _session_run,
+        as_optimize_plans,
+    )
     from tfmem import load
     from tfmem.pipeline import PassContext
 
     built = wgan_gp.build(batch=128, data_dim=64, hidden=256, layers=3)
-    graph = load(built.graph, built.feed_shapes)
+    written = load(built.graph, built.feed_shapes)
     utmost = PassContext(tuple(built.fetches), 1, DEVICE, HOST, dict(built.feed_shapes or {}))
+    graph = as_optimize_plans(written, utmost)
 
     def peak(*strategies):
         g = graph
@@ -153,7 +160,7 @@ def test_host_placement_is_continued_by_swapping_where_neither_alone_fits():
     new, profile, _, label = found
     assert profile.peak_bytes <= budget and label.startswith("place_persistent, then swap_activations")
     fetches = [f for f in built.fetches if ":" in f]
-    before = _session_run(_placed(graph.to_graph_def()), fetches, built.feeds)
+    before = _session_run(_placed(written.to_graph_def()), fetches, built.feeds)
     after = _session_run(_placed(new.to_graph_def()), fetches, built.feeds)
     assert all(np.array_equal(a, b) for a, b in zip(before, after, strict=True))
 
@@ -288,15 +295,22 @@ def test_every_option_at_once_then_thinned_fits_and_keeps_the_values():
 
     from models import wgan_gp
     from passes.planner import Planner
-    from tests.test_swap_placement import DEVICE, HOST, _placed, _session_run  # a two-device session
+    from tests.test_swap_placement import (  # a two-device session
+        DEVICE,
+        HOST,
+        _placed,
+        _session_run,
+        as_optimize_plans,
+    )
     from tfmem import load
     from tfmem.pipeline import PassContext
     from tfmem.verify import verify
 
     built = wgan_gp.build(batch=128, data_dim=64, hidden=256, layers=3)
-    graph = load(built.graph, built.feed_shapes)
+    written = load(built.graph, built.feed_shapes)
     shapes = dict(built.feed_shapes or {})
     utmost = PassContext(tuple(built.fetches), 1, DEVICE, HOST, shapes)
+    graph = as_optimize_plans(written, utmost)
     profile = utmost.simulate(graph)
     everything = Planner()._everything_then_thin(graph, utmost, profile, 1)
     assert everything is not None
@@ -310,6 +324,6 @@ def test_every_option_at_once_then_thinned_fits_and_keeps_the_values():
     assert thinned.objective_s < plan.objective_s
     verify(new)
     fetches = [f for f in built.fetches if ":" in f]
-    before = _session_run(_placed(graph.to_graph_def()), fetches, built.feeds)
+    before = _session_run(_placed(written.to_graph_def()), fetches, built.feeds)
     after = _session_run(_placed(new.to_graph_def()), fetches, built.feeds)
     assert all(np.array_equal(a, b) for a, b in zip(before, after, strict=True))

@@ -62,6 +62,15 @@ def _placed(graph, device=DEVICE):
 THREADS = 2  # the session's inter-op pool in _session_run
 
 
+def as_optimize_plans(graph, ctx):
+    """``graph`` after the exact rewrites ``optimize`` runs before any pass, for tests that run passes directly.
+
+    Without them a pass's control edges and renamed inputs may change how Grappler fuses kernels and orders
+    a sum's terms, and values round differently (on an AVX2 machine, a WGAN-GP's ``gen_loss`` differed in its
+    last bit after host placement and swapping; on CI's machine it did not)."""
+    return run_pipeline(graph, LEADING_REWRITES, ctx)[0]
+
+
 def _vanilla_peak(built):
     return tfmem.simulate(_placed(built.graph), built.fetches, feed_shapes=built.feed_shapes,
                           device=DEVICE, host=HOST, inter_op_threads=THREADS).peak_bytes
