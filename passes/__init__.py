@@ -2,9 +2,10 @@
 
 Each pass is a frozen dataclass with ``name`` and ``run(graph, ctx) -> PassResult`` (``tfmem.pipeline``).
 ``DEFAULT_PASSES`` is what ``passes="auto"`` runs, in order; ``PASSES`` maps every pass name to an instance.
-``auto`` runs pin_fusions, split_addn, share_constants, unshare_initial_values, serialize_scratch, partition,
-limit_parallelism, the planner and fence_transfers; place_persistent, swap_activations and recompute can also
-run on their own, each stopping as soon as the simulated peak meets the budget.
+``auto`` runs pin_fusions, split_addn, pin_reassociation, share_constants, unshare_initial_values,
+serialize_scratch, partition, limit_parallelism, the planner and fence_transfers; place_persistent,
+swap_activations and recompute can also run on their own, each stopping as soon as the simulated peak meets the
+budget.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from passes.fence_transfers import FenceTransfers
 from passes.limit_parallelism import LimitParallelism
 from passes.partition import Partition
 from passes.pin_fusions import PinFusions
+from passes.pin_reassociation import PinReassociation
 from passes.place_persistent import PlacePersistent
 from passes.planner import Planner
 from passes.recompute import Recompute
@@ -24,13 +26,13 @@ from passes.unshare_initial_values import UnshareInitialValues
 from tfmem.pipeline import Pass
 
 # Run before any pass list (tfmem.optimize adds them), once, as they do not depend on the budget: rewrites change
-# how Grappler fuses kernels and orders sums, so the first two write the user's graph's runtime arithmetic into
-# the graph itself; the third merges repeated constant computations while Grappler still would (control edges
-# stop it, and the executor then holds each copy as a constant); the fourth gives each variable initialised to a
-# constant its own buffer, so the first step does not copy it into the middle of free memory; the fifth keeps
-# kernels with large scratch buffers from running side by side.
-LEADING_REWRITES: tuple[Pass, ...] = (PinFusions(), SplitAddN(), ShareConstants(), UnshareInitialValues(),
-                                      SerializeScratch())
+# how Grappler fuses kernels, orders sums and associates products, so the first three write the user's graph's
+# runtime arithmetic into the graph itself; the fourth merges repeated constant computations while Grappler
+# still would (control edges stop it, and the executor then holds each copy as a constant); the fifth gives each
+# variable initialised to a constant its own buffer, so the first step does not copy it into the middle of free
+# memory; the sixth keeps kernels with large scratch buffers from running side by side.
+LEADING_REWRITES: tuple[Pass, ...] = (PinFusions(), SplitAddN(), PinReassociation(), ShareConstants(),
+                                      UnshareInitialValues(), SerializeScratch())
 # Run after any pass list: the device waits for its copies to host where the plan counted their memory as freed.
 FINAL_REWRITES: tuple[Pass, ...] = (FenceTransfers(),)
 DEFAULT_PASSES: tuple[Pass, ...] = (

@@ -182,14 +182,15 @@ def optimize(
     from passes.planner import COMPARE_SINGLE_MAX_OPS
 
     if pipeline:
-        # Any rewrite may change how Grappler fuses kernels and orders the graph's sums (renamed inputs and
-        # control edges block its folding): pin both first, so results stay bit-identical. Large-scratch kernels
-        # are chained first too, and copies to host fenced last, so the session cannot exceed the simulated peak.
+        # Any rewrite may change how Grappler fuses kernels, orders the graph's sums and associates its chains of
+        # products (renamed inputs, clones and control edges block its folding): pin all three first, so results
+        # stay bit-identical. Large-scratch kernels are chained first too, and copies to host fenced last, so the
+        # session cannot exceed the simulated peak.
         named = {p.name for p in pipeline}
         pipeline = ([p for p in LEADING_REWRITES if p.name not in named] + pipeline
                     + [p for p in FINAL_REWRITES if p.name not in named])
-    # Rewrites that do not depend on the budget (pin_fusions, split_addn, serialize_scratch) run once, first: they
-    # can lower the lower bound itself, so the bound is taken on their output, and every replan starts from it.
+    # Rewrites that do not depend on the budget (LEADING_REWRITES, pin_fusions to serialize_scratch) run once, first:
+    # they can lower the lower bound itself, so the bound is taken on their output, and every replan starts from it.
     leading = list(takewhile(lambda p: getattr(p, "budget_independent", False), pipeline))
     pipeline = pipeline[len(leading):]
     ir, leading_reports = run_pipeline(ir, leading, dataclasses.replace(base, device_budget_bytes=target))
