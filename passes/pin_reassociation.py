@@ -1,20 +1,24 @@
 """Write the order in which Grappler multiplies and adds chains of tensors into the graph, and freeze it there.
 
-Grappler's arithmetic optimizer re-associates chains of binary ``Mul`` (or ``Add``/``AddV2``) ops
-(``MinimizeBroadcasts``): it collects a chain's leaves, sorts them by size and rebuilds the chain in place, under
-the same node names, so that broadcasts happen last. Floating-point products are not associative, so the order
-decides the last bit. Which ops join a chain depends on the graph's structure: an inner op joins only while it
-has one consumer, no control edge and no preserve mark, on the root's device. Passes add consumers (swap-outs),
-control edges and clones, so after them the same chain is built differently and rounds differently. Measured:
-a 32-expert MoE Transformer planned with recomputation differed from vanilla in its second step's loss by
-4.8e-7, because the attention's ``(dsub * softmax) * scale`` was rebuilt as ``dsub * (scale * softmax)`` instead
-of vanilla's ``(scale * dsub) * softmax`` (the scale, 1/sqrt(32), is no power of two).
+Grappler re-associates chains of binary ``Mul`` (or ``Add``/``AddV2``) ops in place, under the same node names:
+its arithmetic optimizer collects a chain's leaves and rebuilds the chain so that broadcasts happen last
+(``MinimizeBroadcasts``), and constant folding moves constants down a chain to fold them together
+(``ConstantPushDown``: ``c1 * (x * c2)`` runs as ``x * (c1 * c2)``, the product of constants folded into the
+inner op). Floating-point products are not associative, so the order decides the last bit. Which ops join a
+chain depends on the graph's structure: an inner op joins only while it has one consumer, no control edge and
+no preserve mark, on the root's device. Passes add consumers (swap-outs), control edges, host copies and clones,
+so after them the same chain is built differently and rounds differently. Measured: a 32-expert MoE Transformer
+planned with recomputation differed from vanilla in its second step's loss by 4.8e-7, because the attention's
+``(dsub * softmax) * scale`` was rebuilt as ``dsub * (scale * softmax)`` instead of vanilla's
+``(scale * dsub) * softmax`` (the scale, 1/sqrt(32), is no power of two).
 
-This pass reads Grappler's rewrite of the graph, gives every op of each re-associated chain the inputs Grappler
-gave it, and marks every float ``Mul``/``Add``/``AddV2`` whose runtime form it knows with
-``_grappler_do_not_remove``: a marked op never joins a chain again, so no later rewrite changes an order.
-An op Grappler rewrote in any other way (constant folding, a fusion) is left unmarked, as is a chain whose
-rewrite cannot be matched to this graph's tensors (reported): Grappler then treats them as it did.
+This pass reads Grappler's rewrite of the graph and gives every op of each rewritten chain its runtime form (the
+inputs Grappler gave it; an inner op Grappler folded becomes the constant it folded to). Then it marks every
+float ``Mul``/``Add``/``AddV2`` whose runtime form it knows with ``_grappler_do_not_remove``: a marked op never
+joins a chain again, so no later rewrite changes an order. A chain is taken only where its rewrite matches this
+graph: each op read outside the chain at runtime (or fetched) multiplies the same non-constant tensors before and
+after, and every other tensor it reads runs as written. Ops Grappler rewrote in any other way (a fusion, another
+op type) and chains that do not match are left unmarked and reported: Grappler then treats them as it did.
 
 Requires: an annotated graph, after ``pin_fusions`` and ``split_addn``. Ensures: the same values, bit for bit,
 whatever later passes add around these ops.
@@ -24,11 +28,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import ClassVar
 
+import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, node_def_pb2, types_pb2
 
 from tfmem.editor import DO_NOT_REMOVE
@@ -36,10 +41,14 @@ from tfmem.frames import find_regions
 from tfmem.grappler import runtime_nodes
 from tfmem.ir import GraphIR, OpNode, TensorRef
 from tfmem.pipeline import PassContext, PassReport, PassResult
+from tfmem.shapes import spec_of
 
-CHAIN_OPS = frozenset({"Mul", "Add", "AddV2"})   # what MinimizeBroadcasts re-associates
+CHAIN_OPS = frozenset({"Mul", "Add", "AddV2"})   # what Grappler re-associates in place
 INEXACT_DTYPES = frozenset({types_pb2.DT_FLOAT, types_pb2.DT_DOUBLE, types_pb2.DT_HALF, types_pb2.DT_BFLOAT16})
 FORWARDING_OPS = frozenset({"Identity"})        # read the same value as their input (Grappler bypasses them)
+
+# One op's definition in a chain: its data inputs, or None for a constant (an op Grappler folded).
+Definition = tuple[TensorRef, ...] | None
 
 
 @dataclass(frozen=True)
@@ -66,39 +75,38 @@ class PinReassociation:
     budget_independent: ClassVar[bool] = True
 
     def run(self, graph: GraphIR, ctx: PassContext) -> PassResult:
-        candidates = {n.name for n in graph.nodes if _is_inexact_chain_op(n)}
+        in_frames = find_regions(graph)
+        candidates = {n.name for n in graph.nodes if _is_inexact_chain_op(n) and n.name not in in_frames}
         if not candidates:
             return PassResult(graph, False, PassReport.empty(self.name, "no float Mul, Add or AddV2 ops"))
         runtime = {n.name: n for n in runtime_nodes(graph, ctx.fetches, ctx.device, ctx.session_config)}
-        in_frames = find_regions(graph)
-        fetched = {TensorRef.parse(f).node if ":" in f else f for f in ctx.fetches}
+        observed = {TensorRef.parse(f).node if ":" in f else f for f in ctx.fetches}
         readers: dict[str, set[str]] = {}   # at runtime, by the name of the node read
         for rt in runtime.values():
             for t in _data_inputs(rt):
                 readers.setdefault(t.node, set()).add(rt.name)
-        pinned: dict[str, tuple[TensorRef, ...]] = {}
+        adopted: dict[str, OpNode] = {}
         unmatched: list[frozenset[str]] = []
-        for chain in _reassociated_chains(graph, runtime, candidates):
-            inputs = None if chain & in_frames.keys() else _pinned_inputs(graph, runtime, chain, fetched, readers)
-            if inputs is None:
+        for chain in _rewritten_chains(graph, runtime, candidates):
+            nodes = _runtime_forms(graph, runtime, chain, observed, readers)
+            if nodes is None:
                 unmatched.append(chain)
             else:
-                pinned.update(inputs)
-        left = set().union(*unmatched)
-        frozen = {name for name in candidates - left - in_frames.keys()
-                  if name in pinned or _runs_as_written(graph, runtime, name)}
+                adopted.update(nodes)
+        left: set[str] = set().union(*unmatched)
+        frozen = {name for name in candidates - left if name in adopted or _runs_as_written(graph, runtime, name)}
         if not frozen:
             return PassResult(graph, False, PassReport.empty(
                 self.name, "no float Mul or Add runs as written or as a matched chain"))
-        nodes = tuple(_frozen(n, pinned.get(n.name, n.inputs)) if n.name in frozen else n for n in graph.nodes)
-        rewired = sorted(name for name, ins in pinned.items() if ins != graph[name].inputs)
-        notes = [f"{len(rewired)} op(s) given Grappler's association of their chain; {len(frozen)} float Mul/Add "
-                 "op(s) frozen against re-association"]
+        nodes = tuple(_marked(adopted.get(n.name, n)) if n.name in frozen else n for n in graph.nodes)
+        rewired = sorted(name for name, node in adopted.items() if node != graph[name])
+        notes = [f"{len(rewired)} op(s) given the association Grappler gives their chain; {len(frozen)} float "
+                 "Mul/Add op(s) frozen against re-association"]
         if unmatched:
             names = sorted(left)
-            notes.append(f"left {len(unmatched)} re-associated chain(s) to Grappler (their rewrite did not match "
-                         f"this graph's tensors): {', '.join(names[:3])}")
-        details = {"rewired": rewired, "unmatched": sorted(left), "frozen": len(frozen)}
+            notes.append(f"left {len(unmatched)} chain(s) Grappler rewrote beyond matching to Grappler: "
+                         f"{', '.join(names[:3])}")
+        details = {"rewired": rewired, "unmatched": names if unmatched else [], "frozen": len(frozen)}
         return PassResult(graph.replace_nodes(nodes), True, PassReport(self.name, changed=True, notes=tuple(notes),
                                                                        details=details))
 
@@ -108,20 +116,18 @@ def _is_inexact_chain_op(node: OpNode) -> bool:
     return node.op in CHAIN_OPS and dtype is not None and dtype.type in INEXACT_DTYPES
 
 
-def _reassociated_chains(graph: GraphIR, runtime: Mapping[str, node_def_pb2.NodeDef],
-                         candidates: set[str]) -> list[frozenset[str]]:
-    """The ops Grappler gave other operands (Identity ops seen through, order aside), grouped into chains joined
-    by data edges, here or at runtime, between two such ops of the same type.
+def _rewritten_chains(graph: GraphIR, runtime: Mapping[str, node_def_pb2.NodeDef],
+                      candidates: set[str]) -> list[frozenset[str]]:
+    """The ops Grappler gave other operands (Identity ops seen through, order aside), with the ops of the same
+    type it folded into constants beside them, grouped into chains joined by data edges, here or at runtime.
 
-    An op of a re-associated chain whose operands stayed is a leaf of the chain's other ops both here and at
-    runtime, so it need not be in the chain. (Grappler tags the ops it re-associates, but the tags do not always
-    survive into the graph it returns: a two-op chain came back untagged.)"""
+    An op of a rewritten chain whose operands stayed is a leaf of the chain's other ops both here and at
+    runtime, so it need not be in the chain. (Grappler tags the ops it re-associates, but the tags do not
+    always survive into the graph it returns.)"""
     changed = {name for name in candidates if name in runtime and runtime[name].op == graph[name].op
-               and all(_exists(graph, t) for t in _data_inputs(runtime[name]))
-               and _operands(graph, _data_inputs(runtime[name])) != _operands(graph, graph[name].inputs)}
-    changed |= {name for name in candidates if name in runtime and runtime[name].op == graph[name].op
-                and not all(_exists(graph, t) for t in _data_inputs(runtime[name]))}
-    parent = {name: name for name in changed}
+               and not _same_operands(graph, _data_inputs(runtime[name]), graph[name].inputs)}
+    folded = {name for name in candidates if name in runtime and runtime[name].op == "Const"}
+    parent = {name: name for name in changed | folded}
 
     def root(name: str) -> str:
         while parent[name] != name:
@@ -130,91 +136,104 @@ def _reassociated_chains(graph: GraphIR, runtime: Mapping[str, node_def_pb2.Node
         return name
 
     for name in changed:
-        neighbours = [t.node for t in graph[name].inputs]
-        neighbours += [TensorRef.parse(s).node for s in runtime[name].input if not s.startswith("^")]
+        neighbours = [_source(graph, t).node for t in graph[name].inputs]
+        neighbours += [t.node for t in _data_inputs(runtime[name])]
         for other in neighbours:
-            if other in changed and graph[other].op == graph[name].op:
+            if other in parent and graph[other].op == graph[name].op:
                 parent[root(other)] = root(name)
     chains: dict[str, set[str]] = {}
     for name in changed:
         chains.setdefault(root(name), set()).add(name)
+    for name in folded:
+        if root(name) in chains:
+            chains[root(name)].add(name)
     return [frozenset(c) for c in chains.values()]
 
 
-def _pinned_inputs(graph: GraphIR, runtime: Mapping[str, node_def_pb2.NodeDef], chain: frozenset[str],
-                   fetched: set[str], readers: Mapping[str, set[str]]) -> dict[str, tuple[TensorRef, ...]] | None:
-    """Each op of ``chain`` with the inputs Grappler gave it, or None where that cannot be trusted: a runtime
-    input this graph lacks, a leaf Grappler rewrote, or an op read outside the chain (or fetched) whose
-    product changed."""
-    inputs: dict[str, tuple[TensorRef, ...]] = {}
+def _runtime_forms(graph: GraphIR, runtime: Mapping[str, node_def_pb2.NodeDef], chain: frozenset[str],
+                   observed: set[str], readers: Mapping[str, set[str]]) -> dict[str, OpNode] | None:
+    """Each op of ``chain`` as the session runs it, or None where the rewrite does not match this graph."""
+    runtime_defs: dict[str, Definition] = {}
     for name in chain:
-        refs = _data_inputs(runtime[name])
+        rt = runtime[name]
+        if rt.op == "Const":
+            runtime_defs[name] = None
+            continue
+        refs = tuple(_data_inputs(rt))
         if len(refs) != len(graph[name].inputs) or not all(_exists(graph, t) for t in refs):
             return None
-        if not all(_source(graph, t).node in chain or _leaf_runs_as_written(graph, runtime, _source(graph, t))
-                   for t in refs):
-            return None
-        inputs[name] = tuple(refs)
-    as_written = {name: graph[name].inputs for name in chain}
+        for t in refs:
+            source = _source(graph, t)
+            if source.node not in chain and not _runs_as_written_leaf(graph, runtime, source):
+                return None   # a tensor Grappler rewrote: its value here may not be its value there
+        runtime_defs[name] = refs
+    written_defs: dict[str, Definition] = {name: graph[name].inputs for name in chain}
     for name in chain:
-        before = _leaves(graph, as_written, chain, name)
-        after = _leaves(graph, inputs, chain, name)
+        before = _variable_leaves(graph, written_defs, chain, name)
+        after = _variable_leaves(graph, runtime_defs, chain, name)
         if before is None or after is None:
             return None
-        if before != after and (name in fetched or not readers.get(name, set()) <= chain):
+        same_type = {m for m in chain if graph[m].op == graph[name].op}
+        if before != after and (name in observed or not readers.get(name, set()) <= same_type):
             # Read outside the chain when the session runs: its own value must not change. (Readers here that
             # the session does not run, such as a gradient's branch for a constant, do not count.)
             return None
-    return inputs
+    return {name: _runtime_form(graph[name], runtime[name], runtime_defs[name]) for name in chain}
 
 
-def _leaves(graph: GraphIR, inputs: Mapping[str, Sequence[TensorRef]], chain: frozenset[str],
-            name: str) -> Counter[object] | None:
-    """The tensors the chain's op ``name`` multiplies (or adds) together, through the chain's other ops, with
-    forwarding Identity ops seen through and constants compared by value; None on a cycle."""
-    leaves: Counter[object] = Counter()
+def _variable_leaves(graph: GraphIR, defs: Mapping[str, Definition], chain: frozenset[str],
+                     name: str) -> Counter[TensorRef] | None:
+    """The non-constant tensors the chain's op ``name`` multiplies (or adds) together under ``defs``, through
+    the chain's other ops of its type, with forwarding Identity ops seen through; None on a cycle. Constants
+    are left out: Grappler folds and merges them, and a folded product of constants is taken as it computed
+    it."""
+    leaves: Counter[TensorRef] = Counter()
     stack, seen = [name], set()
     while stack:
         op = stack.pop()
         if op in seen:
             return None
         seen.add(op)
-        for t in inputs[op]:
+        for t in defs[op] or ():
             source = _source(graph, t)
+            if source.node in chain and defs[source.node] is None:
+                continue                      # folded into a constant
             if source.node in chain and source.index == 0 and graph[source.node].op == graph[name].op:
                 stack.append(source.node)
-            else:
-                leaves[_value_key(graph, source)] += 1
+            elif graph[source.node].op != "Const":
+                leaves[source] += 1
     return leaves
 
 
-def _value_key(graph: GraphIR, t: TensorRef) -> object:
-    """``t``, or for a constant its dtype and value: Grappler merges equal constants into one of them."""
-    node = graph[t.node]
-    value = node.attrs.get("value")
-    if node.op != "Const" or value is None:
-        return t
-    return ("Const", node.attrs["dtype"].type, value.tensor.SerializeToString(deterministic=True))
+def _runtime_form(node: OpNode, rt: node_def_pb2.NodeDef, definition: Definition) -> OpNode:
+    """``node`` with Grappler's inputs, or, where Grappler folded it, the constant it folded it to."""
+    if definition is not None:
+        return dataclasses.replace(node, inputs=definition)
+    value = rt.attr["value"].tensor
+    spec = spec_of(tf.dtypes.as_dtype(value.dtype), tf.TensorShape(tf.make_ndarray(value).shape))
+    attrs = {key: attr_value_pb2.AttrValue() for key in ("dtype", "value")}
+    for key, attr in attrs.items():
+        attr.CopyFrom(rt.attr[key])
+    return OpNode(node.name, "Const", (), node.control_inputs, node.device, (spec,), MappingProxyType(attrs))
 
 
 def _runs_as_written(graph: GraphIR, runtime: Mapping[str, node_def_pb2.NodeDef], name: str) -> bool:
     """Whether Grappler left ``name`` as it is: same op, the same operands (Identity ops seen through)."""
     rt = runtime.get(name)
-    if rt is None or rt.op != graph[name].op:
-        return False
-    refs = _data_inputs(rt)
-    return all(_exists(graph, t) for t in refs) and _operands(graph, refs) == _operands(graph, graph[name].inputs)
+    return rt is not None and rt.op == graph[name].op and _same_operands(graph, _data_inputs(rt), graph[name].inputs)
 
 
-def _operands(graph: GraphIR, refs: Sequence[TensorRef]) -> Counter[TensorRef]:
-    return Counter(_source(graph, t) for t in refs)
-
-
-def _leaf_runs_as_written(graph: GraphIR, runtime: Mapping[str, node_def_pb2.NodeDef], t: TensorRef) -> bool:
-    """A leaf's value at runtime is its value here unless Grappler turned its op into another (a folded one
+def _runs_as_written_leaf(graph: GraphIR, runtime: Mapping[str, node_def_pb2.NodeDef], t: TensorRef) -> bool:
+    """A tensor's value at runtime is its value here unless Grappler turned its op into another (a folded op
     keeps its name but may compute what constant folding pushed into it)."""
     rt = runtime.get(t.node)
     return rt is None or rt.op == graph[t.node].op
+
+
+def _same_operands(graph: GraphIR, runtime_inputs: list[TensorRef], inputs: tuple[TensorRef, ...]) -> bool:
+    if not all(_exists(graph, t) for t in runtime_inputs):
+        return False
+    return Counter(_source(graph, t) for t in runtime_inputs) == Counter(_source(graph, t) for t in inputs)
 
 
 def _source(graph: GraphIR, t: TensorRef) -> TensorRef:
@@ -234,6 +253,6 @@ def _data_inputs(node: node_def_pb2.NodeDef) -> list[TensorRef]:
     return [TensorRef.parse(s) for s in node.input if not s.startswith("^")]
 
 
-def _frozen(node: OpNode, inputs: tuple[TensorRef, ...]) -> OpNode:
-    attrs = {**node.attrs, DO_NOT_REMOVE: attr_value_pb2.AttrValue(b=True)}
-    return dataclasses.replace(node, inputs=inputs, attrs=MappingProxyType(attrs))
+def _marked(node: OpNode) -> OpNode:
+    return dataclasses.replace(node, attrs=MappingProxyType({**node.attrs,
+                                                             DO_NOT_REMOVE: attr_value_pb2.AttrValue(b=True)}))
