@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import ClassVar
 
+import networkx as nx
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, node_def_pb2, types_pb2
 
@@ -103,10 +104,9 @@ class PinReassociation:
         notes = [f"{len(rewired)} op(s) given the association Grappler gives their chain; {len(frozen)} float "
                  "Mul/Add op(s) frozen against re-association"]
         if unmatched:
-            names = sorted(left)
-            notes.append(f"left {len(unmatched)} chain(s) Grappler rewrote beyond matching to Grappler: "
-                         f"{', '.join(names[:3])}")
-        details = {"rewired": rewired, "unmatched": names if unmatched else [], "frozen": len(frozen)}
+            notes.append(f"left {len(unmatched)} rewritten chain(s) to Grappler (the rewrite did not match this "
+                         f"graph): {', '.join(sorted(left)[:3])}")
+        details = {"rewired": rewired, "unmatched": sorted(left), "frozen": len(frozen)}
         return PassResult(graph.replace_nodes(nodes), True, PassReport(self.name, changed=True, notes=tuple(notes),
                                                                        details=details))
 
@@ -127,27 +127,13 @@ def _rewritten_chains(graph: GraphIR, runtime: Mapping[str, node_def_pb2.NodeDef
     changed = {name for name in candidates if name in runtime and runtime[name].op == graph[name].op
                and not _same_operands(graph, _data_inputs(runtime[name]), graph[name].inputs)}
     folded = {name for name in candidates if name in runtime and runtime[name].op == "Const"}
-    parent = {name: name for name in changed | folded}
-
-    def root(name: str) -> str:
-        while parent[name] != name:
-            parent[name] = parent[parent[name]]
-            name = parent[name]
-        return name
-
+    joined = nx.Graph()
+    joined.add_nodes_from(changed)
     for name in changed:
-        neighbours = [_source(graph, t).node for t in graph[name].inputs]
-        neighbours += [t.node for t in _data_inputs(runtime[name])]
-        for other in neighbours:
-            if other in parent and graph[other].op == graph[name].op:
-                parent[root(other)] = root(name)
-    chains: dict[str, set[str]] = {}
-    for name in changed:
-        chains.setdefault(root(name), set()).add(name)
-    for name in folded:
-        if root(name) in chains:
-            chains[root(name)].add(name)
-    return [frozenset(c) for c in chains.values()]
+        neighbours = [_source(graph, t).node for t in graph[name].inputs] + [t.node for t in _data_inputs(runtime[name])]
+        joined.add_edges_from((name, other) for other in neighbours
+                              if (other in changed or other in folded) and graph[other].op == graph[name].op)
+    return [frozenset(c) for c in nx.connected_components(joined)]
 
 
 def _runtime_forms(graph: GraphIR, runtime: Mapping[str, node_def_pb2.NodeDef], chain: frozenset[str],
