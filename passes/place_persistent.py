@@ -173,9 +173,12 @@ def chain_to_host(graph: GraphIR, groups: list[PersistentGroup], timeline: StepT
 
     Each large device tensor that ``groups``' host ops read (a gradient) goes through a host ``Identity``
     (its *receipt*, done once it left the device). The *items* -- each prefetch, and each device op making
-    such a tensor -- form one chain, and item j starts only after items up to j - ``in_flight`` are over
-    (every reader of the prefetched copy ran; every receipt came): it waits for the ends of items
-    j - 2 * in_flight + 1 .. j - in_flight, which themselves started after the earlier ones ended.
+    such a tensor -- are dealt, in a topological order, to ``in_flight`` slots, and each item starts only
+    once the item before it in its slot is over (every reader of the prefetched copy ran; every receipt
+    came). A slot holds one item at a time, so at most ``in_flight`` are on the device together, and a copy
+    read at both ends of the step holds only its own slot. (A first-in-first-out window, where each item
+    waited for every item ``in_flight`` places before it, let one such copy hold all later items, and they
+    were released unchained.)
 
     Why: prefetch triggers come from the simulated schedule, but with many independent experts the executor
     takes another order. Measured at 64 experts without the chain: 52 experts' weight gradients (13 MiB)
@@ -222,10 +225,7 @@ def chain_to_host(graph: GraphIR, groups: list[PersistentGroup], timeline: StepT
     if not pending:
         return graph
     plan = _chain_order(graph, timeline, pending, host, in_flight)
-    waits: dict[str, list[str]] = {}
-    for j, start in enumerate(plan.chain):
-        for i in range(max(0, j - 2 * in_flight + 1), j - in_flight + 1):
-            waits.setdefault(start, []).extend(done_by[plan.chain[i]])
+    waits = {start: done_by[earlier] for start, earlier in plan.follows.items()}
     nodes: list[OpNode] = []
     for name in plan.order:
         node = graph[name]
@@ -246,6 +246,7 @@ class ChainPlan:
 
     order: tuple[str, ...]
     chain: tuple[str, ...]                     # items (allocating ops, prefetches) in the order they start
+    follows: Mapping[str, str]                 # item -> the earlier item in its slot, which it waits for
     dropped: Mapping[str, tuple[str, ...]]     # prefetch -> triggers it no longer waits for
     added: Mapping[str, tuple[str, ...]]       # prefetch -> its new trigger
 
@@ -253,8 +254,8 @@ class ChainPlan:
 def _chain_order(graph: GraphIR, timeline: StepTimeline, items: Mapping[str, set[str]], host: str,
                  in_flight: int) -> ChainPlan:
     """Kahn's algorithm over ``graph``'s nodes (loop back edges aside), in the simulation's order, where an
-    item (a key of ``items``) may come only once every item ``in_flight`` or more places before it in the
-    chain is over (its set of nodes all came).
+    item (a key of ``items``) may come only once one of ``in_flight`` slots is free: empty, or its last item
+    is over (that item's set of nodes all came). The item takes that slot, and follows its last item.
 
     When only held items are left ready, a prefetch that waits for nothing but its trigger is released (its
     trigger becomes the device op laid out last: prefetch triggers only time a copy, the simulated order
@@ -291,6 +292,8 @@ def _chain_order(graph: GraphIR, timeline: StepTimeline, items: Mapping[str, set
             producers.setdefault(n, []).append(a)
     order: list[str] = []
     chain: list[str] = []
+    slots: list[str | None] = [None] * in_flight   # the item each slot took last
+    follows: dict[str, str] = {}
     held: list[tuple[float, int, str]] = []
     dropped: dict[str, tuple[str, ...]] = {}
     added: dict[str, tuple[str, ...]] = {}
@@ -310,9 +313,13 @@ def _chain_order(graph: GraphIR, timeline: StepTimeline, items: Mapping[str, set
         else:
             item = heapq.heappop(ready)
             if item[2] in items:
-                if any(pending[a] for a in chain[:max(0, len(chain) - in_flight + 1)]):
+                free = next((i for i, last in enumerate(slots) if last is None or not pending[last]), None)
+                if free is None:
                     heapq.heappush(held, item)
                     continue
+                if slots[free] is not None:
+                    follows[item[2]] = slots[free]
+                slots[free] = item[2]
                 chain.append(item[2])
         u = item[2]
         order.append(u)
@@ -334,7 +341,7 @@ def _chain_order(graph: GraphIR, timeline: StepTimeline, items: Mapping[str, set
                 heapq.heappush(ready, entry(s))
     if len(order) != len(graph.nodes):
         raise ValueError("chain_to_host: the graph has a cycle outside v1 loop frames")
-    return ChainPlan(tuple(order), tuple(chain), dropped, added)
+    return ChainPlan(tuple(order), tuple(chain), follows, dropped, added)
 
 
 def _unique(names: set[str], base: str) -> str:

@@ -18,10 +18,17 @@ from hypothesis import strategies as st
 
 import tfmem
 from passes import LEADING_REWRITES
-from passes.place_persistent import PREFETCH_TAG, TO_HOST_IN_FLIGHT, TO_HOST_TAG, PlacePersistent
+from passes.place_persistent import (
+    PREFETCH_TAG,
+    TO_HOST_IN_FLIGHT,
+    TO_HOST_TAG,
+    PlacePersistent,
+    chain_to_host,
+)
 from passes.planner import Planner
 from passes.recompute import RECOMPUTE_TAG, Recompute
 from passes.swap_activations import SwapActivations, buffer_root
+from passes.timeline import StepTimeline
 from tfmem import examples
 from tfmem.devices import same_device
 from tfmem.editor import DO_NOT_REMOVE
@@ -230,6 +237,12 @@ def test_a_small_copy_read_late_does_not_unchain_the_large_ones():
     stays = [s for s in _device_stays(graph) if _stay_bytes(graph, s[0]) >= 64 * 1024]
     small = [n for n in graph.nodes if n.attr_bool(PREFETCH_TAG) and _stay_bytes(graph, n.name) < 64 * 1024]
     assert len(stays) >= 12 and small   # expert and attention weights, forward and backward; the scalars
+    assert _overlapping_stays(graph, stays) <= TO_HOST_IN_FLIGHT
+
+
+def _overlapping_stays(graph, stays):
+    """The largest set of ``stays`` that no edge of ``graph`` orders, all of which may be on the device at once
+    (the largest clique of the graph whose edges join stays that overlap in some order)."""
     dag = graph.nx
     before = {start: nx.ancestors(dag, start) for start, _ in stays}
     overlap = nx.Graph()
@@ -237,8 +250,39 @@ def test_a_small_copy_read_late_does_not_unchain_the_large_ones():
     for (i, a), (j, b) in itertools.combinations(enumerate(stays), 2):
         if not (a[1] <= before[b[0]] or b[1] <= before[a[0]]):
             overlap.add_edge(i, j)
-    # Stays that may all be on the device at once form a clique; the chain allows TO_HOST_IN_FLIGHT of them.
-    assert max(len(c) for c in nx.find_cliques(overlap)) <= TO_HOST_IN_FLIGHT
+    return max(len(c) for c in nx.find_cliques(overlap))
+
+
+def test_one_long_lived_copy_holds_only_its_own_place_in_the_chain():
+    # Six prefetched 256 KiB host tensors feed a chain of device ops, each copy triggered two ops before its
+    # reader (as plan_prefetches times them); the first is read again by the last op, so its copy stays on
+    # the device the whole step. A first-in-first-out window (each item waits for every item in_flight or
+    # more places before it) held every later copy behind it, and they went unchained: all could be on the
+    # device at once. Each item now waits only for the one before it in its own slot.
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, [256, 256], name="x")
+        with tf.device(HOST):
+            weights = [tf.constant(np.full((256, 256), i + 1.0, np.float32), name=f"w{i}") for i in range(6)]
+        with tf.device(DEVICE):
+            h, made = x, []
+            for i, w in enumerate(weights):
+                with tf.control_dependencies(made[-2:-1]):
+                    copy = tf.identity(w, name=f"copy{i}")
+                h = tf.add(h, copy, name=f"h{i}") if i % 2 else tf.multiply(h, copy, name=f"h{i}")
+                made.append(h)
+            tf.add(h, g.get_tensor_by_name("copy0:0"), name="out")
+    gd = _placed(g)
+    for node in gd.node:
+        if node.name.startswith("copy"):
+            node.attr[PREFETCH_TAG].b = True
+    ir = tfmem.load(gd, {"x": (256, 256)})
+    ctx = PassContext(("out:0",), None, DEVICE, HOST, {"x": (256, 256)}, inter_op_threads=THREADS)
+    timeline = StepTimeline.build(ir, ctx.fetches, ctx.simulate(ir), ctx.feed_shapes)
+    chained = chain_to_host(ir, [], timeline, HOST, in_flight=2)
+    stays = _device_stays(chained)
+    assert len(stays) == 6 and _overlapping_stays(ir, stays) == 3   # the long-lived copy, and two triggered
+    assert _overlapping_stays(chained, stays) <= 2
 
 
 def _stay_bytes(graph, start):
