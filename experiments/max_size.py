@@ -55,9 +55,9 @@ from tqdm import tqdm  # noqa: E402
 import tfmem  # noqa: E402
 from experiments._common import RESULTS, provenance, write  # noqa: E402
 from models import deepspeech, moe_transformer, resnet  # noqa: E402
-from tfmem.costmodel import DEVICES, op_flops  # noqa: E402
 from tfmem.examples import Built  # noqa: E402
-from tfmem.loading import load  # noqa: E402
+from tfmem.ir.loading import load  # noqa: E402
+from tfmem.sim.costmodel import DEVICES, op_flops  # noqa: E402
 from tfmem.testbed import DEVICE, HOST, Testbed  # noqa: E402
 from tfmem.units import format_bytes, parse_bytes  # noqa: E402
 

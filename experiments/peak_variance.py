@@ -37,9 +37,9 @@ from experiments._common import RESULTS, provenance, testbed_run, write  # noqa:
 from experiments.planner import held_out_matching  # noqa: E402
 from experiments.planner_gap import plan_without_layout_check  # noqa: E402
 from tfmem import examples  # noqa: E402
-from tfmem.devices import same_device  # noqa: E402
-from tfmem.editor import GraphEditor  # noqa: E402
-from tfmem.ir import GraphIR  # noqa: E402
+from tfmem.ir.devices import same_device  # noqa: E402
+from tfmem.ir.editor import GraphEditor  # noqa: E402
+from tfmem.ir.graph import GraphIR  # noqa: E402
 from tfmem.testbed import DEVICE  # noqa: E402
 from tfmem.units import format_bytes  # noqa: E402
 

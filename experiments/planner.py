@@ -68,7 +68,7 @@ def graphs(tiny: bool) -> dict[str, examples.Built]:
 
 
 # Graphs the planner was not developed on: the models/ zoo at tens to hundreds of MiB, first run once the planner
-# was built (where that run broke the guarantee, on ResNet-20, the fixes are in tfmem.shared_init and
+# was built (where that run broke the guarantee, on ResNet-20, the fixes are in tfmem.ir.shared_init and
 # tfmem.optimizer.layout_failures). ``--held-out`` runs the guarantee table on these alone.
 HELD_OUT_FRACTIONS = (0.8, 0.6, 0.45, 0.3, 0.2)
 

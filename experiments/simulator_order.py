@@ -27,16 +27,17 @@ from tqdm import tqdm  # noqa: E402
 
 from experiments._common import RESULTS, provenance, write  # noqa: E402
 from experiments.planner import held_out_matching  # noqa: E402
-from tfmem import costmodel, examples  # noqa: E402
-from tfmem.analysis import analyse  # noqa: E402
-from tfmem.devices import DEFAULT_DEVICE, with_default_device  # noqa: E402
-from tfmem.execution import ExecutionGraph  # noqa: E402
-from tfmem.executor_folding import fold_like_executor  # noqa: E402
-from tfmem.grappler import runtime_graph_def  # noqa: E402
-from tfmem.ir import GraphIR  # noqa: E402
-from tfmem.loading import to_graph_def  # noqa: E402
-from tfmem.memsim import simulate  # noqa: E402
-from tfmem.shapes import annotate  # noqa: E402
+from tfmem import examples  # noqa: E402
+from tfmem.ir.devices import DEFAULT_DEVICE, with_default_device  # noqa: E402
+from tfmem.ir.execution import ExecutionGraph  # noqa: E402
+from tfmem.ir.graph import GraphIR  # noqa: E402
+from tfmem.ir.loading import to_graph_def  # noqa: E402
+from tfmem.ir.shapes import annotate  # noqa: E402
+from tfmem.sim import costmodel
+from tfmem.sim.analysis import analyse  # noqa: E402
+from tfmem.sim.executor_folding import fold_like_executor  # noqa: E402
+from tfmem.sim.grappler import runtime_graph_def  # noqa: E402
+from tfmem.sim.memsim import simulate  # noqa: E402
 from tfmem.testbed import Testbed  # noqa: E402
 from tfmem.units import format_bytes  # noqa: E402
 

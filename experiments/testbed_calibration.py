@@ -31,10 +31,11 @@ from tqdm import tqdm  # noqa: E402
 import tfmem  # noqa: E402
 from experiments._common import RESULTS, load_average, provenance, write  # noqa: E402
 from experiments.planner import STRATEGIES, _optimize, graphs, vanilla_peak  # noqa: E402
-from tfmem import costmodel, examples  # noqa: E402
-from tfmem.analysis import analyse, transfers_into  # noqa: E402
-from tfmem.devices import Placement  # noqa: E402
-from tfmem.loading import load  # noqa: E402
+from tfmem import examples  # noqa: E402
+from tfmem.ir.devices import Placement  # noqa: E402
+from tfmem.ir.loading import load  # noqa: E402
+from tfmem.sim import costmodel
+from tfmem.sim.analysis import analyse, transfers_into  # noqa: E402
 from tfmem.testbed import DEVICE, HOST, Testbed  # noqa: E402
 
 MiB = 2**20

@@ -20,7 +20,7 @@ fence depends only on the tensor, which comes before the fenced op in a topologi
 Examples
 --------
 >>> from tfmem.examples import mlp
->>> from tfmem.loading import load
+>>> from tfmem.ir.loading import load
 >>> from tfmem.pipeline import PassContext
 >>> from passes.swap_activations import SwapActivations
 >>> built = mlp(batch=2048, dims=(256, 512, 512, 512, 10))
@@ -40,13 +40,13 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from passes.transfer import IDENTITY_OPS, identity_attrs
-from tfmem.devices import Placement
-from tfmem.editor import GraphEditor
-from tfmem.execution import ALIAS_OPS, PERSISTENT_OUTPUT_OPS, VARIABLE_READ_OPS, ExecutionGraph
-from tfmem.frames import find_regions
-from tfmem.ir import GraphIR, OpNode, TensorRef
-from tfmem.opmemory import allocated_bytes
+from tfmem.ir.devices import Placement
+from tfmem.ir.editor import GraphEditor
+from tfmem.ir.execution import ALIAS_OPS, PERSISTENT_OUTPUT_OPS, VARIABLE_READ_OPS, ExecutionGraph
+from tfmem.ir.frames import find_regions
+from tfmem.ir.graph import GraphIR, OpNode, TensorRef
 from tfmem.pipeline import PassContext, PassReport, PassResult
+from tfmem.sim.opmemory import allocated_bytes
 from tfmem.units import format_bytes
 
 MIN_BYTES = 256 * 1024   # smaller copies cannot move a plan's peak by more than its safety margin

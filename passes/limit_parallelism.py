@@ -30,15 +30,15 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from passes.partition import ORDER_ATTR, PARTITION_ATTR, Partition
-from tfmem import costmodel
-from tfmem.analysis import Analysis, OrderFootprint, analyse
-from tfmem.editor import GraphEditor
 from tfmem.errors import BadInputError
-from tfmem.execution import ExecutionGraph
-from tfmem.ir import GraphIR
-from tfmem.memsim import MemoryProfile
+from tfmem.ir.editor import GraphEditor
+from tfmem.ir.execution import ExecutionGraph
+from tfmem.ir.graph import GraphIR
+from tfmem.ir.tags import strip_tags
 from tfmem.pipeline import PassContext, PassReport, PassResult
-from tfmem.tags import strip_tags
+from tfmem.sim import costmodel
+from tfmem.sim.analysis import Analysis, OrderFootprint, analyse
+from tfmem.sim.memsim import MemoryProfile
 from tfmem.units import format_bytes
 
 BARRIER_PREFIX = "tfmem/limit_parallelism/after_partition_"

@@ -2,7 +2,7 @@
 
 Three strategies, each a pure function of an ``OrderingProblem``:
 
-* ``tf_natural`` -- the order TensorFlow's executor would use with one thread (``tfmem.schedule``);
+* ``tf_natural`` -- the order TensorFlow's executor would use with one thread (``tfmem.sim.schedule``);
 * ``depth_first`` -- a post-order walk from the fetches that finishes the heavier input first;
 * ``greedy_memory`` -- list scheduling that prefers the ready op freeing the most bytes net of what it
   allocates, looking one step ahead at what that op makes ready.
@@ -20,11 +20,11 @@ from functools import cached_property
 
 from tensorflow.python.framework import op_def_registry
 
-from tfmem import costmodel
-from tfmem.analysis import FootprintModel, OrderFootprint, expensive_of, unit_time_s
-from tfmem.execution import ALIAS_OPS, PERSISTENT_OUTPUT_OPS, ExecutionGraph
-from tfmem.ir import TensorRef
-from tfmem.schedule import emulate
+from tfmem.ir.execution import ALIAS_OPS, PERSISTENT_OUTPUT_OPS, ExecutionGraph
+from tfmem.ir.graph import TensorRef
+from tfmem.sim import costmodel
+from tfmem.sim.analysis import FootprintModel, OrderFootprint, expensive_of, unit_time_s
+from tfmem.sim.schedule import emulate
 
 
 def is_stateful(op: str) -> bool:

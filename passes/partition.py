@@ -22,11 +22,11 @@ from typing import ClassVar
 from tensorflow.core.framework import attr_value_pb2
 
 from passes.ordering import STRATEGIES, OrderingProblem, refine
-from tfmem import costmodel
-from tfmem.analysis import OrderFootprint, analyse
-from tfmem.execution import ExecutionGraph
-from tfmem.ir import GraphIR, OpNode
+from tfmem.ir.execution import ExecutionGraph
+from tfmem.ir.graph import GraphIR, OpNode
 from tfmem.pipeline import PassContext, PassReport, PassResult
+from tfmem.sim import costmodel
+from tfmem.sim.analysis import OrderFootprint, analyse
 from tfmem.units import format_bytes
 
 SEARCH_WORK = 100_000  # units x tries the local search may spend

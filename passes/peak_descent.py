@@ -28,7 +28,7 @@ only where no path runs the other way, so no cycle is made.
 Examples
 --------
 >>> from tfmem.examples import mlp
->>> from tfmem.loading import load
+>>> from tfmem.ir.loading import load
 >>> from tfmem.pipeline import PassContext
 >>> built = mlp(batch=2048, dims=(256, 512, 512, 512, 10))
 >>> ir = load(built.graph)
@@ -53,12 +53,12 @@ from passes.place_persistent import PREFETCH_TAG
 from passes.swap_activations import SwapActivations, apply_swaps, peak_split
 from passes.timeline import StepTimeline
 from passes.transfer import Prefetch, add_prefetches, readers_through_aliases, trigger_candidates
-from tfmem import costmodel
-from tfmem.editor import GraphEditor
-from tfmem.ir import GraphIR, TensorRef
-from tfmem.memsim import MemoryProfile
+from tfmem.ir.editor import GraphEditor
+from tfmem.ir.graph import GraphIR, TensorRef
+from tfmem.ir.verify import SWAP_IN_ATTR
 from tfmem.pipeline import PassContext
-from tfmem.verify import SWAP_IN_ATTR
+from tfmem.sim import costmodel
+from tfmem.sim.memsim import MemoryProfile
 
 COPY_TAGS = (SWAP_IN_ATTR, PREFETCH_TAG)   # host Identity ops whose output a device op reads: copies to the device
 

@@ -19,11 +19,11 @@ from typing import ClassVar
 
 from tensorflow.core.framework import attr_value_pb2
 
-from tfmem.editor import DO_NOT_REMOVE
-from tfmem.frames import find_regions
-from tfmem.grappler import runtime_nodes
-from tfmem.ir import GraphIR, OpNode, TensorRef
+from tfmem.ir.editor import DO_NOT_REMOVE
+from tfmem.ir.frames import find_regions
+from tfmem.ir.graph import GraphIR, OpNode, TensorRef
 from tfmem.pipeline import PassContext, PassReport, PassResult
+from tfmem.sim.grappler import runtime_nodes
 
 FUSED_PREFIX = "_Fused"   # the remapper's fused kernels: _FusedMatMul, _FusedConv2D, _FusedBatchNormEx...
 # Attrs of the runtime node that describe the placement or shapes Grappler saw, not the kernel.
@@ -38,7 +38,7 @@ class PinFusions:
     --------
     >>> import tensorflow as tf
     >>> from tfmem.pipeline import PassContext
-    >>> from tfmem.shapes import annotate
+    >>> from tfmem.ir.shapes import annotate
     >>> g = tf.Graph()
     >>> with g.as_default():
     ...     x = tf.compat.v1.placeholder(tf.float32, (64, 32), name="x")

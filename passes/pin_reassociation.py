@@ -37,12 +37,12 @@ import networkx as nx
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, node_def_pb2, types_pb2
 
-from tfmem.editor import DO_NOT_REMOVE
-from tfmem.frames import find_regions
-from tfmem.grappler import runtime_nodes
-from tfmem.ir import GraphIR, OpNode, TensorRef
+from tfmem.ir.editor import DO_NOT_REMOVE
+from tfmem.ir.frames import find_regions
+from tfmem.ir.graph import GraphIR, OpNode, TensorRef
+from tfmem.ir.shapes import spec_of
 from tfmem.pipeline import PassContext, PassReport, PassResult
-from tfmem.shapes import spec_of
+from tfmem.sim.grappler import runtime_nodes
 
 CHAIN_OPS = frozenset({"Mul", "Add", "AddV2"})   # what Grappler re-associates in place
 INEXACT_DTYPES = frozenset({types_pb2.DT_FLOAT, types_pb2.DT_DOUBLE, types_pb2.DT_HALF, types_pb2.DT_BFLOAT16})
@@ -60,7 +60,7 @@ class PinReassociation:
     --------
     >>> import tensorflow as tf
     >>> from tfmem.pipeline import PassContext
-    >>> from tfmem.shapes import annotate
+    >>> from tfmem.ir.shapes import annotate
     >>> g = tf.Graph()
     >>> with g.as_default():
     ...     a = tf.compat.v1.placeholder(tf.float32, (64, 32), name="a")

@@ -19,7 +19,7 @@ every update of the variable also waits for that variable's prefetches.
 Examples
 --------
 >>> from tfmem.examples import moe_layer
->>> from tfmem.loading import load
+>>> from tfmem.ir.loading import load
 >>> from tfmem.pipeline import PassContext
 >>> built = moe_layer(experts=8)
 >>> ir = load(built.graph)
@@ -55,14 +55,14 @@ from passes.transfer import (
     ready_at_start,
     trigger_candidates,
 )
-from tfmem import costmodel
-from tfmem.devices import Placement
-from tfmem.editor import DO_NOT_REMOVE, GraphEditor
-from tfmem.execution import PERSISTENT_OUTPUT_OPS, VARIABLE_OPS, ExecutionGraph
-from tfmem.frames import back_edges
-from tfmem.ir import GraphIR, OpNode, TensorRef
-from tfmem.memsim import MemoryProfile, variable_bytes
+from tfmem.ir.devices import Placement
+from tfmem.ir.editor import DO_NOT_REMOVE, GraphEditor
+from tfmem.ir.execution import PERSISTENT_OUTPUT_OPS, VARIABLE_OPS, ExecutionGraph
+from tfmem.ir.frames import back_edges
+from tfmem.ir.graph import GraphIR, OpNode, TensorRef
 from tfmem.pipeline import PassContext, PassReport, PassResult
+from tfmem.sim import costmodel
+from tfmem.sim.memsim import MemoryProfile, variable_bytes
 from tfmem.units import format_bytes
 
 REF_VARIABLE_OPS = frozenset({"VariableV2", "Variable"})

@@ -38,7 +38,7 @@ tensor's last readers) while the peak falls.
 
 The report's ``reachable_floor_bytes`` is the lowest peak any plan of these moves could reach on the order
 given (``Planner.floor``); ``tfmem.optimize`` mentions it when it refuses a budget (its lower bound is the
-proven one of ``tfmem.bounds``).
+proven one of ``tfmem.sim.bounds``).
 
 Requires: a budget (without one it leaves the graph alone). Ensures: the same values are computed.
 """
@@ -71,14 +71,14 @@ from passes.recompute import Recompute, RecomputePlan, apply_recompute
 from passes.swap_activations import SwapActivations, SwapCandidate, apply_swaps, device_activations
 from passes.timeline import StepTimeline
 from passes.transfer import readers_through_aliases, trigger_candidates
-from tfmem import costmodel
-from tfmem.devices import Placement
-from tfmem.editor import GraphEditor
-from tfmem.execution import ALIAS_OPS, PERSISTENT_OUTPUT_OPS, VARIABLE_READ_OPS
-from tfmem.ir import GraphIR
-from tfmem.memsim import MemoryProfile
-from tfmem.opmemory import allocated_bytes
+from tfmem.ir.devices import Placement
+from tfmem.ir.editor import GraphEditor
+from tfmem.ir.execution import ALIAS_OPS, PERSISTENT_OUTPUT_OPS, VARIABLE_READ_OPS
+from tfmem.ir.graph import GraphIR
 from tfmem.pipeline import PassContext, PassReport, PassResult
+from tfmem.sim import costmodel
+from tfmem.sim.memsim import MemoryProfile
+from tfmem.sim.opmemory import allocated_bytes
 from tfmem.units import format_bytes
 
 # Swapped bytes also cost CPU time to copy even when the transfer overlaps compute: at least this share of the

@@ -35,12 +35,12 @@ from passes.swap_activations import (
 )
 from passes.timeline import StepTimeline
 from passes.transfer import group_consumers, same_view, trigger_candidates
-from tfmem import costmodel
-from tfmem.editor import GraphEditor
-from tfmem.execution import PERSISTENT_OUTPUT_OPS, PLACEHOLDER_OPS
-from tfmem.ir import GraphIR, TensorRef
-from tfmem.memsim import MemoryProfile
+from tfmem.ir.editor import GraphEditor
+from tfmem.ir.execution import PERSISTENT_OUTPUT_OPS, PLACEHOLDER_OPS
+from tfmem.ir.graph import GraphIR, TensorRef
 from tfmem.pipeline import PassContext, PassReport, PassResult
+from tfmem.sim import costmodel
+from tfmem.sim.memsim import MemoryProfile
 from tfmem.units import format_bytes
 
 RECOMPUTE_TAG = "_tfmem_recompute"

@@ -1,7 +1,7 @@
 """Run the kernels that need large scratch buffers one at a time, in the planned order.
 
 Some CPU kernels allocate tens of MiB for themselves while they run: TensorFlow's convolution gradients
-work through an im2col buffer sized to a ~30 MiB working set (``tfmem.opmemory``). The simulator places
+work through an im2col buffer sized to a ~30 MiB working set (``tfmem.sim.opmemory``). The simulator places
 them by the emulated schedule, which takes op durations from the cost model; on the real executor two of
 them became ready together often enough to run side by side and hold two such buffers at once (measured:
 a ResNet-56 plan at batch 32 simulated at 57.9 MiB peaked at 58-64 MiB in most runs and 75-82 MiB in some,
@@ -14,7 +14,7 @@ Requires: nothing. Ensures: values are unchanged (control edges only, in a topol
 Examples
 --------
 >>> from models import resnet
->>> from tfmem.loading import load
+>>> from tfmem.ir.loading import load
 >>> from tfmem.pipeline import PassContext
 >>> built = resnet.build(depth=11, batch=32, image=32, width=8, classes=10)
 >>> ir = load(built.graph, built.feed_shapes)
@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from passes.planner import UNCHAINED_OPS, serialize_large_ops
-from tfmem.devices import Placement
-from tfmem.ir import GraphIR
-from tfmem.opmemory import scratch_bytes
+from tfmem.ir.devices import Placement
+from tfmem.ir.graph import GraphIR
 from tfmem.pipeline import PassContext, PassReport, PassResult
+from tfmem.sim.opmemory import scratch_bytes
 from tfmem.units import format_bytes
 
 MIN_SCRATCH_BYTES = 1 << 20   # below this, two buffers side by side stay inside the plan's safety margin

@@ -5,7 +5,7 @@ Gradient graphs repeat small constant computations: each of an unrolled RNN's 24
 ``1/n``. On the user's graph the session computes it once: Grappler merges identical computations
 (``DedupComputations``). After a pass gates some of them with control edges (a partition barrier, a fence),
 Grappler no longer merges them, and the executor's own constant folding turns each gated copy into a
-constant that the session holds for as long as it lives (``tfmem.executor_folding``). Measured on the 24-step
+constant that the session holds for as long as it lives (``tfmem.sim.executor_folding``). Measured on the 24-step
 unrolled RNN planned at 30 MiB: 10 such constants, 5 MiB of persistent device memory that no plan can move
 (16, 8 MiB, in a plan made with other prefetch triggers), where the user's graph held one.
 
@@ -27,11 +27,11 @@ from typing import ClassVar
 import networkx as nx
 from tensorflow.python.framework import op_def_registry
 
-from tfmem.execution import parse_fetches
-from tfmem.executor_folding import NEVER_FOLDED
-from tfmem.frames import find_regions
-from tfmem.ir import GraphIR, OpNode, TensorRef
+from tfmem.ir.execution import parse_fetches
+from tfmem.ir.frames import find_regions
+from tfmem.ir.graph import GraphIR, OpNode, TensorRef
 from tfmem.pipeline import PassContext, PassReport, PassResult
+from tfmem.sim.executor_folding import NEVER_FOLDED
 from tfmem.units import format_bytes
 
 # Attributes that name where a node sits or what it was grouped with, not what it computes.
@@ -46,7 +46,7 @@ class ShareConstants:
     --------
     >>> import tensorflow as tf
     >>> from tfmem.pipeline import PassContext
-    >>> from tfmem.shapes import annotate
+    >>> from tfmem.ir.shapes import annotate
     >>> g = tf.Graph()
     >>> with g.as_default():
     ...     x = tf.compat.v1.placeholder(tf.float32, (256, 256), name="x")
@@ -100,7 +100,7 @@ def shared_constants(graph: GraphIR, kept: frozenset[str] = frozenset()) -> dict
     Examples
     --------
     >>> import tensorflow as tf
-    >>> from tfmem.shapes import annotate
+    >>> from tfmem.ir.shapes import annotate
     >>> g = tf.Graph()
     >>> with g.as_default():
     ...     a, b = tf.constant([1.0, 2.0], name="a"), tf.constant([1.0, 2.0], name="b")

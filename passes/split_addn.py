@@ -38,11 +38,11 @@ from typing import ClassVar
 
 from tensorflow.core.framework import attr_value_pb2, types_pb2
 
-from tfmem.editor import DO_NOT_REMOVE
-from tfmem.frames import find_regions
-from tfmem.grappler import runtime_nodes
-from tfmem.ir import GraphIR, OpNode, TensorRef
+from tfmem.ir.editor import DO_NOT_REMOVE
+from tfmem.ir.frames import find_regions
+from tfmem.ir.graph import GraphIR, OpNode, TensorRef
 from tfmem.pipeline import PassContext, PassReport, PassResult
+from tfmem.sim.grappler import runtime_nodes
 from tfmem.units import format_bytes
 
 MIN_INPUTS = 3               # a sum of two is the same in either order
@@ -67,7 +67,7 @@ class SplitAddN:
     --------
     >>> import tensorflow as tf
     >>> from tfmem.pipeline import PassContext
-    >>> from tfmem.shapes import annotate
+    >>> from tfmem.ir.shapes import annotate
     >>> g = tf.Graph()
     >>> with g.as_default():
     ...     xs = [tf.compat.v1.placeholder(tf.float32, (256, 256), name=f"x{i}") for i in range(5)]

@@ -18,7 +18,7 @@ order, so no cycle.
 Examples
 --------
 >>> from tfmem.examples import mlp
->>> from tfmem.loading import load
+>>> from tfmem.ir.loading import load
 >>> from tfmem.pipeline import PassContext
 >>> built = mlp(batch=2048, dims=(256, 512, 512, 512, 10))   # activations outweigh the weights
 >>> ir = load(built.graph)
@@ -49,16 +49,16 @@ from passes.transfer import (
     readers_through_aliases,
     trigger_candidates,
 )
-from tfmem import costmodel
-from tfmem.devices import Placement
-from tfmem.editor import GraphEditor
-from tfmem.execution import ALIAS_OPS, PERSISTENT_OUTPUT_OPS, RESOURCE_VARIABLE_OPS, VARIABLE_READ_OPS
-from tfmem.ir import GraphIR, TensorRef
-from tfmem.memsim import MemoryProfile
-from tfmem.opmemory import viewed_input
+from tfmem.ir.devices import Placement
+from tfmem.ir.editor import GraphEditor
+from tfmem.ir.execution import ALIAS_OPS, PERSISTENT_OUTPUT_OPS, RESOURCE_VARIABLE_OPS, VARIABLE_READ_OPS
+from tfmem.ir.graph import GraphIR, TensorRef
+from tfmem.ir.verify import SWAP_IN_ATTR, SWAP_OUT_ATTR
 from tfmem.pipeline import PassContext, PassReport, PassResult
+from tfmem.sim import costmodel
+from tfmem.sim.memsim import MemoryProfile
+from tfmem.sim.opmemory import viewed_input
 from tfmem.units import format_bytes
-from tfmem.verify import SWAP_IN_ATTR, SWAP_OUT_ATTR
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ def buffer_root(graph: GraphIR, tensor: TensorRef) -> TensorRef:
     Views are the kernels' (``tfmem.opmemory.VIEW_RULES``): a dim-0 slice of a fed batch shares the batch's buffer.
 
     >>> import tensorflow as tf
-    >>> from tfmem.loading import load
+    >>> from tfmem.ir.loading import load
     >>> g = tf.Graph()
     >>> with g.as_default():
     ...     x = tf.compat.v1.placeholder(tf.float32, (4, 64), name="x")

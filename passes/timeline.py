@@ -12,8 +12,8 @@ maps the schedule back onto the graph a pass edits:
 Examples
 --------
 >>> import tensorflow as tf
->>> from tfmem.memsim import simulate
->>> from tfmem.shapes import annotate
+>>> from tfmem.sim.memsim import simulate
+>>> from tfmem.ir.shapes import annotate
 >>> g = tf.Graph()
 >>> with g.as_default():
 ...     x = tf.compat.v1.placeholder(tf.float32, (256, 256), name="x")
@@ -31,9 +31,9 @@ import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from tfmem.execution import ExecutionGraph
-from tfmem.ir import GraphIR
-from tfmem.memsim import MemoryProfile
+from tfmem.ir.execution import ExecutionGraph
+from tfmem.ir.graph import GraphIR
+from tfmem.sim.memsim import MemoryProfile
 
 # How far past the first unit that ends early enough a trigger search keeps looking for a later-ending one
 # (ops that overlap in a multi-thread schedule end out of rank order, but only among near neighbours).

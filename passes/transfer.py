@@ -20,17 +20,17 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
 from passes.timeline import StepTimeline
-from tfmem.costmodel import DeviceSpec
-from tfmem.editor import GraphEditor
-from tfmem.execution import (
+from tfmem.ir.editor import GraphEditor
+from tfmem.ir.execution import (
     PERSISTENT_OUTPUT_OPS,
     PLACEHOLDER_OPS,
     RESOURCE_VARIABLE_OPS,
     VARIABLE_READ_OPS,
     ExecutionGraph,
 )
-from tfmem.frames import back_edges
-from tfmem.ir import GraphIR, TensorRef
+from tfmem.ir.frames import back_edges
+from tfmem.ir.graph import GraphIR, TensorRef
+from tfmem.sim.costmodel import DeviceSpec
 
 # Ops whose output is their input, same shape and buffer: readers may read the input instead.
 IDENTITY_OPS = frozenset({"Identity", "Snapshot", "StopGradient", "PreventGradient"})
@@ -88,7 +88,7 @@ def ready_at_start(graph: GraphIR) -> frozenset[str]:
     Examples
     --------
     >>> import tensorflow as tf
-    >>> from tfmem.loading import load
+    >>> from tfmem.ir.loading import load
     >>> g = tf.Graph()
     >>> with g.as_default():
     ...     x = tf.compat.v1.placeholder(tf.float32, (4, 4), name="x")

@@ -6,7 +6,7 @@ same-shaped weights (Adam, momentum), zero biases and unit batch-norm gammas hol
 init graph's kernels live (one session for init and training, the common TF1 workflow) each ``Const`` kernel
 holds a reference too. The first in-place update of such a variable (``ResourceApplyAdam``...) then copies it
 into a new chunk (TF's copy-on-write), allocated in the middle of the first step and kept for the session
-(``tfmem.shared_init``). Those small chunks sit between the first step's activations and split the device's
+(``tfmem.ir.shared_init``). Those small chunks sit between the first step's activations and split the device's
 free memory for every later step: measured, a ResNet-20 with momentum made 47 such copies, and its 24.5 MiB
 convolution scratch then found no free chunk under a 112 MiB cap with 64 MiB in use.
 
@@ -32,11 +32,11 @@ from typing import ClassVar
 from tensorflow.core.framework import attr_value_pb2
 
 from passes.place_persistent import COLOCATION_ATTR
-from tfmem.editor import GraphEditor
-from tfmem.execution import ExecutionGraph
-from tfmem.ir import GraphIR, TensorRef
+from tfmem.ir.editor import GraphEditor
+from tfmem.ir.execution import ExecutionGraph
+from tfmem.ir.graph import GraphIR, TensorRef
+from tfmem.ir.shared_init import constant_key, updated_in_place, variable_of
 from tfmem.pipeline import PassContext, PassReport, PassResult
-from tfmem.shared_init import constant_key, updated_in_place, variable_of
 from tfmem.units import format_bytes
 
 # dtypes (as ``TensorSpec.dtype`` names them) whose initializers are copied: the slots, biases and scales that
@@ -57,7 +57,7 @@ class UnshareInitialValues:
     Examples
     --------
     >>> import tensorflow as tf
-    >>> from tfmem.loading import load
+    >>> from tfmem.ir.loading import load
     >>> from tfmem.pipeline import PassContext
     >>> g = tf.Graph()
     >>> with g.as_default():

@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 
 from tfmem import examples
-from tfmem.memsim import simulate
+from tfmem.sim.memsim import simulate
 from tfmem.testbed import Testbed
 
 pytestmark = pytest.mark.testbed

@@ -6,9 +6,9 @@ import dataclasses
 
 import tensorflow as tf
 
-from tfmem import costmodel
-from tfmem.loading import load
-from tfmem.memsim import simulate
+from tfmem.ir.loading import load
+from tfmem.sim import costmodel
+from tfmem.sim.memsim import simulate
 
 v1 = tf.compat.v1
 HOST = "/job:localhost/replica:0/task:0/device:CPU:1"

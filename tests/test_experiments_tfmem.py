@@ -111,7 +111,7 @@ def test_device_total_order_chains_the_step_and_keeps_values():
     import tensorflow as tf
 
     from tfmem import examples
-    from tfmem.loading import load
+    from tfmem.ir.loading import load
     from tfmem.pipeline import PassContext
     from tfmem.testbed import initializer_names
 
@@ -154,9 +154,9 @@ def test_simulator_order_tiny_replays_the_traced_step(tmp_path):
 def test_traced_order_follows_the_clock_but_never_an_input_late():
     import tensorflow as tf
 
-    from tfmem import costmodel
-    from tfmem.analysis import analyse
-    from tfmem.loading import load
+    from tfmem.ir.loading import load
+    from tfmem.sim import costmodel
+    from tfmem.sim.analysis import analyse
 
     g = tf.Graph()
     with g.as_default():

@@ -31,7 +31,7 @@ def test_unet_at_58_mib_is_refused_or_runs_in_58_mib():
 def test_resnet20_with_momentum_at_112_mib_is_refused_or_runs_in_112_mib():
     """The first step's momentum updates copy the accumulators (and batch-norm betas, gammas) that share a zero or
     one buffer since initialisation into 47 small chunks mid-region; the replay did not model them, and the
-    second step's 24.5 MiB convolution scratch found no free chunk with 64 MiB in use (``tfmem.shared_init``)."""
+    second step's 24.5 MiB convolution scratch found no free chunk with 64 MiB in use (``tfmem.ir.shared_init``)."""
     from models import resnet
 
     _refused_or_runs_within(resnet.build(depth=20, batch=32, image=32, width=16), 112 * MiB)

@@ -15,11 +15,11 @@ from passes.place_persistent import PlacePersistent
 from passes.serialize_scratch import MIN_SCRATCH_BYTES, SerializeScratch
 from passes.swap_activations import SwapActivations
 from tfmem import examples
-from tfmem.devices import Placement
-from tfmem.loading import load
-from tfmem.opmemory import scratch_bytes
+from tfmem.ir.devices import Placement
+from tfmem.ir.loading import load
+from tfmem.ir.verify import SWAP_OUT_ATTR, verify
 from tfmem.pipeline import PassContext
-from tfmem.verify import SWAP_OUT_ATTR, verify
+from tfmem.sim.opmemory import scratch_bytes
 
 DEVICE = "/job:localhost/replica:0/task:0/device:CPU:0"
 HOST = "/job:localhost/replica:0/task:0/device:CPU:1"

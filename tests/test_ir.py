@@ -8,10 +8,10 @@ import tensorflow as tf
 
 from tfmem import examples
 from tfmem.errors import BadInputError, MalformedGraphError, UnknownShapeError
-from tfmem.frames import find_regions
-from tfmem.ir import GraphIR, TensorRef
-from tfmem.loading import load, to_graph_def
-from tfmem.shapes import annotate, parse_feed_shapes, require_known
+from tfmem.ir.frames import find_regions
+from tfmem.ir.graph import GraphIR, TensorRef
+from tfmem.ir.loading import load, to_graph_def
+from tfmem.ir.shapes import annotate, parse_feed_shapes, require_known
 
 v1 = tf.compat.v1
 

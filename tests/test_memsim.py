@@ -8,12 +8,13 @@ import tensorflow as tf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tfmem import costmodel, examples
-from tfmem.bfc import BFCAllocator, rounded_bytes
-from tfmem.execution import ExecutionGraph
-from tfmem.loading import load
-from tfmem.memsim import simulate
-from tfmem.opmemory import viewed_input
+from tfmem import examples
+from tfmem.ir.execution import ExecutionGraph
+from tfmem.ir.loading import load
+from tfmem.sim import costmodel
+from tfmem.sim.bfc import BFCAllocator, rounded_bytes
+from tfmem.sim.memsim import simulate
+from tfmem.sim.opmemory import viewed_input
 
 v1 = tf.compat.v1
 KIB4 = 4096  # 1024 float32
@@ -253,9 +254,9 @@ def test_small_kernels_still_go_to_the_pool():
 
 
 def _replayed(built: examples.Built, device_memory: int):
-    from tfmem import memsim
-    from tfmem.analysis import analyse
-    from tfmem.devices import Placement
+    from tfmem.ir.devices import Placement
+    from tfmem.sim import memsim
+    from tfmem.sim.analysis import analyse
 
     ir = load(built.graph)
     analysis = analyse(ir, list(built.fetches), [], costmodel.DEFAULT_DEVICE)

@@ -94,7 +94,7 @@ def test_graph_grappler_fails_on_runs_as_the_session_runs_it():
     """Grappler fails on a 3-layer MoE Transformer (acyclic; TF's own topological sort gives up) and the session
     runs the graph as written: optimize plans that graph and hands back a config that keeps Grappler off."""
     from models import moe_transformer
-    from tfmem.grappler import grappler_rejects
+    from tfmem.sim.grappler import grappler_rejects
 
     built = moe_transformer.build(experts=2, layers=3, d_model=16, d_ff=32, heads=2, seq=8, batch=2, vocab=32)
     fetches = built.fetches

@@ -14,10 +14,10 @@ from passes.limit_parallelism import BARRIER_PREFIX, LimitParallelism
 from passes.ordering import STRATEGIES, OrderingProblem, refine
 from passes.partition import ORDER_ATTR, PARTITION_ATTR, Partition
 from tfmem import examples
-from tfmem.analysis import order_footprint
-from tfmem.execution import ExecutionGraph
+from tfmem.ir.execution import ExecutionGraph
+from tfmem.ir.verify import verify
 from tfmem.pipeline import PassContext
-from tfmem.verify import verify
+from tfmem.sim.analysis import order_footprint
 
 v1 = tf.compat.v1
 

@@ -22,8 +22,8 @@ from tests.test_swap_placement import (
     training_like_dags,
 )
 from tfmem import load
+from tfmem.ir.verify import SWAP_IN_ATTR, verify
 from tfmem.pipeline import PassContext
-from tfmem.verify import SWAP_IN_ATTR, verify
 
 
 def _greedy_plan(graph, ctx):

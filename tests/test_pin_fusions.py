@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import tfmem
 from models import transformer
-from tfmem.devices import with_default_device
-from tfmem.grappler import runtime_graph_def
+from tfmem.ir.devices import with_default_device
+from tfmem.sim.grappler import runtime_graph_def
 from tfmem.testbed import DEVICE, HOST
 
 

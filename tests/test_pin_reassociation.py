@@ -20,10 +20,10 @@ from passes import LEADING_REWRITES
 from passes.pin_reassociation import PinReassociation
 from tests.test_swap_placement import DEVICE, HOST, _placed, _session_run
 from tfmem import load
-from tfmem.editor import DO_NOT_REMOVE
-from tfmem.grappler import runtime_graph_def
-from tfmem.ir import GraphIR, OpNode
+from tfmem.ir.editor import DO_NOT_REMOVE
+from tfmem.ir.graph import GraphIR, OpNode
 from tfmem.pipeline import PassContext
+from tfmem.sim.grappler import runtime_graph_def
 
 v1 = tf.compat.v1
 

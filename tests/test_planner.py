@@ -186,8 +186,8 @@ def test_reachable_floor_is_below_every_plan_the_strategies_find():
 def test_a_greedy_mix_reports_the_moves_of_both_strategies():
     """Recompute-then-swap plans are reported as one plan: every recomputation and every swap, with costs."""
     from passes.planner import _chained_report, single_decisions
-    from tfmem import costmodel
     from tfmem.pipeline import PassReport
+    from tfmem.sim import costmodel
 
     recomputed = PassReport("recompute", True, nodes_added=3, bytes_moved=0, notes=("recomputes 1 tensor",),
                             details={"recomputed": [("a:0", 4096, ["a"], 1e-3)]})
@@ -303,8 +303,8 @@ def test_every_option_at_once_then_thinned_fits_and_keeps_the_values():
         as_optimize_plans,
     )
     from tfmem import load
+    from tfmem.ir.verify import verify
     from tfmem.pipeline import PassContext
-    from tfmem.verify import verify
 
     built = wgan_gp.build(batch=128, data_dim=64, hidden=256, layers=3)
     written = load(built.graph, built.feed_shapes)

@@ -17,12 +17,12 @@ import tfmem
 from passes import LEADING_REWRITES
 from passes.share_constants import ShareConstants, shared_constants
 from tfmem import examples
-from tfmem.bounds import fed_layout_floor, feeds_fit, feeds_floor
-from tfmem.editor import GraphEditor
-from tfmem.execution import ExecutionGraph
+from tfmem.ir.editor import GraphEditor
+from tfmem.ir.execution import ExecutionGraph
+from tfmem.ir.shapes import annotate
 from tfmem.optimizer import device_floor_bytes, layout_room
 from tfmem.pipeline import PassContext, run_pipeline
-from tfmem.shapes import annotate
+from tfmem.sim.bounds import fed_layout_floor, feeds_fit, feeds_floor
 from tfmem.testbed import DEVICE, HOST
 
 v1 = tf.compat.v1

@@ -16,11 +16,11 @@ import passes.split_addn as split_addn
 import tfmem
 from models import deepspeech, wgan_gp
 from passes.split_addn import SplitAddN, kernel_order_groups
-from tfmem.editor import DO_NOT_REMOVE
-from tfmem.grappler import runtime_graph_def
+from tfmem.ir.editor import DO_NOT_REMOVE
+from tfmem.ir.shapes import annotate
 from tfmem.optimizer import lower_bound_bytes
 from tfmem.pipeline import PassContext
-from tfmem.shapes import annotate
+from tfmem.sim.grappler import runtime_graph_def
 
 v1 = tf.compat.v1
 

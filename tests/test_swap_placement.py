@@ -30,13 +30,13 @@ from passes.recompute import RECOMPUTE_TAG, Recompute
 from passes.swap_activations import SwapActivations, buffer_root
 from passes.timeline import StepTimeline
 from tfmem import examples
-from tfmem.devices import same_device
-from tfmem.editor import DO_NOT_REMOVE
-from tfmem.ir import TensorRef
+from tfmem.ir.devices import same_device
+from tfmem.ir.editor import DO_NOT_REMOVE
+from tfmem.ir.graph import TensorRef
+from tfmem.ir.shapes import annotate
+from tfmem.ir.verify import SWAP_IN_ATTR, SWAP_OUT_ATTR, verify
 from tfmem.optimizer import device_floor_bytes, lower_bound_bytes
 from tfmem.pipeline import PassContext, run_pipeline
-from tfmem.shapes import annotate
-from tfmem.verify import SWAP_IN_ATTR, SWAP_OUT_ATTR, verify
 
 v1 = tf.compat.v1
 DEVICE = "/job:localhost/replica:0/task:0/device:CPU:0"

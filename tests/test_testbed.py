@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfmem._testbed_proc import COMMON_ENV
 from tfmem.errors import BadInputError, TestbedError
 from tfmem.testbed import DEVICE, HOST, RunResult, Testbed, initializer_names, place_on_device
+from tfmem.testbed.proc import COMMON_ENV
 
 pytestmark = pytest.mark.testbed
 
@@ -398,7 +398,7 @@ def test_sigkill_of_the_user_process_kills_the_servers(users: dict[str, subproce
     proc.wait(timeout=10)
     _assert_cleaned_up(info)  # PR_SET_PDEATHSIG / the watchdog; nothing could run in the parent
     # nor remove its temp dir: the next testbed does (here called directly; a live owner's dir is kept)
-    from tfmem import testbed
+    from tfmem.testbed import runner as testbed
 
     assert Path(info["workdir"]).exists()
     ours = Path(tempfile.mkdtemp(prefix=f"{testbed.WORKDIR_PREFIX}{os.getpid()}-"))

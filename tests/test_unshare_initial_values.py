@@ -11,14 +11,15 @@ from hypothesis import strategies as st
 from tensorflow.core.protobuf import config_pb2
 
 from passes.unshare_initial_values import UnshareInitialValues
-from tfmem import examples, memsim
-from tfmem._testbed_graph import initializer_names
-from tfmem.analysis import analyse
-from tfmem.costmodel import DEFAULT_DEVICE
-from tfmem.devices import Placement
-from tfmem.loading import load
+from tfmem import examples
+from tfmem.ir.devices import Placement
+from tfmem.ir.loading import load
+from tfmem.ir.shared_init import sharing_groups
 from tfmem.pipeline import PassContext
-from tfmem.shared_init import sharing_groups
+from tfmem.sim import memsim
+from tfmem.sim.analysis import analyse
+from tfmem.sim.costmodel import DEFAULT_DEVICE
+from tfmem.testbed.graph import initializer_names
 
 v1 = tf.compat.v1
 

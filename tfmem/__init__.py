@@ -31,9 +31,9 @@ from tfmem.errors import (
 from tfmem.units import format_bytes, parse_bytes
 
 _LAZY = {
-    "GraphIR": "tfmem.ir", "OpNode": "tfmem.ir", "TensorRef": "tfmem.ir", "TensorSpec": "tfmem.ir",
-    "load": "tfmem.loading",
-    "LiveTensor": "tfmem.memsim", "MemoryProfile": "tfmem.memsim", "simulate": "tfmem.memsim",
+    "GraphIR": "tfmem.ir.graph", "OpNode": "tfmem.ir.graph", "TensorRef": "tfmem.ir.graph", "TensorSpec": "tfmem.ir.graph",
+    "load": "tfmem.ir.loading",
+    "LiveTensor": "tfmem.sim.memsim", "MemoryProfile": "tfmem.sim.memsim", "simulate": "tfmem.sim.memsim",
     "Optimized": "tfmem.optimizer", "optimize": "tfmem.optimizer",
 }
 

@@ -33,7 +33,7 @@ import numpy as np  # noqa: E402
 
 import tfmem  # noqa: E402
 from tfmem.errors import BadInputError, TfmemError  # noqa: E402
-from tfmem.ir import GraphIR  # noqa: E402
+from tfmem.ir.graph import GraphIR  # noqa: E402
 from tfmem.units import format_bytes, parse_bytes  # noqa: E402
 
 EXIT_OK, EXIT_INTERNAL, EXIT_BAD_INPUT, EXIT_OOM, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -188,8 +188,8 @@ def default_fetches(ir: GraphIR) -> list[str]:
 
 def _load(args: argparse.Namespace) -> tuple[GraphIR, list[str], bool]:
     """The annotated graph, the fetches, and whether those were assumed (no --fetch given)."""
-    from tfmem.execution import parse_fetches
-    from tfmem.shapes import parse_feed_shapes
+    from tfmem.ir.execution import parse_fetches
+    from tfmem.ir.shapes import parse_feed_shapes
 
     args.feed_shapes = parse_feed_shapes(args.feed_shape) or None
     ir = tfmem.load(args.graph, args.feed_shapes)
@@ -359,8 +359,8 @@ def random_feeds(ir: GraphIR, fetches: Sequence[str], seed: int = FEED_SEED) -> 
     >>> {k: v.shape for k, v in random_feeds(tfmem.load(g), ["y:0"]).items()}
     {'x:0': (2, 3)}
     """
-    from tfmem.execution import ExecutionGraph
-    from tfmem.shapes import require_known
+    from tfmem.ir.execution import ExecutionGraph
+    from tfmem.ir.shapes import require_known
 
     fed = sorted(ExecutionGraph.build(ir, fetches).fed)
     require_known(ir, fed)

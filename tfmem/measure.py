@@ -13,10 +13,10 @@ from tensorflow.core.protobuf import device_properties_pb2, meta_graph_pb2
 from tensorflow.python.grappler import cluster as gcluster
 from tensorflow.python.grappler import item as gitem
 
-from tfmem.devices import same_device
 from tfmem.errors import MalformedGraphError, first_line
-from tfmem.ir import TensorRef
-from tfmem.loading import GraphSource, to_graph_def
+from tfmem.ir.devices import same_device
+from tfmem.ir.graph import TensorRef
+from tfmem.ir.loading import GraphSource, to_graph_def
 from tfmem.units import parse_bytes
 
 VIRTUAL_DEVICE = "/job:localhost/replica:0/task:0/device:{}:0"

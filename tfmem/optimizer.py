@@ -14,19 +14,19 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 from tensorflow.core.protobuf import config_pb2
 
-from tfmem.bounds import fed_layout_floor, largest_working_set
-from tfmem.devices import DEFAULT_DEVICE, same_device, with_default_device
 from tfmem.errors import BadInputError, InfeasibleBudgetError
-from tfmem.execution import ExecutionGraph, parse_fetches
 from tfmem.gcpause import without_gc_pauses
-from tfmem.grappler import grappler_rejects
-from tfmem.ir import GraphIR
-from tfmem.loading import GraphSource, load
-from tfmem.memsim import MemoryProfile
+from tfmem.ir.devices import DEFAULT_DEVICE, same_device, with_default_device
+from tfmem.ir.execution import ExecutionGraph, parse_fetches
+from tfmem.ir.graph import GraphIR
+from tfmem.ir.loading import GraphSource, load
+from tfmem.ir.shapes import FeedShapes
+from tfmem.ir.tags import strip_tags
 from tfmem.pipeline import Pass, PassContext, PassReport, run_pipeline
 from tfmem.report import Report
-from tfmem.shapes import FeedShapes
-from tfmem.tags import strip_tags
+from tfmem.sim.bounds import fed_layout_floor, largest_working_set
+from tfmem.sim.grappler import grappler_rejects
+from tfmem.sim.memsim import MemoryProfile
 from tfmem.units import format_bytes, parse_bytes
 
 # Above this many ops, running Grappler offline for the before/after simulations costs more than the passes

@@ -15,9 +15,9 @@ from typing import ClassVar, Protocol
 from tensorflow.core.protobuf import config_pb2
 
 from tfmem.errors import PassError, TfmemError
-from tfmem.ir import GraphIR
-from tfmem.memsim import MemoryProfile
-from tfmem.verify import verify
+from tfmem.ir.graph import GraphIR
+from tfmem.ir.verify import verify
+from tfmem.sim.memsim import MemoryProfile
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class PassContext:
 
     def simulate(self, graph: GraphIR, **kwargs: object) -> MemoryProfile:
         """Simulate ``graph`` for this context's fetches, devices and feeds."""
-        from tfmem.memsim import simulate
+        from tfmem.sim.memsim import simulate
 
         sim = self.simulator or simulate
         kwargs.setdefault("inter_op_threads", self.threads)

@@ -11,8 +11,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tfmem.memsim import MemoryProfile
 from tfmem.pipeline import PassReport
+from tfmem.sim.memsim import MemoryProfile
 from tfmem.units import format_bytes
 
 SIMULATOR = "simulator"

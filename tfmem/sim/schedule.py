@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from tfmem.errors import ScheduleError
-from tfmem.execution import EDGE_SET_INLINE, hash_order
+from tfmem.ir.execution import EDGE_SET_INLINE, hash_order
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ found no free chunk under a 112 MiB cap with 64 MiB in use.
 Examples
 --------
 >>> import tensorflow as tf
->>> from tfmem.loading import load
+>>> from tfmem.ir.loading import load
 >>> g = tf.Graph()
 >>> with g.as_default():
 ...     a = tf.compat.v1.get_variable("a", initializer=tf.zeros([64]), use_resource=True)
@@ -30,7 +30,7 @@ from collections.abc import Hashable
 import numpy as np
 from tensorflow.python.framework import tensor_util
 
-from tfmem.ir import GraphIR, TensorRef
+from tfmem.ir.graph import GraphIR, TensorRef
 
 # Ops that update a resource variable in place, and so copy its buffer first when another variable shares it.
 IN_PLACE_UPDATE_PREFIXES = ("ResourceApply", "ResourceSparseApply", "ResourceScatter")

@@ -1,6 +1,6 @@
 """Child-process entry point of the testbed: one TensorFlow gRPC server plus a line protocol on stdio.
 
-Run by ``tfmem.testbed`` as ``python _testbed_server.py --job worker --cluster '{...}' --parent-pid N``
+Run by ``tfmem.testbed`` as ``python tfmem/testbed/server.py --job worker --cluster '{...}' --parent-pid N``
 (by file path, so that importing it does not import the ``tfmem`` package). The parent sets the allocator
 environment variables (``TF_CPU_ALLOCATOR_USE_BFC`` ...) before this process starts, which is the only way to
 cap TensorFlow's CPU allocator: it reads them once, when the allocator is first created.

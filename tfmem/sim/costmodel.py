@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
-from tfmem.ir import GraphIR, OpNode
+from tfmem.ir.graph import GraphIR, OpNode
 
 
 @dataclass(frozen=True)

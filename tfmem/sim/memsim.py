@@ -3,7 +3,7 @@
 It follows TensorFlow's executor and allocator:
 
 * with Grappler, the graph is the one the session runs: Grappler's rewrites, then the executor's own constant
-  folding (``tfmem.executor_folding``);
+  folding (``tfmem.sim.executor_folding``);
 * the order is ``tfmem.schedule.emulate`` (TF's ready-queue policy; of several draws of the successor orders
   TF hashes, the one with the median peak) unless an explicit order is given;
 * an op's outputs are allocated when it starts and each buffer is freed when its last reader finishes;
@@ -13,8 +13,8 @@ It follows TensorFlow's executor and allocator:
   ``forward_input_or_allocate_output``);
 * constants and variable storage are persistent (variables allocated first: they were initialised before the
   step); fed tensors arrive before the step and, like fetched ones, are held to its end; a tensor crossing devices occupies both until the receiver is done with its copy;
-* kernels' scratch buffers (``tfmem.opmemory``) live while their op runs;
-* allocations go through a model of TF's BFC allocator (``tfmem.bfc``), so peaks are chunk sizes as TF
+* kernels' scratch buffers (``tfmem.sim.opmemory``) live while their op runs;
+* allocations go through a model of TF's BFC allocator (``tfmem.sim.bfc``), so peaks are chunk sizes as TF
   reports them; with a capacity (``device_memory``) a warm-up step is replayed first, as the
   testbed runs one, since where the first step leaves buffers decides what fits later.
 
@@ -41,11 +41,8 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 from tensorflow.core.protobuf import config_pb2
 
-from tfmem import costmodel
-from tfmem.analysis import Analysis, analyse, step_time_estimate, transfers_into, units_in
-from tfmem.bfc import BFCAllocator, rounded_bytes
-from tfmem.devices import DEFAULT_DEVICE, Placement, with_default_device
-from tfmem.execution import (
+from tfmem.ir.devices import DEFAULT_DEVICE, Placement, with_default_device
+from tfmem.ir.execution import (
     ALIAS_OPS,
     PERSISTENT_OUTPUT_OPS,
     RESOURCE_VARIABLE_OPS,
@@ -53,16 +50,19 @@ from tfmem.execution import (
     VARIABLE_READ_OPS,
     ExecutionGraph,
 )
-from tfmem.executor_folding import FOLDED_ATTR, fold_like_executor
-from tfmem.frames import FUNCTIONAL_OPS
-from tfmem.graphcache import GraphCache
-from tfmem.grappler import runtime_graph_def
-from tfmem.ir import GraphIR, OpNode, TensorRef
-from tfmem.loading import GraphSource, load, to_graph_def
-from tfmem.opmemory import FORWARDING_OPS, temp_bytes
-from tfmem.schedule import Schedule, emulate, fixed
-from tfmem.shapes import FeedShapes, annotate, dtype_size
-from tfmem.shared_init import sharing_groups, updates_in_place
+from tfmem.ir.frames import FUNCTIONAL_OPS
+from tfmem.ir.graph import GraphIR, OpNode, TensorRef
+from tfmem.ir.loading import GraphSource, load, to_graph_def
+from tfmem.ir.shapes import FeedShapes, annotate, dtype_size
+from tfmem.ir.shared_init import sharing_groups, updates_in_place
+from tfmem.sim import costmodel
+from tfmem.sim.analysis import Analysis, analyse, step_time_estimate, transfers_into, units_in
+from tfmem.sim.bfc import BFCAllocator, rounded_bytes
+from tfmem.sim.executor_folding import FOLDED_ATTR, fold_like_executor
+from tfmem.sim.graphcache import GraphCache
+from tfmem.sim.grappler import runtime_graph_def
+from tfmem.sim.opmemory import FORWARDING_OPS, temp_bytes
+from tfmem.sim.schedule import Schedule, emulate, fixed
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ class MemoryProfile:
     """One simulated step: peaks, what is live at the device peak, and the memory timeline.
 
     ``timeline`` holds ``(time_s, device_bytes, host_bytes, unit)`` after each allocation or free, with times
-    from the cost model (``tfmem.costmodel``), so the plot and trace show a plausible pace.
+    from the cost model (``tfmem.sim.costmodel``), so the plot and trace show a plausible pace.
     """
 
     peak_bytes: int
@@ -147,7 +147,7 @@ def simulate(
         With ``device`` given, ops on a third device count toward neither.
     order : run units in exactly this order (one thread) instead of emulating TF's executor
     inter_op_threads : threads of TF's inter-op pool to emulate
-    grappler : simulate the graph as the session runs it, after Grappler's rewrites (``tfmem.grappler``)
+    grappler : simulate the graph as the session runs it, after Grappler's rewrites (``tfmem.sim.grappler``)
     config : the ``ConfigProto`` the session will use (its rewrite options steer Grappler)
     cores : compute cores for the step-time estimate (default: this machine's)
     device_memory : the device's capacity, laid out as the testbed's BFC (a 2 MiB region, then the rest);
@@ -158,7 +158,7 @@ def simulate(
         ``device_memory``, never with the unbounded one (a planned U-Net: 42.6 MiB unbounded, 69.5 MiB at 80 MiB,
         measured 69.0 MiB there). With a capacity the replay also runs the session's first step before the
         reported one (the testbed measures after a warm-up step): there TF copies each variable that shares its
-        initial buffer with others (Adam or momentum slots, biases: ``tfmem.shared_init``) into a new chunk
+        initial buffer with others (Adam or momentum slots, biases: ``tfmem.ir.shared_init``) into a new chunk
         mid-region as it first updates it, and later steps run around those chunks; and the fed tensors are
         allocated in each of ``feed_orders`` (a session follows the caller's feed dict), the worst replay reported
     large_request_margin : with ``device_memory``, also count as failures the requests of half the device or
@@ -255,7 +255,7 @@ def feed_orders(eg: ExecutionGraph) -> list[tuple[TensorRef, ...]]:
     both would have been split off.
 
     >>> from types import SimpleNamespace
-    >>> from tfmem.ir import TensorRef
+    >>> from tfmem.ir.graph import TensorRef
     >>> sizes = {"a:0": 8, "b:0": 4}
     >>> eg = SimpleNamespace(fed={TensorRef("a", 0), TensorRef("b", 0)},
     ...                      graph=SimpleNamespace(spec=lambda t: SimpleNamespace(nbytes=sizes[str(t)])))
@@ -296,7 +296,7 @@ def _typical_schedule(analysis: Analysis, expensive: Callable[[str], bool], thre
 _PROFILES: GraphCache[MemoryProfile] = GraphCache(kept=8)
 # Grappler's rewrites of recent graph objects (annotated), keyed by fetches, device, config and feed shapes.
 _RUNTIME: GraphCache[GraphIR] = GraphCache(kept=4, same_object=True)
-# Variables sharing an initial buffer (``tfmem.shared_init``) of recent graph objects: a layout check replays one
+# Variables sharing an initial buffer (``tfmem.ir.shared_init``) of recent graph objects: a layout check replays one
 # plan on several device sizes and in two thread orders.
 _SHARING: GraphCache[dict[Hashable, list[str]]] = GraphCache(kept=4, same_object=True)
 # The variables each graph holds beyond those its step runs (``idle_variables``), keyed by fetches.
@@ -314,7 +314,7 @@ class _Replay:
         self.placement = placement
         self.idle_variables = tuple(idle_variables)   # (name, bytes, device): held all step, run by no op
         self._idle_names = {name for name, _, _ in self.idle_variables}
-        # variables that start out holding one buffer (``tfmem.shared_init``; default: from ``eg``'s graph), and
+        # variables that start out holding one buffer (``tfmem.ir.shared_init``; default: from ``eg``'s graph), and
         # the order their first updates are taken in: the schedule's or the graph's (``_first_update_copies``)
         self.sharing = sharing_groups(eg.graph) if sharing is None else sharing
         self.copy_order = copy_order
@@ -388,7 +388,7 @@ class _Replay:
     def _first_update_copies(self, order: Sequence[str] | None = None) -> dict[str, set[str]]:
         """Variables that share their initial buffer, by the update op that gives each its own in the first step.
 
-        Variables initialised to one constant hold one buffer after initialisation (``tfmem.shared_init``); the
+        Variables initialised to one constant hold one buffer after initialisation (``tfmem.ir.shared_init``); the
         first in-place update of each finds it shared and copies it into a new chunk, allocated mid-step and kept
         for the session, so every later step runs around it (measured: every Adam update of a U-Net's first
         step allocates the size of its variable, later steps none; a ResNet-20 with momentum, 47 small copies).
@@ -462,7 +462,7 @@ class _Replay:
     def _allocate_idle_variables(self) -> None:
         """The variables no op of the step runs, each in its own buffer. Some may share their initial buffer
         with another in the session, but how much is not known here (a WGAN-GP fetching its critic loss alone:
-        14.65 MiB measured; ``tfmem.shared_init``'s groups would say 9.14), so none is assumed to: an
+        14.65 MiB measured; ``tfmem.ir.shared_init``'s groups would say 9.14), so none is assumed to: an
         overestimate, never an under."""
         for name, nbytes, device in self.idle_variables:
             self.var_storage[name] = self._alloc(TensorRef(name, 0), nbytes, self.placement.domain(device),

@@ -8,10 +8,10 @@ step, can take whole chunks near twice their size (``fed_layout_floor``).
 
 from __future__ import annotations
 
-from tfmem.bfc import INITIAL_REGION, MIN_ALLOCATION, BFCAllocator, rounded_bytes
-from tfmem.execution import ALIAS_OPS, ExecutionGraph
-from tfmem.ir import GraphIR
-from tfmem.opmemory import temp_bytes
+from tfmem.ir.execution import ALIAS_OPS, ExecutionGraph
+from tfmem.ir.graph import GraphIR
+from tfmem.sim.bfc import INITIAL_REGION, MIN_ALLOCATION, BFCAllocator, rounded_bytes
+from tfmem.sim.opmemory import temp_bytes
 from tfmem.units import format_bytes
 
 
@@ -69,7 +69,7 @@ def fed_layout_floor(eg: ExecutionGraph) -> tuple[int, str]:
     ``feeds_floor`` finds for the feeds and the largest working set less the fed tensors it reads
     (``largest_unfed_working_set``). Returns the bytes and why.
     """
-    from tfmem.memsim import feed_orders  # memsim imports much of tfmem; only this needs it
+    from tfmem.sim.memsim import feed_orders  # memsim imports much of tfmem; only this needs it
 
     fed = {t: rounded_bytes(eg.graph.spec(t).nbytes or 0) for t in eg.fed}
     op, unfed = largest_unfed_working_set(eg)

@@ -13,7 +13,7 @@ Examples
 ...     tf.compat.v1.disable_control_flow_v2()
 ...     r = tf.compat.v1.while_loop(lambda i: i < 3, lambda i: i + 1, [tf.constant(0)], name="loop")
 ...     tf.compat.v1.enable_control_flow_v2()
->>> from tfmem.ir import GraphIR
+>>> from tfmem.ir.graph import GraphIR
 >>> regions = find_regions(GraphIR.from_graph_def(g.as_graph_def()))
 >>> sorted(set(regions.values()))
 ['loop/while_context']
@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping
 
-from tfmem.ir import GraphIR
+from tfmem.ir.graph import GraphIR
 
 ENTER_OPS = frozenset({"Enter", "RefEnter"})
 EXIT_OPS = frozenset({"Exit", "RefExit"})

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from tfmem.ir import GraphIR, OpNode
+from tfmem.ir.graph import GraphIR, OpNode
 
 TAG_PREFIX = "_tfmem_"
 # verify() checks the swap tags in the final graph; all of them let a reader see what each Identity is for.

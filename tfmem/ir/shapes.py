@@ -16,7 +16,7 @@ from tensorflow.core.protobuf import meta_graph_pb2
 from tensorflow.python.grappler import item as gitem
 
 from tfmem.errors import BadInputError, MalformedGraphError, UnknownShapeError, first_line
-from tfmem.ir import GraphIR, OpNode, TensorRef, TensorSpec
+from tfmem.ir.graph import GraphIR, OpNode, TensorRef, TensorSpec
 
 FeedShapes = Mapping[str, Sequence[int]]
 

@@ -25,10 +25,10 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, tensor_pb2, tensor_shape_pb2
 from tensorflow.python.framework import op_def_registry
 
-from tfmem.devices import same_device
-from tfmem.execution import PERSISTENT_OUTPUT_OPS
-from tfmem.frames import FUNCTIONAL_OPS
-from tfmem.ir import GraphIR, OpNode, TensorRef, TensorSpec
+from tfmem.ir.devices import same_device
+from tfmem.ir.execution import PERSISTENT_OUTPUT_OPS
+from tfmem.ir.frames import FUNCTIONAL_OPS
+from tfmem.ir.graph import GraphIR, OpNode, TensorRef, TensorSpec
 
 # TF's ConstantFoldingOptions default: a larger result is not turned into a constant.
 MAX_CONSTANT_BYTES = 10 * 2**20
@@ -50,7 +50,7 @@ def fold_like_executor(graph: GraphIR, fetches: Iterable[str] = ()) -> GraphIR:
     Examples
     --------
     >>> import tensorflow as tf
-    >>> from tfmem.loading import load
+    >>> from tfmem.ir.loading import load
     >>> g = tf.Graph()
     >>> with g.as_default():
     ...     x = tf.compat.v1.placeholder(tf.float32, (256, 256), name="x")

@@ -14,7 +14,7 @@ from math import ceil, prod
 import numpy as np
 from tensorflow.python.framework import tensor_util
 
-from tfmem.ir import GraphIR, OpNode, TensorRef
+from tfmem.ir.graph import GraphIR, OpNode, TensorRef
 
 # Ops that may write their output into an input buffer they are the last reader of: op -> input indices
 # (TF's ``forward_input_or_allocate_output`` in the element-wise kernels).

@@ -11,15 +11,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
-from tfmem import costmodel
-from tfmem.devices import Placement
 from tfmem.errors import ScheduleError
-from tfmem.execution import ALIAS_OPS, PERSISTENT_OUTPUT_OPS, VARIABLE_READ_OPS, ExecutionGraph
-from tfmem.graphcache import GraphCache
-from tfmem.ir import GraphIR, TensorRef
-from tfmem.opmemory import FORWARDING_OPS, VIEW_RULES, temp_bytes, viewed_input
-from tfmem.schedule import Schedule
-from tfmem.shapes import require_known
+from tfmem.ir.devices import Placement
+from tfmem.ir.execution import ALIAS_OPS, PERSISTENT_OUTPUT_OPS, VARIABLE_READ_OPS, ExecutionGraph
+from tfmem.ir.graph import GraphIR, TensorRef
+from tfmem.ir.shapes import require_known
+from tfmem.sim import costmodel
+from tfmem.sim.graphcache import GraphCache
+from tfmem.sim.opmemory import FORWARDING_OPS, VIEW_RULES, temp_bytes, viewed_input
+from tfmem.sim.schedule import Schedule
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ DESIGN.md) and is listed in ``added``.
 Examples
 --------
 >>> import tensorflow as tf
->>> from tfmem.shapes import annotate
+>>> from tfmem.ir.shapes import annotate
 >>> g = tf.Graph()
 >>> with g.as_default():
 ...     a = tf.constant(1.0, name="a")
@@ -28,7 +28,7 @@ from types import MappingProxyType
 from tensorflow.core.framework import attr_value_pb2
 
 from tfmem.errors import MalformedGraphError
-from tfmem.ir import GraphIR, OpNode, TensorRef, TensorSpec
+from tfmem.ir.graph import GraphIR, OpNode, TensorRef, TensorSpec
 
 DO_NOT_REMOVE = "_grappler_do_not_remove"
 

@@ -18,9 +18,9 @@ from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
 from tensorflow.python.grappler import cluster as gcluster
 from tensorflow.python.grappler import tf_optimizer
 
-from tfmem.devices import DEFAULT_DEVICE, with_default_device
 from tfmem.errors import first_line
-from tfmem.ir import GraphIR, TensorRef
+from tfmem.ir.devices import DEFAULT_DEVICE, with_default_device
+from tfmem.ir.graph import GraphIR, TensorRef
 
 _CLUSTER: gcluster.Cluster | None = None
 _log = logging.getLogger(__name__)

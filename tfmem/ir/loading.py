@@ -16,8 +16,8 @@ from tensorflow.core.framework import graph_pb2
 from tensorflow.core.protobuf import meta_graph_pb2
 
 from tfmem.errors import BadInputError, MalformedGraphError
-from tfmem.ir import GraphIR
-from tfmem.shapes import FeedShapes, annotate
+from tfmem.ir.graph import GraphIR
+from tfmem.ir.shapes import FeedShapes, annotate
 
 GraphSource = tf.Graph | graph_pb2.GraphDef | meta_graph_pb2.MetaGraphDef | GraphIR | str | os.PathLike
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import networkx as nx
 
 from tfmem.errors import MalformedGraphError
-from tfmem.frames import back_edges
-from tfmem.ir import GraphIR
+from tfmem.ir.frames import back_edges
+from tfmem.ir.graph import GraphIR
 
 SWAP_IN_ATTR = "_tfmem_swap_in"
 SWAP_OUT_ATTR = "_tfmem_swap_out"
@@ -22,7 +22,7 @@ def verify(graph: GraphIR) -> None:
     Examples
     --------
     >>> import tensorflow as tf
-    >>> from tfmem.shapes import annotate
+    >>> from tfmem.ir.shapes import annotate
     >>> g = tf.Graph()
     >>> with g.as_default():
     ...     _ = tf.identity(tf.constant(1.0), name="y")

@@ -13,7 +13,7 @@ Examples
 >>> with g.as_default():
 ...     x = tf.compat.v1.placeholder(tf.float32, (4, 8), name="x")
 ...     y = tf.identity(x * 2.0, name="y")
->>> from tfmem.shapes import annotate
+>>> from tfmem.ir.shapes import annotate
 >>> ir = annotate(g.as_graph_def())      # GraphIR.from_graph_def(...) plus a TensorSpec per output
 >>> ir.spec("y:0").nbytes
 128

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from tfmem.errors import BadInputError
-from tfmem.frames import back_edges, find_regions
-from tfmem.ir import GraphIR, OpNode, TensorRef
+from tfmem.ir.frames import back_edges, find_regions
+from tfmem.ir.graph import GraphIR, OpNode, TensorRef
 
 # Output 0 of these ops shares the buffer of input 0 (no new memory).
 ALIAS_OPS = frozenset({

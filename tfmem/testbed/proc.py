@@ -1,6 +1,6 @@
 """Child processes of the testbed: start a TensorFlow server, talk to it, and make sure it dies.
 
-``ServerProcess`` wraps one ``_testbed_server.py`` child. Every child is killed by ``kill()``, by the parent's
+``ServerProcess`` wraps one ``server.py`` child. Every child is killed by ``kill()``, by the parent's
 atexit hook, by its own watchdog when the parent dies, or by ``PR_SET_PDEATHSIG`` when the parent is SIGKILLed.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 
 from tfmem.errors import TestbedError
 
-SERVER_SCRIPT = Path(__file__).with_name("_testbed_server.py")
+SERVER_SCRIPT = Path(__file__).with_name("server.py")
 
 # Set in both children. oneDNN's allocator would bypass the BFC cap; deterministic ops make outputs
 # bit-reproducible; level 2 hides TF's INFO/WARNING chatter (including the BFC allocator's OOM dump).

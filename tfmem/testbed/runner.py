@@ -51,9 +51,9 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tfmem._testbed_graph import DEVICE, HOST, GraphLike, check_names, initializer_names, place_on_device
-from tfmem._testbed_proc import COMMON_ENV, ServerProcess, free_ports
 from tfmem.errors import BadInputError, TestbedError
+from tfmem.testbed.graph import DEVICE, HOST, GraphLike, check_names, initializer_names, place_on_device
+from tfmem.testbed.proc import COMMON_ENV, ServerProcess, free_ports
 from tfmem.units import format_bytes, parse_bytes
 
 __all__ = ["DEVICE", "HOST", "RunResult", "Testbed", "initializer_names", "place_on_device"]

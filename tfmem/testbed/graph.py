@@ -10,7 +10,7 @@ import difflib
 import tensorflow as tf
 
 from tfmem.errors import BadInputError
-from tfmem.execution import VARIABLE_OPS
+from tfmem.ir.execution import VARIABLE_OPS
 
 DEVICE = "/job:worker/replica:0/task:0/device:CPU:0"
 HOST = "/job:host/replica:0/task:0/device:CPU:0"

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Generic, TypeVar
 
-from tfmem.ir import GraphIR
-from tfmem.tags import same_program
+from tfmem.ir.graph import GraphIR
+from tfmem.ir.tags import same_program
 
 V = TypeVar("V")
 
@@ -21,7 +21,7 @@ class GraphCache(Generic[V]):
 
     Examples
     --------
-    >>> from tfmem.ir import OpNode
+    >>> from tfmem.ir.graph import OpNode
     >>> cache: GraphCache[int] = GraphCache(kept=2)
     >>> g = GraphIR((OpNode("x", "Const"),))
     >>> cache.put(g, ("fetch",), 42)
