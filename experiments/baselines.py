@@ -25,10 +25,10 @@ from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
+from tqdm import tqdm
 
-from experiments._common import (  # noqa: E402
+from experiments._common import (
     DEFAULT_FRACTION,
     FRACTIONS,
     NAMED_GPU,
@@ -45,9 +45,9 @@ from experiments._common import (  # noqa: E402
     table_models,
     write,
 )
-from experiments.peak_memory import ROOMY, gpu_step, optimize_row  # noqa: E402
-from tfmem.testbed import Testbed  # noqa: E402
-from tfmem.units import format_bytes  # noqa: E402
+from experiments.peak_memory import ROOMY, gpu_step, optimize_row
+from tfmem.testbed import Testbed
+from tfmem.units import format_bytes
 
 _RC = rewriter_config_pb2.RewriterConfig
 TF_SETTINGS: dict[str, int] = {

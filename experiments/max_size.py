@@ -50,16 +50,16 @@ from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from tqdm import tqdm  # noqa: E402
+from tqdm import tqdm
 
-import tfmem  # noqa: E402
-from experiments._common import RESULTS, provenance, write  # noqa: E402
-from models import deepspeech, moe_transformer, resnet  # noqa: E402
-from tfmem.examples import Built  # noqa: E402
-from tfmem.ir.loading import load  # noqa: E402
-from tfmem.sim.costmodel import DEVICES, op_flops  # noqa: E402
-from tfmem.testbed import DEVICE, HOST, Testbed  # noqa: E402
-from tfmem.units import format_bytes, parse_bytes  # noqa: E402
+import tfmem
+from experiments._common import RESULTS, provenance, write
+from models import deepspeech, moe_transformer, resnet
+from tfmem.examples import Built
+from tfmem.ir.loading import load
+from tfmem.sim.costmodel import DEVICES, op_flops
+from tfmem.testbed import DEVICE, HOST, Testbed
+from tfmem.units import format_bytes, parse_bytes
 
 MODES = ("vanilla", "tfmem")
 BENCH = False   # ``make bench`` runs the families through max_experts, max_resnet_depth and deepspeech_seq_len

@@ -71,7 +71,7 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _machine() -> dict[str, Any]:
+def machine_info() -> dict[str, Any]:
     return {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg_start": os.getloadavg()}
 
 
@@ -735,7 +735,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or (Path(tempfile.mkdtemp(prefix="mf_convergence_")) if args.tiny else
                        Path(__file__).resolve().parent / "results")
     out.mkdir(parents=True, exist_ok=True)
-    machine = _machine()
+    machine = machine_info()
     name = "mf_throughput" if args.throughput_only else "mf_shuffle_study" if args.study_only else "mf_convergence"
     res = (run_throughput(cfg) if args.throughput_only else run_study(cfg) if args.study_only
            else run(cfg, use_ray=not args.no_ray))

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from experiments.mf_convergence import FULL, TINY, Problem, _machine
+from experiments.mf_convergence import FULL, TINY, Problem, machine_info
 
 
 def default_workers(cpus: int | None = None) -> list[int]:
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or (Path(tempfile.mkdtemp(prefix="mf_scaling_")) if args.tiny else
                        Path(__file__).resolve().parent / "results")
     out.mkdir(parents=True, exist_ok=True)
-    machine = _machine()
+    machine = machine_info()
     t0 = time.perf_counter()
     res = measure(Problem(cfg), workers, repeats)
     machine["loadavg_end"] = os.getloadavg()

@@ -19,14 +19,14 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+import numpy as np
+from tqdm import tqdm
 
-import tfmem  # noqa: E402
-from experiments._common import RESULTS, provenance, testbed_run, write  # noqa: E402
-from models import moe_transformer  # noqa: E402
-from tfmem.testbed import DEVICE, HOST, Testbed  # noqa: E402
-from tfmem.units import format_bytes  # noqa: E402
+import tfmem
+from experiments._common import RESULTS, provenance, testbed_run, write
+from models import moe_transformer
+from tfmem.testbed import DEVICE, HOST, Testbed
+from tfmem.units import format_bytes
 
 MiB = 2**20
 REFERENCE_BUDGET = 2 * 2**30   # vanilla's outputs, to check tfmem's against, come from a run this large

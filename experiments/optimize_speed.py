@@ -19,9 +19,9 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import tfmem  # noqa: E402
-from experiments._common import RESULTS, provenance, write  # noqa: E402
-from tfmem import examples  # noqa: E402
+import tfmem
+from experiments._common import RESULTS, provenance, write
+from tfmem import examples
 
 NODES_PER_STEP = 47  # ops per unrolled step of examples.unrolled_rnn (forward, backward, loss)
 

@@ -16,14 +16,14 @@ from statistics import median
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+import numpy as np
+from tqdm import tqdm
 
-import tfmem  # noqa: E402
-from experiments._common import RESULTS, provenance, write  # noqa: E402
-from tfmem import examples  # noqa: E402
-from tfmem.testbed import Testbed  # noqa: E402
-from tfmem.units import format_bytes  # noqa: E402
+import tfmem
+from experiments._common import RESULTS, provenance, write
+from tfmem import examples
+from tfmem.testbed import Testbed
+from tfmem.units import format_bytes
 
 PASSES = ["partition", "limit_parallelism"]
 

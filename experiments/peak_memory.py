@@ -28,10 +28,10 @@ from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from tqdm import tqdm  # noqa: E402
+from tqdm import tqdm
 
-import tfmem  # noqa: E402
-from experiments._common import (  # noqa: E402
+import tfmem
+from experiments._common import (
     DEFAULT_FRACTION,
     FRACTIONS,
     NAMED_GPU,
@@ -48,9 +48,9 @@ from experiments._common import (  # noqa: E402
     table_models,
     write,
 )
-from tfmem.measure import grappler_peak  # noqa: E402
-from tfmem.testbed import DEVICE, HOST, Testbed  # noqa: E402
-from tfmem.units import format_bytes  # noqa: E402
+from tfmem.measure import grappler_peak
+from tfmem.testbed import DEVICE, HOST, Testbed
+from tfmem.units import format_bytes
 
 ROOMY = "1GiB"
 PAPER_GPU = "12GiB"   # TitanX, the TensorFlowMem talk's GPU

@@ -30,18 +30,18 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from tqdm import tqdm  # noqa: E402
+from tqdm import tqdm
 
-import tfmem  # noqa: E402
-from experiments._common import RESULTS, provenance, testbed_run, write  # noqa: E402
-from experiments.planner import held_out_matching  # noqa: E402
-from experiments.planner_gap import plan_without_layout_check  # noqa: E402
-from tfmem import examples  # noqa: E402
-from tfmem.ir.devices import same_device  # noqa: E402
-from tfmem.ir.editor import GraphEditor  # noqa: E402
-from tfmem.ir.graph import GraphIR  # noqa: E402
-from tfmem.testbed import DEVICE  # noqa: E402
-from tfmem.units import format_bytes  # noqa: E402
+import tfmem
+from experiments._common import RESULTS, provenance, testbed_run, write
+from experiments.planner import held_out_matching
+from experiments.planner_gap import plan_without_layout_check
+from tfmem import examples
+from tfmem.ir.devices import same_device
+from tfmem.ir.editor import GraphEditor
+from tfmem.ir.graph import GraphIR
+from tfmem.testbed import DEVICE
+from tfmem.units import format_bytes
 
 MiB = 2**20
 # Ops that initialisation or a feed also runs: never given a control input (see the module docstring).

@@ -36,13 +36,13 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from tqdm import tqdm  # noqa: E402
+from tqdm import tqdm
 
-import tfmem  # noqa: E402
-from experiments._common import RESULTS, provenance, testbed_run, write  # noqa: E402
-from tfmem import examples  # noqa: E402
-from tfmem.testbed import DEVICE, HOST, Testbed  # noqa: E402
-from tfmem.units import format_bytes  # noqa: E402
+import tfmem
+from experiments._common import RESULTS, provenance, testbed_run, write
+from tfmem import examples
+from tfmem.testbed import DEVICE, HOST, Testbed
+from tfmem.units import format_bytes
 
 MiB = 2**20
 FRACTIONS = (0.9, 0.7, 0.5, 0.35, 0.25, 0.15)
@@ -99,7 +99,7 @@ def held_out_matching(parser: argparse.ArgumentParser, prefix: str | None,
     return chosen
 
 
-def _optimize(built: examples.Built, budget: int, passes: object) -> tfmem.Optimized | tfmem.InfeasibleBudgetError:
+def optimize_or_refusal(built: examples.Built, budget: int, passes: object) -> tfmem.Optimized | tfmem.InfeasibleBudgetError:
     try:
         return tfmem.optimize(built.graph, built.fetches, budget=budget, feed_shapes=built.feed_shapes,
                               device=DEVICE, host=HOST, passes=passes)  # type: ignore[arg-type]
@@ -154,7 +154,7 @@ def guarantee(built: examples.Built, peak: int, fractions: tuple[float, ...], st
 
 
 def _guarantee_row(built: examples.Built, budget: int, steps: int, fraction: float | None) -> dict[str, object]:
-    result = _optimize(built, budget, "auto")
+    result = optimize_or_refusal(built, budget, "auto")
     if isinstance(result, tfmem.InfeasibleBudgetError):
         return {"fraction": fraction, "budget_bytes": budget, "accepted": False,
                 "lower_bound_bytes": result.lower_bound_bytes, "best_peak_bytes": result.best_peak_bytes}
@@ -184,7 +184,7 @@ def strategies(built: examples.Built, budget: int, steps: int, rounds: int = 1) 
     made = {}
     made_by: dict[bytes, str] = {}   # graph digest -> the first strategy that made it
     for label, passes in STRATEGIES.items():
-        result = _optimize(built, budget, passes)
+        result = optimize_or_refusal(built, budget, passes)
         if isinstance(result, tfmem.InfeasibleBudgetError):
             out[label] = {"refused": True, "best_peak_bytes": result.best_peak_bytes}
             continue
@@ -226,7 +226,7 @@ def large_graph(nodes: int, fraction: float) -> dict[str, object]:
                           inter_op_threads=os.cpu_count() or 1).peak_bytes
     budget = int(peak * fraction)
     started = time.perf_counter()
-    result = _optimize(built, budget, "auto")
+    result = optimize_or_refusal(built, budget, "auto")
     elapsed = time.perf_counter() - started
     row: dict[str, object] = {"ops": ops, "vanilla_simulated_bytes": peak, "budget_bytes": budget,
                               "optimize_s": elapsed, "load_avg_1min": os.getloadavg()[0]}

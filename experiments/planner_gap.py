@@ -21,18 +21,17 @@ import json
 import math
 import os
 from pathlib import Path
-from unittest import mock
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from tqdm import tqdm  # noqa: E402
+from tqdm import tqdm
 
-import tfmem  # noqa: E402
-from experiments._common import RESULTS, provenance, testbed_run, write  # noqa: E402
-from experiments.planner import held_out_builders, held_out_matching  # noqa: E402
-from tfmem import examples, optimizer  # noqa: E402
-from tfmem.testbed import DEVICE, HOST  # noqa: E402
-from tfmem.units import format_bytes  # noqa: E402
+import tfmem
+from experiments._common import RESULTS, provenance, testbed_run, write
+from experiments.planner import held_out_builders, held_out_matching
+from tfmem import examples, optimizer
+from tfmem.testbed import DEVICE, HOST
+from tfmem.units import format_bytes
 
 MiB = 2**20
 
@@ -40,7 +39,7 @@ MiB = 2**20
 def budget_planning_for(target: int) -> int:
     """The smallest budget (in 64 KiB steps) whose plan ``optimize`` makes for at least ``target`` bytes."""
     budget = target
-    while min(optimizer.planning_budget(budget), optimizer.layout_room(budget)) < target:
+    while min(optimizer.target_bytes_for(budget), optimizer.layout_room(budget)) < target:
         budget += 64 * 1024
     return budget
 
@@ -48,12 +47,12 @@ def budget_planning_for(target: int) -> int:
 def plan_without_layout_check(built: examples.Built, target: int) -> tfmem.Optimized | tfmem.InfeasibleBudgetError:
     """The plan ``optimize`` makes for a peak of ``target`` bytes with its allocator-layout check switched off
     (so it comes back whatever its layout), or its refusal."""
-    with mock.patch.object(optimizer, "_fits_layout", lambda fitted, room: True):
-        try:
-            return tfmem.optimize(built.graph, built.fetches, budget=budget_planning_for(target),
-                                  feed_shapes=built.feed_shapes, device=DEVICE, host=HOST, passes="auto")
-        except tfmem.InfeasibleBudgetError as e:
-            return e
+    try:
+        return tfmem.optimize(built.graph, built.fetches, budget=budget_planning_for(target),
+                              feed_shapes=built.feed_shapes, device=DEVICE, host=HOST, passes="auto",
+                              layout_check=False)
+    except tfmem.InfeasibleBudgetError as e:
+        return e
 
 
 def lowest_plan(built: examples.Built, tries: int = 8, probes: int = 2, step: float = 1.25,

@@ -21,14 +21,14 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from tqdm import tqdm  # noqa: E402
+from tqdm import tqdm
 
-import tfmem  # noqa: E402
-from experiments._common import RESULTS, provenance, write  # noqa: E402
-from tfmem import examples  # noqa: E402
-from tfmem.measure import grappler_peak  # noqa: E402
-from tfmem.testbed import DEVICE, HOST, Testbed  # noqa: E402
-from tfmem.units import format_bytes  # noqa: E402
+import tfmem
+from experiments._common import RESULTS, provenance, write
+from tfmem import examples
+from tfmem.measure import grappler_peak
+from tfmem.testbed import DEVICE, HOST, Testbed
+from tfmem.units import format_bytes
 
 
 def graphs(tiny: bool) -> dict[str, examples.Built]:

@@ -22,24 +22,24 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import tensorflow as tf  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+import tensorflow as tf
+from tqdm import tqdm
 
-from experiments._common import RESULTS, provenance, write  # noqa: E402
-from experiments.planner import held_out_matching  # noqa: E402
-from tfmem import examples  # noqa: E402
-from tfmem.ir.devices import DEFAULT_DEVICE, with_default_device  # noqa: E402
-from tfmem.ir.execution import ExecutionGraph  # noqa: E402
-from tfmem.ir.graph import GraphIR  # noqa: E402
-from tfmem.ir.loading import to_graph_def  # noqa: E402
-from tfmem.ir.shapes import annotate  # noqa: E402
+from experiments._common import RESULTS, provenance, write
+from experiments.planner import held_out_matching
+from tfmem import examples
+from tfmem.ir.devices import DEFAULT_DEVICE, with_default_device
+from tfmem.ir.execution import ExecutionGraph
+from tfmem.ir.graph import GraphIR
+from tfmem.ir.loading import to_graph_def
+from tfmem.ir.shapes import annotate
 from tfmem.sim import costmodel
-from tfmem.sim.analysis import analyse  # noqa: E402
-from tfmem.sim.executor_folding import fold_like_executor  # noqa: E402
-from tfmem.sim.grappler import runtime_graph_def  # noqa: E402
-from tfmem.sim.memsim import simulate  # noqa: E402
-from tfmem.testbed import Testbed  # noqa: E402
-from tfmem.units import format_bytes  # noqa: E402
+from tfmem.sim.analysis import analyse
+from tfmem.sim.executor_folding import fold_like_executor
+from tfmem.sim.grappler import runtime_graph_def
+from tfmem.sim.memsim import simulate
+from tfmem.testbed import Testbed
+from tfmem.units import format_bytes
 
 MiB = 2**20
 CAPACITY = 2 << 30   # far above every graph here: the step runs as it would unbounded

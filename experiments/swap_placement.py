@@ -20,16 +20,16 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+import numpy as np
+from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
+from tqdm import tqdm
 
-import tfmem  # noqa: E402
-from experiments._common import RESULTS, provenance, testbed_run, write  # noqa: E402
-from tfmem import examples  # noqa: E402
-from tfmem.measure import grappler_peak  # noqa: E402
-from tfmem.testbed import DEVICE, HOST, RunResult, Testbed  # noqa: E402
-from tfmem.units import format_bytes  # noqa: E402
+import tfmem
+from experiments._common import RESULTS, provenance, testbed_run, write
+from tfmem import examples
+from tfmem.measure import grappler_peak
+from tfmem.testbed import DEVICE, HOST, RunResult, Testbed
+from tfmem.units import format_bytes
 
 MiB = 2**20
 ROOMY = "1GiB"

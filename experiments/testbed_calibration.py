@@ -25,18 +25,18 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+import numpy as np
+from tqdm import tqdm
 
-import tfmem  # noqa: E402
-from experiments._common import RESULTS, load_average, provenance, write  # noqa: E402
-from experiments.planner import STRATEGIES, _optimize, graphs, vanilla_peak  # noqa: E402
-from tfmem import examples  # noqa: E402
-from tfmem.ir.devices import Placement  # noqa: E402
-from tfmem.ir.loading import load  # noqa: E402
+import tfmem
+from experiments._common import RESULTS, load_average, provenance, write
+from experiments.planner import STRATEGIES, graphs, optimize_or_refusal, vanilla_peak
+from tfmem import examples
+from tfmem.ir.devices import Placement
+from tfmem.ir.loading import load
 from tfmem.sim import costmodel
-from tfmem.sim.analysis import analyse, transfers_into  # noqa: E402
-from tfmem.testbed import DEVICE, HOST, Testbed  # noqa: E402
+from tfmem.sim.analysis import analyse, transfers_into
+from tfmem.testbed import DEVICE, HOST, Testbed
 
 MiB = 2**20
 ROOMY = 1024 * MiB   # the testbed's cap while timing: no plan comes near it
@@ -50,7 +50,7 @@ def plans(built: examples.Built, fractions: tuple[float, ...]) -> dict[str, obje
     out: dict[str, object] = {"as written": built.graph}
     for fraction in fractions:
         for label, passes in STRATEGIES.items():
-            result = _optimize(built, int(peak * fraction), passes)
+            result = optimize_or_refusal(built, int(peak * fraction), passes)
             if not isinstance(result, tfmem.InfeasibleBudgetError):
                 out[f"{label} @ {fraction:g}x"] = result.graph
     return out

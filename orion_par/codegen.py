@@ -184,13 +184,13 @@ def compile_body(name: str, source: str, param_names: tuple[str, ...], injected:
         block, seed, drive = _jit_module(source, injected, cache).__dict__["_orion_jit"]
         try:
             block(*sample_args)
-        except Exception as e:  # noqa: BLE001 - any failure to compile means: run it as Python
+        except Exception as e:
             reason = reason or _reason(str(e), line_text)
             continue
         try:  # compile the driver now too (no calls), so that no run's timing includes it
             keys, values, params = sample_args[0], sample_args[1], sample_args[4:]
             drive(keys, values, np.zeros((0, 5), np.int64), 0, np.zeros(1, np.int64), 0, np.zeros(2, np.int64), *params)
-        except Exception:  # noqa: BLE001 - the executor then hands tokens over in Python (slower, same result)
+        except Exception:
             drive = None
         return CompiledBody(name, source, param_names, injected, block, seed, drive=drive)
     # A fresh module: its _orion_body is the Python function; prefetch hints are no-ops there.

@@ -126,7 +126,7 @@ def _worker(w: int, compiled: CompiledBody, data: BlockData, by_epoch: list[Sche
                 barrier.wait()
     except threading.BrokenBarrierError:
         return  # another worker failed; its error is reported
-    except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+    except BaseException as e:
         with state.cond:
             state.error = state.error or e
             state.cond.notify_all()
@@ -207,7 +207,7 @@ def _drive_worker(w: int, compiled: CompiledBody, data: BlockData, by_worker: li
                 _nap(done, int(calls[c, 2]), int(calls[c, 3]), state)
     except threading.BrokenBarrierError:
         pass  # another worker failed; its error is reported
-    except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+    except BaseException as e:
         with state.cond:
             state.error = state.error or e
     # The share of the driver's cycles spent spinning for tokens; the rest ran blocks (a thread the OS

@@ -39,12 +39,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from passes.transfer import IDENTITY_OPS, identity_attrs
+from passes.transfer import identity_attrs
 from tfmem.ir.devices import Placement
 from tfmem.ir.editor import GraphEditor
-from tfmem.ir.execution import ALIAS_OPS, PERSISTENT_OUTPUT_OPS, VARIABLE_READ_OPS, ExecutionGraph
+from tfmem.ir.execution import ExecutionGraph
 from tfmem.ir.frames import find_regions
 from tfmem.ir.graph import GraphIR, OpNode, TensorRef
+from tfmem.ir.ops import ALIAS_OPS, IDENTITY_OPS, PERSISTENT_OUTPUT_OPS, VARIABLE_READ_OPS
 from tfmem.pipeline import PassContext, PassReport, PassResult
 from tfmem.sim.opmemory import allocated_bytes
 from tfmem.units import format_bytes
@@ -61,6 +62,7 @@ class FenceTransfers:
     """Hold the next large device allocation after each device-to-host copy until the copy has arrived."""
 
     name: ClassVar[str] = "fence_transfers"
+    budget_independent: ClassVar[bool] = True
 
     def run(self, graph: GraphIR, ctx: PassContext) -> PassResult:
         if ctx.host is None:

@@ -69,6 +69,7 @@ class LimitParallelism:
     """Allow at most ``k`` partitions in flight (``k="auto"`` chooses from the bound and the simulator)."""
 
     name: ClassVar[str] = "limit_parallelism"
+    budget_independent: ClassVar[bool] = False
     k: int | str = "auto"
 
     def __post_init__(self) -> None:
@@ -97,7 +98,7 @@ class LimitParallelism:
             return _Plan(plan.k, plan.bound_bytes, plan.step_s, new, edges, prof)
 
         # An explicit k is the user's decision; "auto" applies the budget / step-time rules.
-        tried, chosen = _choose(plans, base, base_step, ctx.device_budget_bytes, realise) if self.k == "auto" \
+        tried, chosen = _choose(plans, base, base_step, ctx.target_bytes, realise) if self.k == "auto" \
             else ([realise(plans[0])], None)
         chosen = chosen if self.k == "auto" else tried[0]
         tried_note = "tried: " + ", ".join(
@@ -120,7 +121,7 @@ class LimitParallelism:
         return PassResult(chosen.graph, True, report)
 
 
-def _choose(plans: list[_Plan], base: MemoryProfile, base_step: float, budget: int | None,
+def _choose(plans: list[_Plan], base: MemoryProfile, base_step: float, target_bytes: int | None,
             realise: Callable[[_Plan], _Plan]) -> tuple[list[_Plan], _Plan | None]:
     """Simulate candidates lazily, best first; return those simulated and the one chosen (or None)."""
     tried: list[_Plan] = []
@@ -131,11 +132,11 @@ def _choose(plans: list[_Plan], base: MemoryProfile, base_step: float, budget: i
             tried.append(done)
         return done
 
-    if budget is not None:
-        if base.peak_bytes <= budget:  # unlimited parallelism already fits: give nothing up
+    if target_bytes is not None:
+        if base.peak_bytes <= target_bytes:  # unlimited parallelism already fits: give nothing up
             return tried, None
         for plan in sorted(plans, key=lambda p: -p.k):  # the largest k that surely fits and simulates within
-            if plan.bound_bytes <= budget and attempt(plan).profile.peak_bytes <= budget:  # type: ignore[union-attr]
+            if plan.bound_bytes <= target_bytes and attempt(plan).profile.peak_bytes <= target_bytes:  # type: ignore[union-attr]
                 return tried, tried[-1]
         safest = attempt(min(plans, key=lambda p: (p.bound_bytes, p.k)))  # best effort: the lowest bound
         return tried, safest if safest.profile.peak_bytes < base.peak_bytes else None  # type: ignore[union-attr]

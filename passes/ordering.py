@@ -20,8 +20,9 @@ from functools import cached_property
 
 from tensorflow.python.framework import op_def_registry
 
-from tfmem.ir.execution import ALIAS_OPS, PERSISTENT_OUTPUT_OPS, ExecutionGraph
+from tfmem.ir.execution import ExecutionGraph
 from tfmem.ir.graph import TensorRef
+from tfmem.ir.ops import ALIAS_OPS, PERSISTENT_OUTPUT_OPS
 from tfmem.sim import costmodel
 from tfmem.sim.analysis import FootprintModel, OrderFootprint, expensive_of, unit_time_s
 from tfmem.sim.schedule import emulate

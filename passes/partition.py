@@ -39,6 +39,7 @@ class Partition:
     """Tag every executed op with a partition index along the best memory-aware order."""
 
     name: ClassVar[str] = "partition"
+    budget_independent: ClassVar[bool] = True
     slack: float = 0.0       # how far above the order's one-thread peak a partition's worst case may go
     search_evals: int = 200  # most orders the local search around the peak scores (fewer on large graphs)
 

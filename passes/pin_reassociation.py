@@ -40,13 +40,12 @@ from tensorflow.core.framework import attr_value_pb2, node_def_pb2, types_pb2
 from tfmem.ir.editor import DO_NOT_REMOVE
 from tfmem.ir.frames import find_regions
 from tfmem.ir.graph import GraphIR, OpNode, TensorRef
+from tfmem.ir.ops import CHAIN_OPS, GRAPPLER_BYPASSED_OPS
 from tfmem.ir.shapes import spec_of
 from tfmem.pipeline import PassContext, PassReport, PassResult
 from tfmem.sim.grappler import runtime_nodes
 
-CHAIN_OPS = frozenset({"Mul", "Add", "AddV2"})   # what Grappler re-associates in place
 INEXACT_DTYPES = frozenset({types_pb2.DT_FLOAT, types_pb2.DT_DOUBLE, types_pb2.DT_HALF, types_pb2.DT_BFLOAT16})
-FORWARDING_OPS = frozenset({"Identity"})        # read the same value as their input (Grappler bypasses them)
 
 # One op's definition in a chain: its data inputs, or None for a constant (an op Grappler folded).
 Definition = tuple[TensorRef, ...] | None
@@ -225,7 +224,7 @@ def _same_operands(graph: GraphIR, runtime_inputs: list[TensorRef], inputs: tupl
 def _source(graph: GraphIR, t: TensorRef) -> TensorRef:
     """The tensor ``t`` forwards: through Identity ops to the first tensor that is not one's output."""
     seen: set[str] = set()
-    while graph[t.node].op in FORWARDING_OPS and graph[t.node].inputs and t.node not in seen:
+    while graph[t.node].op in GRAPPLER_BYPASSED_OPS and graph[t.node].inputs and t.node not in seen:
         seen.add(t.node)
         t = graph[t.node].inputs[0]
     return t

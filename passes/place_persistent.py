@@ -45,7 +45,6 @@ from tensorflow.core.framework import attr_value_pb2
 
 from passes.timeline import StepTimeline
 from passes.transfer import (
-    IDENTITY_OPS,
     Prefetch,
     add_prefetches,
     group_consumers,
@@ -57,16 +56,15 @@ from passes.transfer import (
 )
 from tfmem.ir.devices import Placement
 from tfmem.ir.editor import DO_NOT_REMOVE, GraphEditor
-from tfmem.ir.execution import PERSISTENT_OUTPUT_OPS, VARIABLE_OPS, ExecutionGraph
+from tfmem.ir.execution import ExecutionGraph
 from tfmem.ir.frames import back_edges
 from tfmem.ir.graph import GraphIR, OpNode, TensorRef
+from tfmem.ir.ops import IDENTITY_OPS, PERSISTENT_OUTPUT_OPS, REF_READ_OPS, REF_VARIABLE_OPS, VARIABLE_OPS
 from tfmem.pipeline import PassContext, PassReport, PassResult
 from tfmem.sim import costmodel
 from tfmem.sim.memsim import MemoryProfile, variable_bytes
 from tfmem.units import format_bytes
 
-REF_VARIABLE_OPS = frozenset({"VariableV2", "Variable"})
-REF_READ_OPS = frozenset({"Identity", "RefIdentity", "IsVariableInitialized"})
 COLOCATION_ATTR = "_class"
 PREFETCH_TAG = "_tfmem_prefetch"
 TO_HOST_TAG = "_tfmem_to_host"
@@ -91,6 +89,7 @@ class PlacePersistent:
     """Move variables and large constants to ``ctx.host`` until the simulated device peak meets the budget."""
 
     name: ClassVar[str] = "place_persistent"
+    budget_independent: ClassVar[bool] = False
     min_bytes: int = 64 * 1024
     overshoot: float = 1.25
     link: costmodel.DeviceSpec = field(default=costmodel.DEFAULT_DEVICE)
@@ -98,19 +97,19 @@ class PlacePersistent:
     def run(self, graph: GraphIR, ctx: PassContext) -> PassResult:
         if ctx.host is None:
             return PassResult(graph, False, PassReport.empty(self.name, "no host device given (host=...)"))
-        budget = ctx.device_budget_bytes
-        if budget is None:
+        target_bytes = ctx.target_bytes
+        if target_bytes is None:
             return PassResult(graph, False, PassReport.empty(
                 self.name, "no budget: host-resident weights cost transfers, so this runs only to meet a budget"))
         profile = ctx.simulate(graph)
-        if profile.peak_bytes <= budget:
+        if profile.peak_bytes <= target_bytes:
             return PassResult(graph, False, PassReport.empty(self.name, "already within the budget"))
         timeline = StepTimeline.build(graph, ctx.fetches, profile, ctx.feed_shapes)
         groups = sorted(persistent_groups(graph, timeline.eg, Placement(ctx.device, ctx.host), self.min_bytes),
                         key=lambda g: (-g.nbytes, g.roots))
         start_peak, moved, current = profile.peak_bytes, 0, graph
-        while moved < len(groups) and profile.peak_bytes > budget:
-            excess, take = (profile.peak_bytes - budget) * self.overshoot, moved
+        while moved < len(groups) and profile.peak_bytes > target_bytes:
+            excess, take = (profile.peak_bytes - target_bytes) * self.overshoot, moved
             covered = 0
             while take < len(groups) and covered < excess:
                 covered += groups[take].nbytes
@@ -125,13 +124,13 @@ class PlacePersistent:
         if not chosen:
             return PassResult(graph, False, PassReport.empty(
                 self.name, f"moving variables to the host did not lower the peak ({format_bytes(start_peak)})"))
-        return PassResult(current, True, self._report(graph, current, chosen, start_peak, profile, budget))
+        return PassResult(current, True, self._report(graph, current, chosen, start_peak, profile, target_bytes))
 
     def _report(self, before: GraphIR, after: GraphIR, chosen: list[PersistentGroup], start_peak: int,
-                profile: MemoryProfile, budget: int) -> PassReport:
+                profile: MemoryProfile, target_bytes: int) -> PassReport:
         added = len(after) - len(before)
         moved_bytes = sum(g.nbytes for g in chosen)
-        met = "meets" if profile.peak_bytes <= budget else "still above"
+        met = "meets" if profile.peak_bytes <= target_bytes else "still above"
         per_step = sum((after.spec(TensorRef(n.name, 0)).nbytes or 0) for n in after.nodes
                        if n.attr_bool(PREFETCH_TAG))
         notes = (

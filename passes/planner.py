@@ -31,10 +31,7 @@ continued by the other, so recomputation takes what is cheap and swapping the re
 estimated step time is kept; failing that, every option is taken at once and the dearest given back while the
 plan still fits (``Planner._everything_then_thin``); failing that too, the planner retries with the large device
 ops chained one after another (their working sets then never add up), and finally repairs the best plan
-greedily, re-simulating after each step. With ``peak_descent`` (off by default, see the field), a plan still over the budget then goes through
-peak descent (``passes.peak_descent``): from the lowest plans made, the tensors live at the peak are moved off the
-device one at a time (copies restarted after the peak's op, just-in-time swaps, the peak's op waiting for a
-tensor's last readers) while the peak falls.
+greedily, re-simulating after each step.
 
 The report's ``reachable_floor_bytes`` is the lowest peak any plan of these moves could reach on the order
 given (``Planner.floor``); ``tfmem.optimize`` mentions it when it refuses a budget (its lower bound is the
@@ -58,7 +55,6 @@ import numpy as np
 import pulp
 
 from passes.fence_transfers import FenceTransfers
-from passes.peak_descent import descend
 from passes.place_persistent import (
     PersistentGroup,
     PlacePersistent,
@@ -73,8 +69,8 @@ from passes.timeline import StepTimeline
 from passes.transfer import readers_through_aliases, trigger_candidates
 from tfmem.ir.devices import Placement
 from tfmem.ir.editor import GraphEditor
-from tfmem.ir.execution import ALIAS_OPS, PERSISTENT_OUTPUT_OPS, VARIABLE_READ_OPS
 from tfmem.ir.graph import GraphIR
+from tfmem.ir.ops import ALIAS_OPS, PERSISTENT_OUTPUT_OPS, VARIABLE_READ_OPS
 from tfmem.pipeline import PassContext, PassReport, PassResult
 from tfmem.sim import costmodel
 from tfmem.sim.memsim import MemoryProfile
@@ -98,12 +94,6 @@ SOLVER_MAX_PAIRS = 1_000_000
 # Up to this many ops, a plan that fits is also compared with each single strategy's (each re-simulates the graph
 # after every step it takes: seconds on graphs this size, minutes on 20,000 ops).
 COMPARE_SINGLE_MAX_OPS = 10000
-# A plan still over the budget after the greedy repair is lowered by peak descent (``passes.peak_descent``)
-# from at most this many of the plans made, lowest first, on graphs of up to COMPARE_SINGLE_MAX_OPS ops.
-DESCENT_STARTS = 3
-# ... within this many seconds in all: a refusal replans up to CAPACITY_RETRIES + 1 times, and every replan that
-# misses descends (20 s per start would add up to a minute to each).
-DESCENT_S = 20.0
 # Simulations and seconds that ``Planner._everything_then_thin`` spends giving options back (batches halve on
 # each miss; one simulation of a 7,000-op MoE plan takes about 2 s here).
 THIN_SIMULATIONS = 12
@@ -111,7 +101,7 @@ THIN_S = 20.0
 # Ops that allocate nothing of their own (views, reads of variables): chaining them orders nothing useful.
 UNCHAINED_OPS = ALIAS_OPS | VARIABLE_READ_OPS | PERSISTENT_OUTPUT_OPS
 # A single strategy that frees memory but not enough is continued by these, in turn, until the plan fits
-# (``_single_strategies``). Placing persistent tensors on the host frees the same bytes at every op, so what is
+# (``single_strategies``). Placing persistent tensors on the host frees the same bytes at every op, so what is
 # still over is activations: swap, then recompute (a WGAN-GP at a 20 MiB target: 16.95 MiB this way, where the
 # covering model's plans reached 20.7 MiB at best).
 MIXED_AFTER = {"recompute": ("swap",), "swap": ("recompute",), "place": ("swap", "recompute")}
@@ -146,9 +136,10 @@ _StrategyPlan = tuple[float, str, GraphIR, MemoryProfile, PassReport]
 
 @dataclass(frozen=True)
 class Planner:
-    """Meet ``ctx.device_budget_bytes`` at the least estimated step time (see the module docstring)."""
+    """Meet ``ctx.target_bytes`` at the least estimated step time (see the module docstring)."""
 
     name: ClassVar[str] = "planner"
+    budget_independent: ClassVar[bool] = False
     time_limit_s: float = 20.0       # CBC's time over all rounds; the greedy plan is used when it runs out
     # The planner's own wall time after which CBC is no longer asked (the greedy plans stand). CBC gets half of
     # what is left (``_solver_time``): writing, reading and presolving the model come on top of its time limit
@@ -164,20 +155,14 @@ class Planner:
     # gap's swap taken at once leaves 38.4 MiB; with both, 46.4 MiB.
     gaps: int = 3
     just_in_time: bool = True
-    # Peak descent (``passes.peak_descent``), and keeping the greedy plan nearest the budget as its start: off by
-    # default. With it on, the held-out table accepted ResNet-20 at 52.81 MiB with a plan simulated at 38.40 MiB,
-    # and it ran out of memory on a 19.75 MiB convolution-gradient scratch the layout replay had served
-    # (experiments/results/planner_heldout_descent.md); until the replay is shown to hold for descended plans,
-    # optimize does not make them.
-    peak_descent: bool = False
     link: costmodel.DeviceSpec = field(default=costmodel.DEFAULT_DEVICE)
 
     def run(self, graph: GraphIR, ctx: PassContext) -> PassResult:
-        budget = ctx.device_budget_bytes
-        if budget is None:
+        target_bytes = ctx.target_bytes
+        if target_bytes is None:
             return PassResult(graph, False, PassReport.empty(self.name, "no budget: nothing to plan"))
         profile = ctx.simulate(graph)
-        if profile.peak_bytes <= budget:
+        if profile.peak_bytes <= target_bytes:
             return PassResult(graph, False, PassReport.empty(self.name, "already within the budget"))
         started = time.perf_counter()
         deadline = started + self.deadline_s
@@ -186,20 +171,18 @@ class Planner:
         floors: list[int] = []   # per order tried, the lowest peak its options could reach
         single_report: PassReport | None = None   # when a strategy alone made the plan: its pass's report
         solved: list[PlanResult] = []
-        made: list[tuple[tuple[GraphIR, MemoryProfile, list[PlanResult], str], PassReport | None]] = []
         for label, start, start_profile in attempts:
             new, new_profile, plans, floor = self._plan_richer_then_plain(start, start_profile, ctx, deadline)
             floors.append(floor)
             solved = solved or plans
-            made.append(((new, new_profile, plans, label), None))
             if best is None or new_profile.peak_bytes < best[1].peak_bytes:
                 best, single_report = (new, new_profile, plans, label), None
-            if new_profile.peak_bytes <= budget:
+            if new_profile.peak_bytes <= target_bytes:
                 if label == "as ordered" and len(graph) <= COMPARE_SINGLE_MAX_OPS:
                     # The covering model charges each option alone; a single strategy applied greedily may still
                     # be quicker as a whole (measured: swapping alone ran an unrolled RNN at 205 ms a step
                     # where a combined plan took 308 ms). Keep whichever the simulator says is quicker.
-                    single = self._single_strategies(graph, ctx, budget)
+                    single = self.single_strategies(graph, ctx, target_bytes)
                     if single is not None and single[1].estimated_step_s < new_profile.estimated_step_s:
                         best = (single[0], single[1], [],
                                 single[3].split(":")[0] + ": quicker than the solved plan "
@@ -212,58 +195,28 @@ class Planner:
                 # strategy, applied greedily and re-simulated at every step, may still fit without giving up
                 # parallelism. Measured: on an unrolled RNN swapping alone fit at 205 ms a step where the
                 # serialised plan below took 308 ms.
-                closest: list[_StrategyPlan] = []
-                single = self._single_strategies(graph, ctx, budget, closest)
+                single = self.single_strategies(graph, ctx, target_bytes)
                 if single is not None:
                     best, single_report = single[:4], single[4]
                     break
-                everything = self._everything_then_thin(graph, ctx, profile, budget)
+                everything = self._everything_then_thin(graph, ctx, profile, target_bytes)
                 if everything is not None and everything[1].peak_bytes < best[1].peak_bytes:
                     best, single_report = everything, None
-                    made.append((best, None))
-                    if everything[1].peak_bytes <= budget:
+                    if everything[1].peak_bytes <= target_bytes:
                         break
-                if self.peak_descent and closest and closest[0][3].peak_bytes < best[1].peak_bytes:
-                    # None fits, but the greedy plan nearest the budget is where the peak descent below starts
-                    # (a WGAN-GP at 6.8 MiB: the solved plan peaked at 29.6 MiB, placing then swapping at 7.7).
-                    _, near_label, near, near_profile, single_report = closest[0]
-                    best = (near, near_profile, [], f"{near_label} (nearest the budget; none fits)")
-                    made.append((best, single_report))
                 # serialise: ops that run side by side hold their working sets together
                 serial = serialize_large_ops(graph, ctx)
                 attempts.append(("large ops one at a time", serial, ctx.simulate(serial)))
         assert best is not None
-        if best[1].peak_bytes > budget:  # the model missed interactions: repair greedily, re-simulating each step
+        if best[1].peak_bytes > target_bytes:  # the model missed interactions: repair greedily, re-simulating each step
             repaired = best[0]
             for step in (PlacePersistent(link=self.link), SwapActivations(link=self.link), Recompute()):
-                if ctx.simulate(repaired).peak_bytes <= budget:
+                if ctx.simulate(repaired).peak_bytes <= target_bytes:
                     break
                 repaired = step.run(repaired, ctx).graph
             repaired_profile = ctx.simulate(repaired)
             if repaired_profile.peak_bytes < best[1].peak_bytes:
                 best = (repaired, repaired_profile, best[2], best[3] + ", then greedy repair")
-        if (self.peak_descent and best[1].peak_bytes > budget and ctx.host is not None
-                and len(graph) <= COMPARE_SINGLE_MAX_OPS):
-            # Still over: the moves above free whole gaps and hide copies; take what is live at the peak itself
-            # off the device, one tensor at a time (see passes.peak_descent), from the lowest plans made. Where
-            # it starts matters: on ResNet-20 planned for 38.4 MiB, the serialised plan (46.4 MiB) went down to
-            # 38.4 MiB, the one as ordered from 46.4 to 41.65 MiB only.
-            starts = [(best, single_report)] + sorted((m for m in made if m[0][0] is not best[0]),
-                                                      key=lambda m: m[0][1].peak_bytes)
-            descent_ends = time.perf_counter() + DESCENT_S
-            for (plan, _, start_plans, start_label), start_report in starts[:DESCENT_STARTS]:
-                left = descent_ends - time.perf_counter()
-                if left <= 0:
-                    break
-                start = fenced(plan, ctx)
-                found = descend(start, ctx, ctx.simulate(start), judge=lambda g: fenced(g, ctx), link=self.link,
-                                time_limit_s=left)
-                if found.profile.peak_bytes < best[1].peak_bytes:
-                    best = (found.graph, found.profile, start_plans,
-                            start_label + f", then peak descent ({found.moves} moves)")
-                    single_report = start_report
-                if best[1].peak_bytes <= budget:
-                    break
         new, new_profile, plans, label = best
         chosen = plans[-1].chosen if plans else ()
         # The floor is a model's answer; a plan that went lower (a greedy pass's option the model does not list)
@@ -275,24 +228,17 @@ class Planner:
             return PassResult(graph, False, report)
         if single_report is not None:
             report = _single_report(self.name, graph, new, profile, new_profile, single_report, solved, label,
-                                    budget, self.link)
+                                    target_bytes, self.link)
         else:
-            report = _report(self.name, graph, new, profile, new_profile, plans, label, budget)
+            report = _report(self.name, graph, new, profile, new_profile, plans, label, target_bytes)
         report.details["planner_s"] = time.perf_counter() - started
         report.details["reachable_floor_bytes"] = floor
         return PassResult(new, True, report)
 
-    def _best_single_strategy(self, graph: GraphIR, ctx: PassContext, budget: int,
-                              ) -> tuple[GraphIR, MemoryProfile, list[PlanResult], str] | None:
-        """Each allowed strategy alone on ``graph``; of those that fit, the one of least estimated step time."""
-        found = self._single_strategies(graph, ctx, budget)
-        return None if found is None else found[:4]
-
-    def _single_strategies(self, graph: GraphIR, ctx: PassContext, budget: int,
-                           closest: list[_StrategyPlan] | None = None,
-                           ) -> tuple[GraphIR, MemoryProfile, list[PlanResult], str, PassReport] | None:
-        """As ``_best_single_strategy``, with the winning pass's report (what it moved). Where none fits and
-        ``closest`` is given, the plan of lowest peak is appended to it.
+    def single_strategies(self, graph: GraphIR, ctx: PassContext, target_bytes: int,
+                          ) -> tuple[GraphIR, MemoryProfile, list[PlanResult], str, PassReport] | None:
+        """Each allowed strategy alone on ``graph``; of those that fit, the one of least estimated step time,
+        with its pass's report (what it moved); None when none fits.
 
         A strategy that freed memory but not enough is continued by the ones ``MIXED_AFTER`` names, in turn,
         until the plan fits (swap then recompute, or the reverse; host placement, then swapping, then
@@ -310,7 +256,7 @@ class Planner:
             new = fenced(result.graph, ctx)
             prof = ctx.simulate(new)
             label = f"{passes[kind].name} alone"
-            if prof.peak_bytes > budget and ctx.host is not None:
+            if prof.peak_bytes > target_bytes and ctx.host is not None:
                 chain, names = [result.report], [passes[kind].name]
                 for then in (t for t in MIXED_AFTER.get(kind, ()) if t in self.kinds):
                     more = passes[then].run(result.graph, ctx)
@@ -321,22 +267,20 @@ class Planner:
                     new = fenced(more.graph, ctx)
                     prof = ctx.simulate(new)
                     result = PassResult(more.graph, True, _chained_report(chain))
-                    if prof.peak_bytes <= budget:
+                    if prof.peak_bytes <= target_bytes:
                         break
                 label = ", then ".join(names) if len(names) > 1 else label
             made.append((prof.estimated_step_s, label, new, prof, result.report))
-        cheap = self._cheap_recompute_then_swap(graph, ctx, budget)
+        cheap = self._cheap_recompute_then_swap(graph, ctx, target_bytes)
         if cheap is not None:
             made.append(cheap)
-        fitting = [m for m in made if m[3].peak_bytes <= budget]
+        fitting = [m for m in made if m[3].peak_bytes <= target_bytes]
         if not fitting:
-            if closest is not None and made:
-                closest.append(min(made, key=lambda m: (m[3].peak_bytes, m[1])))
             return None
         _, label, new, prof, report = min(fitting, key=lambda f: (f[0], f[1]))
         return new, prof, [], f"{label}: the covering model found no plan that fits", report
 
-    def _everything_then_thin(self, graph: GraphIR, ctx: PassContext, profile: MemoryProfile, budget: int,
+    def _everything_then_thin(self, graph: GraphIR, ctx: PassContext, profile: MemoryProfile, target_bytes: int,
                               ) -> tuple[GraphIR, MemoryProfile, list[PlanResult], str] | None:
         """Every option at once (per tensor, the one freeing the most bytes for the longest), then as many of the
         dearest per byte freed dropped again as the budget allows; None when there is no option.
@@ -365,10 +309,10 @@ class Planner:
         best = judge(kept)
         batch = len(kept) // 2
         for _ in range(THIN_SIMULATIONS):
-            if best[1].peak_bytes > budget or batch == 0 or time.perf_counter() > deadline:
+            if best[1].peak_bytes > target_bytes or batch == 0 or time.perf_counter() > deadline:
                 break
             trial = judge(kept[:-batch])
-            if trial[1].peak_bytes <= budget:
+            if trial[1].peak_bytes <= target_bytes:
                 kept, best = kept[:-batch], trial
                 batch = min(batch, len(kept) // 2)
             else:
@@ -378,9 +322,9 @@ class Planner:
         return (*best, [plan], f"every option at once, then the dearest given back ({len(widest) - len(kept)} "
                 f"of {len(widest)})")
 
-    def _cheap_recompute_then_swap(self, graph: GraphIR, ctx: PassContext, budget: int) -> _StrategyPlan | None:
+    def _cheap_recompute_then_swap(self, graph: GraphIR, ctx: PassContext, target_bytes: int) -> _StrategyPlan | None:
         """Recompute only what costs less than copying it out and back, then swap what is still over ``budget``;
-        as a ``_single_strategies`` candidate (None when either frees nothing).
+        as a ``single_strategies`` candidate (None when either frees nothing).
 
         Recomputing alone takes the dearest tensors too once the cheap ones run out, and swapping alone copies
         tensors a few elementwise ops rebuild for less; the greedy mix in between is what a per-tensor choice
@@ -416,8 +360,8 @@ class Planner:
         ``COMPARE_SINGLE_MAX_OPS`` ops only: a second plan of a 20,000-op graph would cost the planner's deadline.
         """
         found = self._plan(graph, profile, ctx, deadline)
-        budget = ctx.device_budget_bytes or 0
-        if found[1].peak_bytes <= budget or len(graph) > COMPARE_SINGLE_MAX_OPS or (
+        target_bytes = ctx.target_bytes or 0
+        if found[1].peak_bytes <= target_bytes or len(graph) > COMPARE_SINGLE_MAX_OPS or (
                 self.gaps == 1 and not self.just_in_time):
             return found
         plain = dataclasses.replace(self, gaps=1, just_in_time=False)._plan(graph, profile, ctx, deadline)
@@ -427,7 +371,7 @@ class Planner:
     def _plan(self, graph: GraphIR, profile: MemoryProfile, ctx: PassContext, deadline: float = float("inf"),
               ) -> tuple[GraphIR, MemoryProfile, list[PlanResult], int]:
         """Solve, apply and re-simulate; also the lowest peak these options could reach on this order."""
-        budget = ctx.device_budget_bytes or 0
+        target_bytes = ctx.target_bytes or 0
         timeline = StepTimeline.build(graph, ctx.fetches, profile, ctx.feed_shapes)
         options = self.options(graph, ctx, timeline, profile)
         floor = self.floor(graph, ctx)
@@ -435,7 +379,7 @@ class Planner:
         best_graph, best_profile, best_round = graph, profile, -1
         extra = 0
         for _ in range(self.rounds):
-            plan = self.solve(options, profile, budget - extra, time_limit_s=self._solver_time(plans, deadline))
+            plan = self.solve(options, profile, target_bytes - extra, time_limit_s=self._solver_time(plans, deadline))
             plans.append(plan)
             if plan.status == "infeasible" and not plan.chosen:
                 break
@@ -443,12 +387,12 @@ class Planner:
             new_profile = ctx.simulate(new)
             if new_profile.peak_bytes < best_profile.peak_bytes:
                 best_graph, best_profile, best_round = new, new_profile, len(plans) - 1
-            if new_profile.peak_bytes <= budget or plan.status == "infeasible":
+            if new_profile.peak_bytes <= target_bytes or plan.status == "infeasible":
                 break
-            extra += new_profile.peak_bytes - budget   # interactions the model missed: ask for more
+            extra += new_profile.peak_bytes - target_bytes   # interactions the model missed: ask for more
         if 0 <= best_round < len(plans) - 1:  # the report describes the plan applied: put it last
             plans.append(plans.pop(best_round))
-        if best_round >= 0 and best_profile.peak_bytes > budget:
+        if best_round >= 0 and best_profile.peak_bytes > target_bytes:
             best_graph, best_profile, plans = self._follow_up(best_graph, best_profile, plans, ctx, deadline)
         return best_graph, best_profile, plans, floor
 
@@ -461,12 +405,12 @@ class Planner:
         unrolled RNN whose first plan missed by 5.3 MiB, and whose model then had no cover for the rest).
         Host placement is not offered again: it is applied first, before swaps and recomputations.
         """
-        budget = ctx.device_budget_bytes or 0
+        target_bytes = ctx.target_bytes or 0
         kinds = tuple(k for k in self.kinds if k != "place")
         for _ in range(self.rounds):
             timeline = StepTimeline.build(graph, ctx.fetches, profile, ctx.feed_shapes)
             options = dataclasses.replace(self, kinds=kinds).options(graph, ctx, timeline, profile)
-            plan = self.solve(options, profile, budget, time_limit_s=self._solver_time(plans, deadline))
+            plan = self.solve(options, profile, target_bytes, time_limit_s=self._solver_time(plans, deadline))
             if not plan.chosen:
                 break
             new = fenced(apply_options(graph, plan.chosen, timeline, ctx.host, self.link), ctx)
@@ -478,7 +422,7 @@ class Planner:
                                    first.objective_s + plan.objective_s,
                                    first.heuristic_objective_s + plan.heuristic_objective_s, first.follow_ups + 1)
             graph, profile = new, new_profile
-            if profile.peak_bytes <= budget:
+            if profile.peak_bytes <= target_bytes:
                 break
         return graph, profile, plans
 
@@ -527,11 +471,11 @@ class Planner:
                 out.append(Option("place", ",".join(g.roots), g.nbytes, cost, savings, g))
         return out
 
-    def solve(self, options: Sequence[Option], profile: MemoryProfile, budget: int,
+    def solve(self, options: Sequence[Option], profile: MemoryProfile, target_bytes: int,
               time_limit_s: float | None = None) -> PlanResult:
         """Choose options that cover every over-budget moment of ``profile`` at the least cost."""
         time_limit_s = self.time_limit_s if time_limit_s is None else time_limit_s
-        segments, excess = _over_budget_segments(profile, options, budget)
+        segments, excess = _over_budget_segments(profile, options, target_bytes)
         cover = _cover(options, segments)
         greedy = _greedy(options, cover, excess)
         heuristic_cost = sum(options[i].cost_s for i in greedy)
@@ -721,15 +665,15 @@ def _minus_windows(nbytes: int, windows: list[tuple[float, float, int]], end: fl
     return tuple(p for p in pieces if p[1] > p[0])
 
 
-def _over_budget_segments(profile: MemoryProfile, options: Sequence[Option], budget: int,
+def _over_budget_segments(profile: MemoryProfile, options: Sequence[Option], target_bytes: int,
                           ) -> tuple[list[tuple[float, float]], list[int]]:
     """Split time where any option's saving changes; keep the segments whose memory exceeds ``budget``."""
     cuts = sorted({0.0} | {t for o in options for s, e, _ in o.savings for t in (s, e)})
     need: dict[int, int] = {}
     for time_s, device_bytes, _host, _unit in profile.timeline:
-        if device_bytes > budget:
+        if device_bytes > target_bytes:
             seg = max(bisect.bisect_right(cuts, time_s) - 1, 0)
-            need[seg] = max(need.get(seg, 0), device_bytes - budget)
+            need[seg] = max(need.get(seg, 0), device_bytes - target_bytes)
     segments = [(cuts[s], cuts[s + 1] if s + 1 < len(cuts) else float("inf")) for s in sorted(need)]
     return segments, [need[s] for s in sorted(need)]
 
@@ -890,9 +834,9 @@ def _gain(by_option: dict[int, tuple[np.ndarray, np.ndarray]], covered: np.ndarr
 
 
 def _report(name: str, before: GraphIR, after: GraphIR, start: MemoryProfile, end: MemoryProfile,
-            plans: list[PlanResult], label: str, budget: int) -> PassReport:
+            plans: list[PlanResult], label: str, target_bytes: int) -> PassReport:
     final = plans[-1] if plans else PlanResult((), "none", 0.0, 0.0, 0.0)
-    met = "meets" if end.peak_bytes <= budget else "still above"
+    met = "meets" if end.peak_bytes <= target_bytes else "still above"
     counts: dict[str, int] = {}
     for o in final.chosen:
         counts[o.kind] = counts.get(o.kind, 0) + 1
@@ -919,11 +863,11 @@ def _report(name: str, before: GraphIR, after: GraphIR, start: MemoryProfile, en
 
 
 def _single_report(name: str, before: GraphIR, after: GraphIR, start: MemoryProfile, end: MemoryProfile,
-                   single: PassReport, solved: list[PlanResult], label: str, budget: int,
+                   single: PassReport, solved: list[PlanResult], label: str, target_bytes: int,
                    link: costmodel.DeviceSpec) -> PassReport:
     """The report of a plan one strategy made alone: its decisions, and what the solver said meanwhile."""
     decisions = single_decisions(single, link)
-    met = "meets" if end.peak_bytes <= budget else "still above"
+    met = "meets" if end.peak_bytes <= target_bytes else "still above"
     final = solved[-1] if solved else None
     solver = (f"solver {final.status} in {sum(p.solve_s for p in solved):.1f} s (its plan not kept)" if final
               else "solver not run")

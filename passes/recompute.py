@@ -36,16 +36,14 @@ from passes.swap_activations import (
 from passes.timeline import StepTimeline
 from passes.transfer import group_consumers, same_view, trigger_candidates
 from tfmem.ir.editor import GraphEditor
-from tfmem.ir.execution import PERSISTENT_OUTPUT_OPS, PLACEHOLDER_OPS
 from tfmem.ir.graph import GraphIR, TensorRef
+from tfmem.ir.ops import NEVER_CLONED, PERSISTENT_OUTPUT_OPS, PLACEHOLDER_OPS
 from tfmem.pipeline import PassContext, PassReport, PassResult
 from tfmem.sim import costmodel
 from tfmem.sim.memsim import MemoryProfile
 from tfmem.units import format_bytes
 
 RECOMPUTE_TAG = "_tfmem_recompute"
-# Ops whose kernels keep state or talk to other devices, beyond what the op registry marks as stateful.
-NEVER_CLONED = frozenset({"_Send", "_Recv", "_HostSend", "_HostRecv", "NoOp", "ControlTrigger"})
 
 
 @dataclass(frozen=True)
@@ -81,9 +79,10 @@ def is_recomputable(graph: GraphIR, name: str) -> bool:
 
 @dataclass(frozen=True)
 class Recompute:
-    """Recompute idle activations until the simulated device peak meets ``ctx.device_budget_bytes``."""
+    """Recompute idle activations until the simulated device peak meets ``ctx.target_bytes``."""
 
     name: ClassVar[str] = "recompute"
+    budget_independent: ClassVar[bool] = False
     min_bytes: int = 64 * 1024
     max_chain: int = 4                 # at most this many ops cloned per tensor
     max_rounds: int = 12
@@ -94,12 +93,12 @@ class Recompute:
     max_s_per_byte: float | None = None
 
     def run(self, graph: GraphIR, ctx: PassContext) -> PassResult:
-        budget = ctx.device_budget_bytes
-        if budget is None:
+        target_bytes = ctx.target_bytes
+        if target_bytes is None:
             return PassResult(graph, False, PassReport.empty(
                 self.name, "no budget: recomputation costs compute time, so it runs only to meet a budget"))
         profile = ctx.simulate(graph)
-        if profile.peak_bytes <= budget:
+        if profile.peak_bytes <= target_bytes:
             return PassResult(graph, False, PassReport.empty(self.name, "already within the budget"))
         start_peak, current, done = profile.peak_bytes, graph, []
         tried: set[TensorRef] = set()
@@ -110,7 +109,7 @@ class Recompute:
                 plans = [p for p in plans if p.total_s <= self.max_s_per_byte * p.nbytes]
             batch, covered = [], 0
             for p in plans:
-                if covered >= (profile.peak_bytes - budget) * self.overshoot:
+                if covered >= (profile.peak_bytes - target_bytes) * self.overshoot:
                     break
                 batch.append(p)
                 covered += p.nbytes
@@ -123,13 +122,13 @@ class Recompute:
                 continue
             current, profile = trial, trial_profile
             done.extend(batch)
-            if profile.peak_bytes <= budget:
+            if profile.peak_bytes <= target_bytes:
                 break
         if not done:
             return PassResult(graph, False, PassReport.empty(
                 self.name, f"no idle activation at the peak is cheap to recompute (peak {format_bytes(start_peak)})"))
         cost = sum(p.total_s for p in done)
-        met = "meets" if profile.peak_bytes <= budget else "still above"
+        met = "meets" if profile.peak_bytes <= target_bytes else "still above"
         notes = (f"recomputes {len(done)} tensors ({format_bytes(sum(p.nbytes for p in done))}) with "
                  f"{sum(len(p.chain) * len(p.groups) for p in done)} cloned ops, {cost * 1e3:.1f} ms of compute "
                  f"per step (cost model); simulated peak {format_bytes(start_peak)} -> "

@@ -30,8 +30,8 @@ from tensorflow.python.framework import op_def_registry
 from tfmem.ir.execution import parse_fetches
 from tfmem.ir.frames import find_regions
 from tfmem.ir.graph import GraphIR, OpNode, TensorRef
+from tfmem.ir.ops import NEVER_FOLDED
 from tfmem.pipeline import PassContext, PassReport, PassResult
-from tfmem.sim.executor_folding import NEVER_FOLDED
 from tfmem.units import format_bytes
 
 # Attributes that name where a node sits or what it was grouped with, not what it computes.

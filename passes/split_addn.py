@@ -41,6 +41,7 @@ from tensorflow.core.framework import attr_value_pb2, types_pb2
 from tfmem.ir.editor import DO_NOT_REMOVE
 from tfmem.ir.frames import find_regions
 from tfmem.ir.graph import GraphIR, OpNode, TensorRef
+from tfmem.ir.ops import SUM_OPS
 from tfmem.pipeline import PassContext, PassReport, PassResult
 from tfmem.sim.grappler import runtime_nodes
 from tfmem.units import format_bytes
@@ -53,7 +54,6 @@ MIN_INPUTS = 3               # a sum of two is the same in either order
 MIN_BYTES = 64 * 2**10
 KERNEL_GROUP = 8             # aggregate_ops adds inputs eight at a time after the first group
 EXACT_DTYPES = frozenset({types_pb2.DT_FLOAT, types_pb2.DT_DOUBLE})
-SUM_OPS = frozenset({"AddN", "Add", "AddV2"})
 # Grappler's arithmetic optimizer folds a tree of adds rooted at <scope>/<root> into one AddN named so.
 ADD_TREE_SCOPE = "ArithmeticOptimizer"
 ADD_TREE_PREFIX = "AddOpsRewrite_"

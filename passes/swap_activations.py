@@ -51,8 +51,8 @@ from passes.transfer import (
 )
 from tfmem.ir.devices import Placement
 from tfmem.ir.editor import GraphEditor
-from tfmem.ir.execution import ALIAS_OPS, PERSISTENT_OUTPUT_OPS, RESOURCE_VARIABLE_OPS, VARIABLE_READ_OPS
 from tfmem.ir.graph import GraphIR, TensorRef
+from tfmem.ir.ops import ALIAS_OPS, PERSISTENT_OUTPUT_OPS, RESOURCE_VARIABLE_OPS, VARIABLE_READ_OPS
 from tfmem.ir.verify import SWAP_IN_ATTR, SWAP_OUT_ATTR
 from tfmem.pipeline import PassContext, PassReport, PassResult
 from tfmem.sim import costmodel
@@ -108,9 +108,10 @@ def shares_persistent_buffer(graph: GraphIR, tensor: TensorRef) -> bool:
 
 @dataclass(frozen=True)
 class SwapActivations:
-    """Swap idle activations to ``ctx.host`` until the simulated device peak meets ``ctx.device_budget_bytes``."""
+    """Swap idle activations to ``ctx.host`` until the simulated device peak meets ``ctx.target_bytes``."""
 
     name: ClassVar[str] = "swap_activations"
+    budget_independent: ClassVar[bool] = False
     min_bytes: int = 64 * 1024          # below this a transfer's latency costs more than the bytes are worth
     max_rounds: int = 12                # simulate, swap a batch, re-simulate: the peak moves as tensors leave
     overshoot: float = 1.25             # swap this many times the excess per round (the peak moves)
@@ -119,19 +120,19 @@ class SwapActivations:
     def run(self, graph: GraphIR, ctx: PassContext) -> PassResult:
         if ctx.host is None:
             return PassResult(graph, False, PassReport.empty(self.name, "no host device given (host=...)"))
-        budget = ctx.device_budget_bytes
-        if budget is None:
+        target_bytes = ctx.target_bytes
+        if target_bytes is None:
             return PassResult(graph, False, PassReport.empty(
                 self.name, "no budget: swapping costs transfer time, so it runs only to meet a budget"))
         profile = ctx.simulate(graph)
-        if profile.peak_bytes <= budget:
+        if profile.peak_bytes <= target_bytes:
             return PassResult(graph, False, PassReport.empty(self.name, "already within the budget"))
         start_peak = profile.peak_bytes
         done: list[SwapCandidate] = []
         current = graph
         tried: set[TensorRef] = set()
         for _ in range(self.max_rounds):
-            batch = self._pick(current, ctx, profile, profile.peak_bytes - budget, tried)
+            batch = self._pick(current, ctx, profile, profile.peak_bytes - target_bytes, tried)
             if not batch:
                 break
             tried.update(c.tensor for c in batch)
@@ -141,12 +142,12 @@ class SwapActivations:
                 continue  # this batch does not lower the peak: keep the graph as it was, try others
             current, profile = trial, trial_profile
             done.extend(batch)
-            if profile.peak_bytes <= budget:
+            if profile.peak_bytes <= target_bytes:
                 break
         if not done:
             return PassResult(graph, False, PassReport.empty(
                 self.name, f"no idle activation at the peak could be swapped (peak {format_bytes(start_peak)})"))
-        return PassResult(current, True, _report(self.name, done, start_peak, profile, budget))
+        return PassResult(current, True, _report(self.name, done, start_peak, profile, target_bytes))
 
     def _pick(self, graph: GraphIR, ctx: PassContext, profile: MemoryProfile, excess: int,
               exclude: set[TensorRef]) -> list[SwapCandidate]:
@@ -325,12 +326,12 @@ def apply_swaps(graph: GraphIR, batch: list[SwapCandidate], host: str) -> GraphI
 
 
 def _report(name: str, done: list[SwapCandidate], start_peak: int, profile: MemoryProfile,
-            budget: int) -> PassReport:
+            target_bytes: int) -> PassReport:
     moved = sum(c.nbytes * (1 + len(c.prefetches)) for c in done)
     transfer = sum(p.transfer_s for c in done for p in c.prefetches)
     exposed = sum(p.exposed_s for c in done for p in c.prefetches)
     ins = sum(len(c.prefetches) for c in done)
-    met = "meets" if profile.peak_bytes <= budget else "still above"
+    met = "meets" if profile.peak_bytes <= target_bytes else "still above"
     notes = (
         f"swapped {len(done)} tensors ({format_bytes(sum(c.nbytes for c in done))}) with {ins} swap-ins; "
         f"simulated peak {format_bytes(start_peak)} -> {format_bytes(profile.peak_bytes)}, {met} the budget",

@@ -21,22 +21,19 @@ from tensorflow.core.framework import attr_value_pb2
 
 from passes.timeline import StepTimeline
 from tfmem.ir.editor import GraphEditor
-from tfmem.ir.execution import (
+from tfmem.ir.execution import ExecutionGraph
+from tfmem.ir.frames import back_edges
+from tfmem.ir.graph import GraphIR, TensorRef
+from tfmem.ir.ops import (
+    IDENTITY_OPS,
     PERSISTENT_OUTPUT_OPS,
     PLACEHOLDER_OPS,
     RESOURCE_VARIABLE_OPS,
     VARIABLE_READ_OPS,
-    ExecutionGraph,
+    VIEW_OPS,
 )
-from tfmem.ir.frames import back_edges
-from tfmem.ir.graph import GraphIR, TensorRef
 from tfmem.sim.costmodel import DeviceSpec
 
-# Ops whose output is their input, same shape and buffer: readers may read the input instead.
-IDENTITY_OPS = frozenset({"Identity", "Snapshot", "StopGradient", "PreventGradient"})
-# Ops whose output 0 is a view of input 0's buffer in another shape (the other inputs say which shape): a reader
-# of the view keeps the input's buffer alive, and can read the same view of a swapped-in copy instead.
-VIEW_OPS = frozenset({"Reshape", "ExpandDims", "Squeeze"})
 # Ops that do no work of their own: sources, reads of variables, and identities of those (``ready_at_start``).
 NO_WORK_OPS = (PERSISTENT_OUTPUT_OPS | RESOURCE_VARIABLE_OPS | PLACEHOLDER_OPS | VARIABLE_READ_OPS | IDENTITY_OPS
                | {"PlaceholderWithDefault"})

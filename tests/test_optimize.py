@@ -128,7 +128,7 @@ def test_auto_falls_back_on_single_strategies_when_its_plans_miss_the_allocator_
     # then the strategies alone, for a quicker plan (``_quickest``)
     assert len(pipelines) == 4 and "planner" in pipelines[0] and "swap_activations" in pipelines[1]
     assert any("allocator's chunks" in n and "applied in turn did" in n for n in opt.report.notes)
-    assert opt.report.after.peak_bytes <= optimizer.planning_budget(int(peak * 0.8))
+    assert opt.report.after.peak_bytes <= optimizer.target_bytes_for(int(peak * 0.8))
 
 
 def test_after_a_layout_refusal_plans_in_between_are_tried_and_the_quickest_kept(monkeypatch):
@@ -147,12 +147,12 @@ def test_after_a_layout_refusal_plans_in_between_are_tried_and_the_quickest_kept
         return ir, [], after, base
 
     monkeypatch.setattr(optimizer, "_planned", planned)
-    monkeypatch.setattr(optimizer, "_fits_layout", lambda fitted, room: fitted.planned_for <= 52 * MiB)
+    monkeypatch.setattr(optimizer, "_fits_layout", lambda fitted, room: fitted.target_bytes <= 52 * MiB)
     fitted = optimizer._Fitted(None, [], SimpleNamespace(peak_bytes=42 * MiB, estimated_step_s=1.0 / (42 * MiB)),
                                None, 42 * MiB, fits=True)
     best = optimizer._refined(None, [], None, 60 * MiB, None, 55 * MiB, fitted, 60 * MiB)
     assert tried == [51 * MiB, int(55.5 * MiB), int(53.25 * MiB)]
-    assert best.planned_for == 51 * MiB and best.fits
+    assert best.target_bytes == 51 * MiB and best.fits
 
 
 def test_auto_keeps_a_strategy_alone_when_its_fitting_plan_is_estimated_quicker(monkeypatch):

@@ -100,7 +100,7 @@ def test_greedy_with_several_ways_per_tensor_takes_one_each_and_still_covers():
     assert sum(ratios) / len(ratios) <= 1.05
 
 
-def test_best_single_strategy_fits_the_budget_or_says_none():
+def test_single_strategies_fit_the_budget_or_says_none():
     from passes.planner import Planner
     from tfmem import examples, load
     from tfmem.pipeline import PassContext
@@ -112,13 +112,13 @@ def test_best_single_strategy_fits_the_budget_or_says_none():
     peak = roomy.simulate(graph).peak_bytes
     budget = int(peak * 0.85)
     ctx = PassContext(tuple(built.fetches), budget, DEVICE, HOST, dict(built.feed_shapes))
-    found = Planner()._best_single_strategy(graph, ctx, budget)
+    found = Planner().single_strategies(graph, ctx, budget)
     assert found is not None
-    new, profile, plans, label = found
+    new, profile, plans, label, _ = found
     assert profile.peak_bytes <= budget and plans == [] and "alone" in label
     assert ctx.simulate(new).peak_bytes == profile.peak_bytes
     impossible = PassContext(tuple(built.fetches), 1, DEVICE, HOST, dict(built.feed_shapes))
-    assert Planner()._best_single_strategy(graph, impossible, 1) is None
+    assert Planner().single_strategies(graph, impossible, 1) is None
 
 
 def test_host_placement_is_continued_by_swapping_where_neither_alone_fits():
@@ -155,9 +155,9 @@ def test_host_placement_is_continued_by_swapping_where_neither_alone_fits():
     assert both < placed and both < peak(SwapActivations())
     budget = (both + placed) // 2
     ctx = PassContext(tuple(built.fetches), budget, DEVICE, HOST, dict(built.feed_shapes or {}))
-    found = Planner()._best_single_strategy(graph, ctx, budget)
+    found = Planner().single_strategies(graph, ctx, budget)
     assert found is not None
-    new, profile, _, label = found
+    new, profile, _, label, _ = found
     assert profile.peak_bytes <= budget and label.startswith("place_persistent, then swap_activations")
     fetches = [f for f in built.fetches if ":" in f]
     before = _session_run(_placed(written.to_graph_def()), fetches, built.feeds)
@@ -226,11 +226,11 @@ def test_a_model_too_large_for_the_solver_keeps_the_greedy_plan_and_says_so(monk
     monkeypatch.setattr(planner, "_over_budget_segments", lambda *_: ([(0.0, 1.0), (1.0, 2.0)], [4, 4]))
     monkeypatch.setattr(planner, "_cover", lambda *_: [[(0, 4), (2, 4)], [(1, 4), (2, 4)]])
     monkeypatch.setattr(planner, "SOLVER_MAX_PAIRS", 3)   # the cover has 4 (option, segment) pairs
-    plan = planner.Planner().solve(options, profile, budget=4)
+    plan = planner.Planner().solve(options, profile, target_bytes=4)
     assert plan.status == "heuristic (model too large for the solver)" and plan.solve_s == 0.0
     assert [o.key for o in plan.chosen] == ["c"]
     monkeypatch.setattr(planner, "SOLVER_MAX_PAIRS", 4)
-    assert planner.Planner().solve(options, profile, budget=4).status == "optimal"
+    assert planner.Planner().solve(options, profile, target_bytes=4).status == "optimal"
 
 
 def test_swap_options_leave_at_several_gaps_and_may_come_back_just_in_time():

@@ -155,7 +155,7 @@ def test_swap_in_waits_for_a_trigger_and_reads_the_swap_out():
     ir = tfmem.load(_placed(built.graph))
     ctx = PassContext(tuple(built.fetches), int(_vanilla_peak(built) * 0.97), DEVICE, HOST, inter_op_threads=THREADS)
     result = SwapActivations().run(ir, ctx)
-    assert result.changed and ctx.simulate(result.graph).peak_bytes <= ctx.device_budget_bytes
+    assert result.changed and ctx.simulate(result.graph).peak_bytes <= ctx.target_bytes
     swap_ins = [n for n in result.graph.nodes if n.attr_bool(SWAP_IN_ATTR)]
     assert swap_ins
     for n in swap_ins:
@@ -174,7 +174,7 @@ def test_placement_moves_variables_slots_and_updates_together():
     host_ops = {n.op for n in result.graph.nodes if same_device(n.device, HOST)}
     assert {"VarHandleOp", "ReadVariableOp", "ResourceApplyAdam"} <= host_ops
     before, after = ctx.simulate(ir), ctx.simulate(result.graph)
-    assert after.persistent_bytes < before.persistent_bytes and after.peak_bytes <= ctx.device_budget_bytes
+    assert after.persistent_bytes < before.persistent_bytes and after.peak_bytes <= ctx.target_bytes
     verify(result.graph)
 
 
@@ -299,7 +299,7 @@ def test_gpu_and_cpu_device_strings():
         graph = p.run(graph, ctx).graph
     moved = [n for n in graph.nodes if n.device == "/CPU:0"]
     assert moved and all(n.device in ("/GPU:0", "/CPU:0") for n in graph.nodes)
-    assert ctx.simulate(graph).peak_bytes <= ctx.device_budget_bytes
+    assert ctx.simulate(graph).peak_bytes <= ctx.target_bytes
     verify(graph)
 
 
@@ -414,7 +414,7 @@ def test_a_tensor_read_late_through_a_reshape_is_freed_and_the_view_rebuilt(stra
     peak = roomy.simulate(ir).peak_bytes
     ctx = PassContext(("out",), peak - 2**19, DEVICE, HOST, inter_op_threads=1)
     result = strategy.run(ir, ctx)
-    assert result.changed and ctx.simulate(result.graph).peak_bytes <= ctx.device_budget_bytes
+    assert result.changed and ctx.simulate(result.graph).peak_bytes <= ctx.target_bytes
     rebuilt = [n for n in result.graph.nodes if n.name.startswith("view/tfmem_view")]
     assert len(rebuilt) == 1 and rebuilt[0].op == "Reshape"
     source = result.graph[rebuilt[0].inputs[0].node]       # the copy or the recomputed tensor, reshaped again

@@ -21,29 +21,28 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import logging  # noqa: E402
-import sys  # noqa: E402
-from collections.abc import Callable, Sequence  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any, NoReturn  # noqa: E402
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-import tfmem  # noqa: E402
-from tfmem.errors import BadInputError, TfmemError  # noqa: E402
-from tfmem.ir.graph import GraphIR  # noqa: E402
-from tfmem.units import format_bytes, parse_bytes  # noqa: E402
+import tfmem
+from tfmem.errors import BadInputError, TfmemError
+from tfmem.ir.graph import GraphIR
+from tfmem.ir.ops import CHECKPOINT_OPS, INIT_CHECK_OPS, PLACEHOLDER_OPS, VARIABLE_OPS
+from tfmem.units import format_bytes, parse_bytes
 
 EXIT_OK, EXIT_INTERNAL, EXIT_BAD_INPUT, EXIT_OOM, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 TOP_LIVE = 10  # live tensors listed at the peak
 FEED_SEED = 0  # random feeds of ``run`` are reproducible
 
 # Sinks that are bookkeeping, not the step: see ``default_fetches``.
-_SOURCE_OPS = frozenset({"Const", "Placeholder", "PlaceholderV2", "VarHandleOp", "VariableV2", "Variable"})
-_INIT_CHECK_OPS = frozenset({"VarIsInitializedOp", "IsVariableInitialized"})
-_CHECKPOINT_OPS = frozenset({"SaveV2", "RestoreV2", "MergeV2Checkpoints", "Save", "Restore", "SaveSlices"})
+_SOURCE_OPS = PLACEHOLDER_OPS | VARIABLE_OPS | {"Const"}
 
 
 class _UsageError(BadInputError):
@@ -176,7 +175,7 @@ def default_fetches(ir: GraphIR) -> list[str]:
         preds = node.predecessors
         scope = node.name.split("/", 1)[0]
         if (ir.successors[node.name] or node.name in sources or node.name in inits
-                or node.op in _INIT_CHECK_OPS or node.op in _CHECKPOINT_OPS
+                or node.op in INIT_CHECK_OPS or node.op in CHECKPOINT_OPS
                 or scope.startswith("gradients") or scope == "save"
                 or all(p in sources for p in preds) or (node.op == "NoOp" and all(p in inits for p in preds))):
             continue

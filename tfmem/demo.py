@@ -20,25 +20,25 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
-import argparse  # noqa: E402
-import math  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable, Sequence  # noqa: E402
-from concurrent.futures import Future, ThreadPoolExecutor  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf
 
-import tfmem  # noqa: E402
-from tfmem.errors import TestbedError  # noqa: E402
-from tfmem.examples import Built, mlp  # noqa: E402
-from tfmem.measure import grappler_peak  # noqa: E402
-from tfmem.report import GRAPPLER, TESTBED, Report  # noqa: E402
-from tfmem.testbed import DEVICE, HOST, RunResult, Testbed  # noqa: E402
-from tfmem.units import format_bytes  # noqa: E402
+import tfmem
+from tfmem.errors import TestbedError
+from tfmem.examples import Built, mlp
+from tfmem.measure import grappler_peak
+from tfmem.report import GRAPPLER, TESTBED, Report
+from tfmem.testbed import DEVICE, HOST, RunResult, Testbed
+from tfmem.units import format_bytes
 
 MiB = 2**20
 BUDGET_FRACTION = 0.7  # of the vanilla simulated peak: clearly too small, yet within reach of the passes

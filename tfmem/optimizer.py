@@ -14,6 +14,8 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 from tensorflow.core.protobuf import config_pb2
 
+from passes import DEFAULT_PASSES, FINAL_REWRITES, LEADING_REWRITES, PASSES
+from passes.planner import COMPARE_SINGLE_MAX_OPS
 from tfmem.errors import BadInputError, InfeasibleBudgetError
 from tfmem.gcpause import without_gc_pauses
 from tfmem.ir.devices import DEFAULT_DEVICE, same_device, with_default_device
@@ -65,9 +67,10 @@ CAPACITY_RETRIES = 6   # a conv net at 0.7x its peak needed 4 (in the former 5% 
 REFINE_STEPS = 3   # plans between the last target the layout refused and the first it took (``_refined``)
 
 
-def planning_budget(budget: int) -> int:
-    """The peak a plan may reach so that running it within ``budget`` does not run out of memory."""
-    return budget - max(int(budget * SAFETY_MARGIN), SAFETY_MARGIN_MIN_BYTES)
+def target_bytes_for(budget_bytes: int) -> int:
+    """The highest target a plan may aim for so that running it within ``budget_bytes`` does not run out of
+    memory: the budget less the safety margin."""
+    return budget_bytes - max(int(budget_bytes * SAFETY_MARGIN), SAFETY_MARGIN_MIN_BYTES)
 
 
 @dataclass(frozen=True)
@@ -88,8 +91,6 @@ def session_config() -> config_pb2.ConfigProto:
 
 def resolve_passes(passes: str | Sequence[str | Pass] | None) -> list[Pass]:
     """Turn ``"auto"``, ``None``/``[]`` or a list of pass names/objects into pass objects."""
-    from passes import DEFAULT_PASSES, PASSES  # passes depend on tfmem; import late to avoid a cycle
-
     if passes is None:
         return []
     if isinstance(passes, str):
@@ -121,6 +122,7 @@ def optimize(
     check: bool = True,
     inter_op_threads: int | None = None,
     grappler: bool | None = None,
+    layout_check: bool = True,
 ) -> Optimized:
     """Rewrite ``graph`` so that computing ``fetches`` needs less device memory, with identical results.
 
@@ -137,6 +139,8 @@ def optimize(
         how much parallelism is safe to keep depends on it
     grappler : simulate the graph after Grappler's rewrites, as the session runs it; default: for graphs of
         up to ``GRAPPLER_SIMULATION_MAX_OPS`` ops
+    layout_check : also replay each plan on the device allocator's layout and plan again for less where a
+        request would go unserved (the guarantee; switch it off only to study what the planner reaches)
 
     Raises
     ------
@@ -164,7 +168,7 @@ def optimize(
     fetch_list = [fetches] if isinstance(fetches, str) else [str(getattr(f, "name", f)) for f in fetches]
     parse_fetches(ir, fetch_list)  # fail early, with the fetch's name, on a typo
     faithful = len(ir) <= GRAPPLER_SIMULATION_MAX_OPS if grappler is None else grappler
-    target = planning_budget(budget_bytes) if budget_bytes is not None else None
+    max_target = target_bytes_for(budget_bytes) if budget_bytes is not None else None
     shapes = {k: tuple(v) for k, v in (feed_shapes or {}).items()}
     config = session_config()
     grappler_off = grappler_rejects(with_default_device(ir.to_graph_def(), device or DEFAULT_DEVICE), fetch_list)
@@ -178,9 +182,6 @@ def optimize(
     before = base.simulate(ir)  # the budget does not change the unoptimized graph's peak
     pipeline = resolve_passes(passes)
     auto = passes == "auto"
-    from passes import FINAL_REWRITES, LEADING_REWRITES, PASSES  # passes depend on tfmem: import late
-    from passes.planner import COMPARE_SINGLE_MAX_OPS
-
     if pipeline:
         # Any rewrite may change how Grappler fuses kernels, orders the graph's sums and associates its chains of
         # products (renamed inputs, clones and control edges block its folding): pin all three first, so results
@@ -191,19 +192,19 @@ def optimize(
                     + [p for p in FINAL_REWRITES if p.name not in named])
     # Rewrites that do not depend on the budget (LEADING_REWRITES, pin_fusions to serialize_scratch) run once, first:
     # they can lower the lower bound itself, so the bound is taken on their output, and every replan starts from it.
-    leading = list(takewhile(lambda p: getattr(p, "budget_independent", False), pipeline))
+    leading = list(takewhile(lambda p: p.budget_independent, pipeline))
     pipeline = pipeline[len(leading):]
-    ir, leading_reports = run_pipeline(ir, leading, dataclasses.replace(base, device_budget_bytes=target))
+    ir, leading_reports = run_pipeline(ir, leading, dataclasses.replace(base, target_bytes=max_target))
     bound = 0
-    if target is not None and budget_bytes is not None:
+    if max_target is not None and budget_bytes is not None:
         # No rewrite goes below the lower bound, so a plan that simulates under it would be a simulator error
         # (measured: such plans crashed the testbed). Refuse before planning.
-        ctx = dataclasses.replace(base, device_budget_bytes=target)
+        ctx = dataclasses.replace(base, target_bytes=max_target)
         bound, _ = lower_bound_bytes(ir, ctx)
         feeds_floor, _ = fed_layout_floor(ExecutionGraph.build(ir, ctx.fetches, ctx.feed_shapes))
-        if bound > target or feeds_floor > layout_room(budget_bytes):
+        if bound > max_target or feeds_floor > layout_room(budget_bytes):
             raise _infeasible(ir, ctx, budget_bytes, before, unplanned=True)
-    fit = _fit(ir, pipeline, base, target, bound, budget_bytes, before, notes)
+    fit = _fit(ir, pipeline, base, max_target, bound, budget_bytes, before, notes, layout_check)
     layout_refused = fit.layout_refused
     if auto and budget_bytes is not None and not fit.fits and fit.layout_refused:
         # The planner's plans fit in total but not in the allocator's layout; the single strategies applied in
@@ -213,13 +214,13 @@ def optimize(
         # 36 MiB its plan simulated at 30.01 MiB measured 33.0 MiB).
         alternative = [PASSES[n] for n in ALTERNATIVE_PIPELINE] + list(FINAL_REWRITES)
         alt_notes: list[str] = []
-        alt = _fit(ir, alternative, base, target, bound, budget_bytes, before, alt_notes)
+        alt = _fit(ir, alternative, base, max_target, bound, budget_bytes, before, alt_notes, layout_check)
         if alt.fits:
             notes = [*alt_notes, "the planner's plans fit in total but not in the device allocator's chunks; "
                      + ", ".join(ALTERNATIVE_PIPELINE) + " applied in turn did"]
             fit = alt
     if auto and fit.fits and layout_refused and budget_bytes is not None and len(ir) <= COMPARE_SINGLE_MAX_OPS:
-        fit, notes = _quickest(ir, fit, notes, base, target, bound, budget_bytes, before)
+        fit, notes = _quickest(ir, fit, notes, base, max_target, bound, budget_bytes, before)
     new_ir, after, ctx = fit.ir, fit.after, fit.ctx
     reports = leading_reports + fit.reports
     report = Report(budget_bytes, before, after, reports)
@@ -232,11 +233,11 @@ def optimize(
         report.notes.append(f"simulated as written, without Grappler's rewrites ({len(ir)} ops; "
                             "pass grappler=True to simulate what the session runs, slower on large graphs)")
     if budget_bytes is not None:
-        report.notes.append(f"planned for {format_bytes(fit.planned_for or 0)}: the budget less a safety margin "
+        report.notes.append(f"planned for {format_bytes(fit.target_bytes or 0)}: the budget less a safety margin "
                             "for allocator rounding, fragmentation and executor order")
     if not fit.fits:
-        assert budget_bytes is not None and target is not None
-        raise _infeasible(new_ir, ctx, budget_bytes, after, fragmented=after.peak_bytes <= target,
+        assert budget_bytes is not None and max_target is not None
+        raise _infeasible(new_ir, ctx, budget_bytes, after, fragmented=after.peak_bytes <= max_target,
                           reachable=_reachable_floor(reports))
     graph_def = new_ir.to_graph_def()
     tf_graph = tf.Graph()
@@ -253,8 +254,8 @@ class _Fitted:
     reports: list[PassReport]
     after: MemoryProfile
     ctx: PassContext
-    planned_for: int | None  # the target of the plan kept
-    fits: bool  # within the planning budget in total and, replayed, in the allocator's layout
+    target_bytes: int | None  # what the plan kept aimed for
+    fits: bool  # within the highest target in total and, replayed, in the allocator's layout
     layout_refused: bool = False  # some plan fitted in total but not in the allocator's layout
 
 
@@ -263,25 +264,26 @@ def layout_room(budget_bytes: int) -> int:
     return max(budget_bytes - int(budget_bytes * CAPACITY_SLACK) - SAFETY_MARGIN_MIN_BYTES, 1)
 
 
-def _fit(ir: GraphIR, pipeline: Sequence[Pass], base: PassContext, target: int | None, bound: int,
-         budget_bytes: int | None, before: MemoryProfile, notes: list[str]) -> _Fitted:
-    """Run ``pipeline`` so that the result fits ``target`` in total and ``budget_bytes`` in the allocator's layout.
+def _fit(ir: GraphIR, pipeline: Sequence[Pass], base: PassContext, max_target: int | None, bound: int,
+         budget_bytes: int | None, before: MemoryProfile, notes: list[str], layout_check: bool = True) -> _Fitted:
+    """Run ``pipeline`` so that the result fits ``max_target`` in total and ``budget_bytes`` in the allocator's
+    layout (the second check skipped without ``layout_check``).
 
     A plan that fits in total but not in the layout is planned again for less (why is appended to ``notes``), by
     what its layout needed beyond the room, down to the lower bound ``bound``, for at most ``CAPACITY_RETRIES``
     replans; once a plan fits after a refusal, one more is made halfway back up (``_refined``). On failure the
     plan to report is returned (one that fitted in total if any did), with ``fits`` False."""
-    if budget_bytes is None or target is None:
-        return _Fitted(*_planned(ir, pipeline, base, target, before), target, fits=True)
+    if budget_bytes is None or max_target is None:
+        return _Fitted(*_planned(ir, pipeline, base, max_target, before), max_target, fits=True)
     room = layout_room(budget_bytes)
-    plan_for = min(target, room)  # the layout replay never needs less than the plan's total
+    target_bytes = min(max_target, room)  # the layout replay never needs less than the plan's total
     best: _Fitted | None = None
     layout_refused = False
     refused_for: int | None = None   # the last target whose plan fitted in total but not in the layout
     for _ in range(CAPACITY_RETRIES + 1):
-        tried = _Fitted(*_planned(ir, pipeline, base, plan_for, before), plan_for, fits=False)
+        tried = _Fitted(*_planned(ir, pipeline, base, target_bytes, before), target_bytes, fits=False)
         new_ir, after, ctx = tried.ir, tried.after, tried.ctx
-        if after.peak_bytes > target:
+        if after.peak_bytes > max_target:
             # Missed in total. Not planned again for less: asking the planner for less than it reached once made
             # a plan the simulator put at 30.0 MiB that measured 42.0 MiB (an unrolled RNN at a 36 MiB budget).
             best = best or tried  # a plan that fitted in total, if an earlier try made one
@@ -293,38 +295,38 @@ def _fit(ir: GraphIR, pipeline: Sequence[Pass], base: PassContext, target: int |
         # even on graphs large enough to plan as written (measured: deep ResNets of 13,000+ ops whose as-written
         # replay fit 90 MiB ran out of memory under 96 MiB; the faithful replay alone does not fix that, see
         # README's guarantee break).
-        if _fits_layout(tried, room):
+        if not layout_check or _fits_layout(tried, room):
             tried.fits, tried.layout_refused = True, layout_refused
             if refused_for is not None:
-                return _refined(ir, pipeline, base, target, before, room, tried, refused_for)
+                return _refined(ir, pipeline, base, max_target, before, room, tried, refused_for)
             return tried
-        layout_refused, best, refused_for = True, tried, plan_for  # it fits in total: what a refusal should report
+        layout_refused, best, refused_for = True, tried, target_bytes  # it fits in total: what a refusal should report
         # How much the layout adds on top of this plan's total predicts how much less the next plan must need
         # (a deep conv net needed 24 MiB less; stepping 5% at a time cost five replans).
         needed = smallest_fitting_device(dataclasses.replace(ctx, grappler=True), new_ir, room,
                                          room + budget_bytes // 2)
         step = budget_bytes // 20 if needed is None else max(budget_bytes // 50, needed - room)
-        lower = max(plan_for - step, bound)
+        lower = max(target_bytes - step, bound)
         floor = _reachable_floor(tried.reports)
-        if floor is not None and lower < floor < plan_for:
+        if floor is not None and lower < floor < target_bytes:
             # Not past the planner's reachable floor in one step: asked for less, it makes the same plan as for its
             # floor, and the targets in between go untried (a ResNet-20 at 63 MiB stepped from 57.7 to 37.1 MiB,
             # under the 38.4 MiB floor its refused plan reported, and was refused; at 56 MiB a plan for 46.1 MiB
             # fitted the layout).
             lower = floor
-        notes.append(f"a plan for {format_bytes(plan_for)} (peak {format_bytes(after.peak_bytes)}) does not fit the "
+        notes.append(f"a plan for {format_bytes(target_bytes)} (peak {format_bytes(after.peak_bytes)}) does not fit the "
                      f"device allocator's chunks with {format_bytes(budget_bytes - room)} to spare"
                      + ("" if needed is None else f" (its layout needs a {format_bytes(needed)} device)")
                      + f"; planned again for {format_bytes(lower)}")
-        if plan_for <= bound:  # no plan can go lower
+        if target_bytes <= bound:  # no plan can go lower
             break
-        plan_for = lower
+        target_bytes = lower
     assert best is not None
     best.layout_refused = layout_refused
     return best
 
 
-def _quickest(ir: GraphIR, fit: _Fitted, notes: list[str], base: PassContext, target: int, bound: int,
+def _quickest(ir: GraphIR, fit: _Fitted, notes: list[str], base: PassContext, max_target: int, bound: int,
               budget_bytes: int, before: MemoryProfile) -> tuple[_Fitted, list[str]]:
     """``fit`` (the planner's plan) or the plan of one of ``SINGLE_STRATEGY_PIPELINES``, whichever fits (in total
     and in the layout) at the least estimated step time; with the notes of the plan kept.
@@ -332,11 +334,9 @@ def _quickest(ir: GraphIR, fit: _Fitted, notes: list[str], base: PassContext, ta
     ``optimize`` asks only after a layout refusal, and only once the planner's plan fits: where it misses, a
     strategy alone was accepted and ran out of memory (see the ``ALTERNATIVE_PIPELINE`` fallback there).
     """
-    from passes import FINAL_REWRITES, PASSES
-
     for names in SINGLE_STRATEGY_PIPELINES:
         single_notes: list[str] = []
-        single = _fit(ir, [PASSES[n] for n in names] + list(FINAL_REWRITES), base, target, bound, budget_bytes,
+        single = _fit(ir, [PASSES[n] for n in names] + list(FINAL_REWRITES), base, max_target, bound, budget_bytes,
                       before, single_notes)
         if single.fits and single.after.estimated_step_s < fit.after.estimated_step_s:
             notes = [*single_notes, f"{names[-1]} alone (after {', '.join(names[:-1])}) made a plan estimated "
@@ -346,7 +346,7 @@ def _quickest(ir: GraphIR, fit: _Fitted, notes: list[str], base: PassContext, ta
     return fit, notes
 
 
-def _refined(ir: GraphIR, pipeline: Sequence[Pass], base: PassContext, target: int, before: MemoryProfile,
+def _refined(ir: GraphIR, pipeline: Sequence[Pass], base: PassContext, max_target: int, before: MemoryProfile,
              room: int, fitted: _Fitted, refused_for: int) -> _Fitted:
     """Plans between the target that fitted the layout and the one refused, bisecting; the quickest wins.
 
@@ -356,14 +356,14 @@ def _refined(ir: GraphIR, pipeline: Sequence[Pass], base: PassContext, target: i
     goes halfway: up from a target whose plan fitted the layout, down from one whose plan did not (with one try,
     a U-Net at 66 MiB kept its 42.3 MiB plan, estimated 123 ms, where swapping alone fit at 55.5 MiB, 104 ms).
     """
-    assert fitted.planned_for is not None
-    best, low, high = fitted, fitted.planned_for, refused_for
+    assert fitted.target_bytes is not None
+    best, low, high = fitted, fitted.target_bytes, refused_for
     for _ in range(REFINE_STEPS):
         if high - low < 2 * 2**20:
             break
         middle = (low + high) // 2
         tried = _Fitted(*_planned(ir, pipeline, base, middle, before), middle, fits=False)
-        if tried.after.peak_bytes <= target and _fits_layout(tried, room):
+        if tried.after.peak_bytes <= max_target and _fits_layout(tried, room):
             low = middle
             if tried.after.estimated_step_s < best.after.estimated_step_s:
                 tried.fits, tried.layout_refused = True, True
@@ -391,10 +391,10 @@ def layout_failures(ctx: PassContext, graph: GraphIR, device_memory: int) -> int
                for threads in sorted({ctx.threads, 1}))
 
 
-def _planned(ir: GraphIR, pipeline: Sequence[Pass], base: PassContext, target: int | None, before: MemoryProfile,
+def _planned(ir: GraphIR, pipeline: Sequence[Pass], base: PassContext, target_bytes: int | None, before: MemoryProfile,
              ) -> tuple[GraphIR, list[PassReport], MemoryProfile, PassContext]:
-    """``pipeline`` run for ``target``: the graph (tags stripped), the reports, its simulation and the context."""
-    ctx = dataclasses.replace(base, device_budget_bytes=target)
+    """``pipeline`` run for ``target_bytes``: the graph (tags stripped), the reports, its simulation and the context."""
+    ctx = dataclasses.replace(base, target_bytes=target_bytes)
     new_ir, reports = run_pipeline(ir, pipeline, ctx)
     new_ir = strip_tags(new_ir)
     return new_ir, reports, ctx.simulate(new_ir) if any(r.changed for r in reports) else before, ctx
@@ -456,7 +456,7 @@ def _infeasible(ir: GraphIR, ctx: PassContext, budget: int, after: MemoryProfile
         + ("the lower bound alone exceeds it less its safety margin, so nothing was tried; vanilla peak "
            if unplanned else "best peak found ")
         + f"{format_bytes(after.peak_bytes)} "
-        f"(simulator) at {after.peak_unit}; a plan must stay under {format_bytes(max(planning_budget(budget), 0))} "
+        f"(simulator) at {after.peak_unit}; a plan must stay under {format_bytes(max(target_bytes_for(budget), 0))} "
         f"(the budget less {SAFETY_MARGIN:.0%} or {format_bytes(SAFETY_MARGIN_MIN_BYTES)}, whichever is more, for "
         f"allocator rounding and fragmentation); lower bound {format_bytes(bound)} ({where}){floor}; "
         f"largest live: {top}. "

@@ -47,10 +47,12 @@ class PassResult:
 
 @dataclass(frozen=True)
 class PassContext:
-    """What every pass shares: the budget, devices, fetches, feeds and the simulator to score graphs with."""
+    """What every pass shares: the target peak, devices, fetches, feeds and the simulator to score graphs with."""
 
     fetches: tuple[str, ...]
-    device_budget_bytes: int | None = None
+    # The simulated device peak a plan aims for: the user's budget_bytes less optimize's safety margin, or lower
+    # on a replan (tfmem.optimizer); None when there is no budget.
+    target_bytes: int | None = None
     device: str | None = None
     host: str | None = None
     feed_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
@@ -80,7 +82,11 @@ class PassContext:
 
 
 class Pass(Protocol):
+    """A graph rewrite. ``budget_independent`` passes do the same whatever ``ctx.target_bytes`` is: ``optimize``
+    runs them once, before any planning, and tests/test_pass_contract.py checks them at two targets."""
+
     name: ClassVar[str]
+    budget_independent: ClassVar[bool]
 
     def run(self, graph: GraphIR, ctx: PassContext) -> PassResult: ...
 

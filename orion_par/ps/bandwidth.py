@@ -124,7 +124,7 @@ class BackgroundFlusher:
                 else:
                     self.bucket.take(budget)
                     self.bucket.refund(budget - self.client.flush_some(budget, prepaid=True))
-        except BaseException as e:  # noqa: BLE001 - reported by stop()
+        except BaseException as e:
             self.error = e
 
     def stop(self) -> None:

@@ -381,7 +381,7 @@ class _Outbox:
                     self.client.transmit(shard, parts, seq, clock, prepaid=kind == "inc-prepaid")
                 else:
                     self.client.channel.send_tick(self.client, shard)
-            except BaseException as e:  # noqa: BLE001 - raised in the worker's thread by put/join
+            except BaseException as e:
                 with self.cond:
                     self.error, self.busy = e, False
                     self.cond.notify_all()

@@ -142,7 +142,7 @@ def _guarded(errors: list[BaseException], tokens: _Tokens, barrier: threading.Ba
         fn(*args)
     except threading.BrokenBarrierError:
         return
-    except BaseException as e:  # noqa: BLE001 - re-raised by run_data_parallel
+    except BaseException as e:
         errors.append(e)
         tokens.fail()
         if barrier is not None:

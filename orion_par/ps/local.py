@@ -212,7 +212,7 @@ class LocalPS:
                 out.append(program(client, w, c))
                 client.clock()
             client.finish()
-        except BaseException as e:  # noqa: BLE001 - re-raised by run()
+        except BaseException as e:
             errors.append(e)
             self._abort()
         finally:

@@ -18,7 +18,7 @@ def ray_session():
     if started:
         try:
             ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-        except Exception as e:  # noqa: BLE001 - any start failure means: skip, saying why
+        except Exception as e:
             pytest.skip(f"ray cannot start here: {e}")
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     yield ray

@@ -16,21 +16,8 @@ from functools import cached_property
 from tfmem.errors import BadInputError
 from tfmem.ir.frames import back_edges, find_regions
 from tfmem.ir.graph import GraphIR, OpNode, TensorRef
+from tfmem.ir.ops import ALIAS_OPS, PLACEHOLDER_OPS
 
-# Output 0 of these ops shares the buffer of input 0 (no new memory).
-ALIAS_OPS = frozenset({
-    "Identity", "Reshape", "Squeeze", "ExpandDims", "StopGradient", "PreventGradient", "Snapshot",
-    "EnsureShape", "CheckNumerics", "DebugIdentity", "RefIdentity", "Enter", "Exit", "Switch", "Merge",
-    "NextIteration", "LoopCond",
-})
-# Output 0 of these ops is the storage of the variable whose handle is input 0.
-VARIABLE_READ_OPS = frozenset({"ReadVariableOp"})
-# Ops whose outputs live as long as the graph (the kernel or the resource manager holds them).
-PERSISTENT_OUTPUT_OPS = frozenset({"Const", "HostConst", "VariableV2", "Variable", "TemporaryVariable"})
-RESOURCE_VARIABLE_OPS = frozenset({"VarHandleOp"})
-# Ops that declare a variable's storage (resource and reference variables).
-VARIABLE_OPS = RESOURCE_VARIABLE_OPS | {"VariableV2", "Variable"}
-PLACEHOLDER_OPS = frozenset({"Placeholder", "PlaceholderV2"})
 # Out-edges a TF ``EdgeSet`` keeps in insertion order (64 bytes of pointers); more go to a hash set.
 EDGE_SET_INLINE = 8
 

@@ -25,14 +25,7 @@ from collections import deque
 from collections.abc import Mapping
 
 from tfmem.ir.graph import GraphIR
-
-ENTER_OPS = frozenset({"Enter", "RefEnter"})
-EXIT_OPS = frozenset({"Exit", "RefExit"})
-NEXT_ITERATION_OPS = frozenset({"NextIteration", "RefNextIteration"})
-CONTROL_FLOW_OPS = ENTER_OPS | EXIT_OPS | NEXT_ITERATION_OPS | {"Merge", "RefMerge", "Switch", "RefSwitch",
-                                                                "LoopCond"}
-FUNCTIONAL_OPS = frozenset({"While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase",
-                            "PartitionedCall", "StatefulPartitionedCall", "For", "RemoteCall"})
+from tfmem.ir.ops import ENTER_OPS, EXIT_OPS, NEXT_ITERATION_OPS
 
 
 def find_regions(graph: GraphIR) -> Mapping[str, str]:

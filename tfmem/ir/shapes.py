@@ -17,13 +17,13 @@ from tensorflow.python.grappler import item as gitem
 
 from tfmem.errors import BadInputError, MalformedGraphError, UnknownShapeError, first_line
 from tfmem.ir.graph import GraphIR, OpNode, TensorRef, TensorSpec
+from tfmem.ir.ops import FEEDABLE_OPS
 
 FeedShapes = Mapping[str, Sequence[int]]
 
 # Bytes per element of dtypes whose size TensorFlow does not report as a fixed width.
 STRING_ELEMENT_BYTES = 32  # sizeof(tstring) on 64-bit Linux; the characters themselves are not counted
 HANDLE_DTYPES = frozenset({"resource", "variant"})
-_PLACEHOLDERS = frozenset({"Placeholder", "PlaceholderV2", "PlaceholderWithDefault"})  # handles: their payload is accounted elsewhere
 
 
 def dtype_size(dtype: tf.DType) -> int:
@@ -130,12 +130,12 @@ def _specs_from_grappler(
     Only for feeds of placeholders (their ``shape`` attr is set to the fed shape); returns None when it
     cannot answer for every node, and the caller takes the import path, which also reports errors well.
     """
-    if any(ref.index != 0 or ref.node not in base or base[ref.node].op not in _PLACEHOLDERS for ref in feeds):
+    if any(ref.index != 0 or ref.node not in base or base[ref.node].op not in FEEDABLE_OPS for ref in feeds):
         return None
     patched = graph_pb2.GraphDef()
     patched.CopyFrom(gd)
     for node in patched.node:
-        if node.op not in _PLACEHOLDERS:
+        if node.op not in FEEDABLE_OPS:
             continue
         declared = tf.TensorShape(node.attr["shape"].shape) if "shape" in node.attr else tf.TensorShape(None)
         shape = feeds.get(TensorRef(node.name, 0))
@@ -231,7 +231,7 @@ def require_known(graph: GraphIR, tensors: Iterable[TensorRef]) -> None:
     if not unknown:
         return
     placeholders = sorted(
-        {str(t) for t in unknown if graph[t.node].op in ("Placeholder", "PlaceholderV2", "PlaceholderWithDefault")}
+        {str(t) for t in unknown if graph[t.node].op in FEEDABLE_OPS}
     )
     shown = ", ".join(f"{t} {_shape_text(graph.spec(t).shape)}" for t in unknown[:12])
     more = f" and {len(unknown) - 12} more" if len(unknown) > 12 else ""

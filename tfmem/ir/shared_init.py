@@ -31,11 +31,7 @@ import numpy as np
 from tensorflow.python.framework import tensor_util
 
 from tfmem.ir.graph import GraphIR, TensorRef
-
-# Ops that update a resource variable in place, and so copy its buffer first when another variable shares it.
-IN_PLACE_UPDATE_PREFIXES = ("ResourceApply", "ResourceSparseApply", "ResourceScatter")
-IN_PLACE_UPDATE_OPS = frozenset({"AssignAddVariableOp", "AssignSubVariableOp"})
-_PASS_THROUGH = frozenset({"Identity", "Snapshot"})
+from tfmem.ir.ops import IN_PLACE_UPDATE_OPS, IN_PLACE_UPDATE_PREFIXES, INITIAL_VALUE_PASS_THROUGH_OPS
 
 
 def updates_in_place(op: str) -> bool:
@@ -65,7 +61,7 @@ def updated_in_place(graph: GraphIR) -> frozenset[str]:
 def variable_of(graph: GraphIR, ref: TensorRef) -> str | None:
     """The ``VarHandleOp`` whose handle ``ref`` is (through ``Identity``/``Snapshot``), or None."""
     node = graph[ref.node]
-    while node.op in _PASS_THROUGH and node.inputs:
+    while node.op in INITIAL_VALUE_PASS_THROUGH_OPS and node.inputs:
         node = graph[node.inputs[0].node]
     return node.name if node.op == "VarHandleOp" else None
 
@@ -73,7 +69,7 @@ def variable_of(graph: GraphIR, ref: TensorRef) -> str | None:
 def constant_key(graph: GraphIR, ref: TensorRef) -> Hashable | None:
     """A key equal for tensors Grappler folds to the same constant: dtype, shape and value; None if not constant."""
     node = graph[ref.node]
-    while node.op in _PASS_THROUGH and node.inputs:
+    while node.op in INITIAL_VALUE_PASS_THROUGH_OPS and node.inputs:
         node = graph[node.inputs[0].node]
     if node.op == "Const" and "value" in node.attrs:
         value = tensor_util.MakeNdarray(node.attrs["value"].tensor)

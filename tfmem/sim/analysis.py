@@ -13,12 +13,13 @@ from functools import cached_property
 
 from tfmem.errors import ScheduleError
 from tfmem.ir.devices import Placement
-from tfmem.ir.execution import ALIAS_OPS, PERSISTENT_OUTPUT_OPS, VARIABLE_READ_OPS, ExecutionGraph
+from tfmem.ir.execution import ExecutionGraph
 from tfmem.ir.graph import GraphIR, TensorRef
+from tfmem.ir.ops import ALIAS_OPS, BUFFER_FORWARDING_INPUTS, PERSISTENT_OUTPUT_OPS, VARIABLE_READ_OPS
 from tfmem.ir.shapes import require_known
 from tfmem.sim import costmodel
 from tfmem.sim.graphcache import GraphCache
-from tfmem.sim.opmemory import FORWARDING_OPS, VIEW_RULES, temp_bytes, viewed_input
+from tfmem.sim.opmemory import VIEW_RULES, temp_bytes, viewed_input
 from tfmem.sim.schedule import Schedule
 
 
@@ -219,7 +220,7 @@ def order_footprint(eg: ExecutionGraph, order: Sequence[str]) -> OrderFootprint:
     Follows the simulator's rules without its allocator: a buffer is freed after its last reader, aliases
     (``ALIAS_OPS``, ``ReadVariableOp``) and views (``tfmem.opmemory.VIEW_RULES``) share their input's buffer,
     and element-wise ops write into an input buffer they are the last reader of
-    (``tfmem.opmemory.FORWARDING_OPS``). Callers that score many orders of one graph should keep a
+    (``tfmem.ir.ops.BUFFER_FORWARDING_INPUTS``). Callers that score many orders of one graph should keep a
     ``FootprintModel`` instead.
     """
     return FootprintModel(eg).footprint(order)
@@ -258,7 +259,7 @@ class FootprintModel:
             return tid, 0, reads, self.ids.get(node.inputs[0], len(self.ids)), ()
         want = graph.spec(t)
         forwardable = tuple(
-            self.ids[ref] for idx, ref in enumerate(node.inputs) if idx in FORWARDING_OPS.get(node.op, ())
+            self.ids[ref] for idx, ref in enumerate(node.inputs) if idx in BUFFER_FORWARDING_INPUTS.get(node.op, ())
             and ref in self.ids and graph.spec(ref).nbytes == want.nbytes and graph.spec(ref).dtype == want.dtype
             and sum(1 for x in node.inputs if x == ref) == 1
         )

@@ -8,8 +8,9 @@ step, can take whole chunks near twice their size (``fed_layout_floor``).
 
 from __future__ import annotations
 
-from tfmem.ir.execution import ALIAS_OPS, ExecutionGraph
+from tfmem.ir.execution import ExecutionGraph
 from tfmem.ir.graph import GraphIR
+from tfmem.ir.ops import ALIAS_OPS
 from tfmem.sim.bfc import INITIAL_REGION, MIN_ALLOCATION, BFCAllocator, rounded_bytes
 from tfmem.sim.opmemory import temp_bytes
 from tfmem.units import format_bytes

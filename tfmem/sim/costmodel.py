@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from math import prod
 
 from tfmem.ir.graph import GraphIR, OpNode
+from tfmem.ir.ops import CONV_OPS, FREE_OPS, INLINE_KERNELS, MATMUL_OPS
 
 
 @dataclass(frozen=True)
@@ -51,23 +52,17 @@ DEVICES: dict[str, DeviceSpec] = {
 }
 DEFAULT_DEVICE = DEVICES["testbed"]
 
-# Ops that only pass a buffer along or touch metadata: they cost a launch, nothing more.
-FREE_OPS = frozenset({
-    "Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims", "NoOp", "Const", "Placeholder",
-    "PlaceholderWithDefault", "Shape", "ShapeN", "Size", "Rank", "VarHandleOp", "ReadVariableOp",
-    "VariableV2", "StopGradient", "PreventGradient", "Snapshot", "_Recv", "_Send", "ControlTrigger",
-})
 
 
 def op_flops(node: OpNode, graph: GraphIR) -> float:
     """Floating-point operations of one execution of ``node`` (an estimate from shapes)."""
     out = node.outputs[0] if node.outputs else None
     out_elems = _elems(out.shape) if out else 0
-    if node.op in ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "_FusedMatMul"):
+    if node.op in MATMUL_OPS:
         a = graph.spec(node.inputs[0]).shape or ()
         inner = a[-2] if node.attr_bool("transpose_a") or node.attr_bool("adj_x") else (a[-1] if a else 1)
         return 2.0 * out_elems * float(inner or 1)
-    if node.op in ("Conv2D", "_FusedConv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter", "DepthwiseConv2dNative"):
+    if node.op in CONV_OPS:
         return _conv_flops(node, graph)
     if node.op == "Einsum":
         return _einsum_flops(node, graph, out_elems)
@@ -140,14 +135,6 @@ def op_time_s(node: OpNode, graph: GraphIR, device: DeviceSpec = DEFAULT_DEVICE)
 # also the 8000-cycle mark under which TF's executor, once its cost estimates have settled, runs an op inline.
 EXPENSIVE_THRESHOLD_S = 8000 / 3e9
 
-# Kernels whose ``OpKernel::IsExpensive()`` is false in TensorFlow's CPU build (constant, identity, shape,
-# reshape, control-flow, function-argument and rendezvous kernels): the executor always runs them inline.
-INLINE_KERNELS = frozenset({
-    "Const", "HostConst", "Identity", "IdentityN", "StopGradient", "PreventGradient", "NoOp", "Shape", "ShapeN",
-    "Rank", "Size", "ExpandDims", "Squeeze", "Reshape", "Switch", "Merge", "Enter", "RefEnter", "Exit",
-    "NextIteration", "LoopCond", "ControlTrigger", "_Arg", "_Retval", "_Recv", "_Send", "Placeholder",
-    "PlaceholderWithDefault",
-})
 
 
 def is_expensive(node: OpNode, graph: GraphIR, device: DeviceSpec = DEFAULT_DEVICE) -> bool:

@@ -26,22 +26,14 @@ from tensorflow.core.framework import attr_value_pb2, tensor_pb2, tensor_shape_p
 from tensorflow.python.framework import op_def_registry
 
 from tfmem.ir.devices import same_device
-from tfmem.ir.execution import PERSISTENT_OUTPUT_OPS
-from tfmem.ir.frames import FUNCTIONAL_OPS
 from tfmem.ir.graph import GraphIR, OpNode, TensorRef, TensorSpec
+from tfmem.ir.ops import NEVER_FOLDED, PERSISTENT_OUTPUT_OPS
 
 # TF's ConstantFoldingOptions default: a larger result is not turned into a constant.
 MAX_CONSTANT_BYTES = 10 * 2**20
 # Folded outputs smaller than this keep running in the simulation (see the module docstring).
 MIN_REPLACED_BYTES = 64 * 1024
 FOLDED_ATTR = "_tfmem_executor_folded"
-# Ops the executor's constant folding never evaluates, besides stateful ones (TF's IsConstantFoldable).
-NEVER_FOLDED = frozenset({
-    "Placeholder", "PlaceholderV2", "PlaceholderWithDefault", "_Arg", "_Retval", "_Send", "_Recv", "_HostSend",
-    "_HostRecv", "Switch", "RefSwitch", "Merge", "RefMerge", "Enter", "RefEnter", "Exit", "RefExit",
-    "NextIteration", "RefNextIteration", "LoopCond", "ControlTrigger", "FakeParam", "GetSessionHandle",
-    "GetSessionHandleV2", "GetSessionTensor", "DeleteSessionTensor", *FUNCTIONAL_OPS,
-})
 
 
 def fold_like_executor(graph: GraphIR, fetches: Iterable[str] = ()) -> GraphIR:

@@ -42,17 +42,18 @@ from tensorflow.core.framework import attr_value_pb2
 from tensorflow.core.protobuf import config_pb2
 
 from tfmem.ir.devices import DEFAULT_DEVICE, Placement, with_default_device
-from tfmem.ir.execution import (
+from tfmem.ir.execution import ExecutionGraph
+from tfmem.ir.graph import GraphIR, OpNode, TensorRef
+from tfmem.ir.loading import GraphSource, load, to_graph_def
+from tfmem.ir.ops import (
     ALIAS_OPS,
+    BUFFER_FORWARDING_INPUTS,
+    FUNCTIONAL_OPS,
     PERSISTENT_OUTPUT_OPS,
     RESOURCE_VARIABLE_OPS,
     VARIABLE_OPS,
     VARIABLE_READ_OPS,
-    ExecutionGraph,
 )
-from tfmem.ir.frames import FUNCTIONAL_OPS
-from tfmem.ir.graph import GraphIR, OpNode, TensorRef
-from tfmem.ir.loading import GraphSource, load, to_graph_def
 from tfmem.ir.shapes import FeedShapes, annotate, dtype_size
 from tfmem.ir.shared_init import sharing_groups, updates_in_place
 from tfmem.sim import costmodel
@@ -61,7 +62,7 @@ from tfmem.sim.bfc import BFCAllocator, rounded_bytes
 from tfmem.sim.executor_folding import FOLDED_ATTR, fold_like_executor
 from tfmem.sim.graphcache import GraphCache
 from tfmem.sim.grappler import runtime_graph_def
-from tfmem.sim.opmemory import FORWARDING_OPS, temp_bytes
+from tfmem.sim.opmemory import temp_bytes
 from tfmem.sim.schedule import Schedule, emulate, fixed
 
 
@@ -500,7 +501,7 @@ class _Replay:
                 shared.viewed = True
         elif t.index == 0 and node.op in VARIABLE_READ_OPS and node.inputs:
             shared = self.var_storage.get(node.inputs[0].node)
-        elif t.index == 0 and node.op in FORWARDING_OPS and not self.eg.is_region(unit):
+        elif t.index == 0 and node.op in BUFFER_FORWARDING_INPUTS and not self.eg.is_region(unit):
             shared = self._forwardable(unit, node.op, t, domain)
         if shared is not None and not shared.freed:
             shared.uses += uses
@@ -515,7 +516,7 @@ class _Replay:
     def _forwardable(self, unit: str, op: str, out: TensorRef, domain: str) -> _Buffer | None:
         node = self.graph[unit]
         want = self.graph.spec(out)
-        for idx in FORWARDING_OPS[op]:
+        for idx in BUFFER_FORWARDING_INPUTS[op]:
             if idx >= len(node.inputs):
                 break
             ref = node.inputs[idx]

@@ -16,23 +16,6 @@ from tensorflow.python.framework import tensor_util
 
 from tfmem.ir.graph import GraphIR, OpNode, TensorRef
 
-# Ops that may write their output into an input buffer they are the last reader of: op -> input indices
-# (TF's ``forward_input_or_allocate_output`` in the element-wise kernels).
-FORWARDING_OPS: dict[str, tuple[int, ...]] = {
-    **{op: (0,) for op in (
-        "Relu", "Relu6", "Elu", "Selu", "LeakyRelu", "Tanh", "Sigmoid", "Neg", "Abs", "Square", "Sqrt",
-        "Rsqrt", "Exp", "Log", "Log1p", "Reciprocal", "Inv", "Sign", "Floor", "Ceil", "Round", "Softplus",
-        "Softsign", "BiasAdd", "Cos", "Sin", "Erf", "OnesLike", "ZerosLike", "ClipByValue", "Gelu",
-    )},
-    **{op: (0, 1) for op in (
-        "Add", "AddV2", "Sub", "Mul", "RealDiv", "Div", "DivNoNan", "Maximum", "Minimum", "Pow",
-        "SquaredDifference", "ReluGrad", "Relu6Grad", "EluGrad", "SeluGrad", "LeakyReluGrad", "TanhGrad",
-        "SigmoidGrad", "RsqrtGrad", "SqrtGrad", "SoftplusGrad", "ReciprocalGrad", "FloorDiv", "FloorMod",
-        "MulNoNan", "BiasAddV1",
-    )},
-    "AddN": tuple(range(64)),
-}
-
 _WORKING_SET_BYTES = 30 << 20      # target working set of the custom conv-gradient kernels
 _L2_CACHE_BYTES = 256 << 10        # TF's l2_cache_size: per-thread work above it, backprop-input goes per image
 

@@ -10,13 +10,12 @@ import difflib
 import tensorflow as tf
 
 from tfmem.errors import BadInputError
-from tfmem.ir.execution import VARIABLE_OPS
+from tfmem.ir.ops import ASSIGN_OPS, VARIABLE_OPS
 
 DEVICE = "/job:worker/replica:0/task:0/device:CPU:0"
 HOST = "/job:host/replica:0/task:0/device:CPU:0"
 
 GraphLike = tf.Graph | tf.compat.v1.GraphDef
-_ASSIGN_OPS = frozenset({"AssignVariableOp", "Assign"})
 
 
 def as_graph_def(graph: GraphLike) -> tf.compat.v1.GraphDef:
@@ -88,7 +87,7 @@ def initializer_names(graph_def: tf.compat.v1.GraphDef) -> list[str]:
     variables = {n.name for n in graph_def.node if n.op in VARIABLE_OPS}
     return [
         n.name for n in graph_def.node
-        if n.op in _ASSIGN_OPS and n.input and _node_name(n.input[0]) in variables
+        if n.op in ASSIGN_OPS and n.input and _node_name(n.input[0]) in variables
         and n.name == f"{_node_name(n.input[0])}/Assign"
     ]
 
