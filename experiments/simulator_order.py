@@ -149,7 +149,7 @@ def markdown(result: dict[str, object]) -> str:
 
 
 METHOD = ("Each graph runs as written (no tfmem rewrite) on a testbed with a 2 GiB cap; one step per run is traced. "
-          "Simulated: `tfmem.memsim.simulate`'s peak (the worse of its emulated executor and one-thread orders). "
+          "Simulated: `tfmem.sim.memsim.simulate`'s peak (the worse of its emulated executor and one-thread orders). "
           "Replayed: the same simulation, in the order the traced step started its ops. Measured: the testbed "
           "allocator's peak over that step. In a row, the i-th replayed and the i-th measured figure are one run. Ops "
           "running at once: from the trace's start and end times, the largest sum of the ops' own peak allocations "

@@ -38,7 +38,7 @@ from tfmem.ir.tags import strip_tags
 from tfmem.pipeline import PassContext, PassReport, PassResult
 from tfmem.sim import costmodel
 from tfmem.sim.analysis import Analysis, OrderFootprint, analyse
-from tfmem.sim.memsim import MemoryProfile
+from tfmem.sim.profile import MemoryProfile
 from tfmem.units import format_bytes
 
 BARRIER_PREFIX = "tfmem/limit_parallelism/after_partition_"
@@ -196,7 +196,7 @@ class _Shape:
         return max(self.footprint.slice_bound(self.window[i][0], self.window[min(i + k, n) - 1][1]) for i in range(n))
 
     def step_s(self, analysis: Analysis, k: int | None) -> float:
-        """Critical-path step estimate (``tfmem.analysis.step_time_estimate``) with the barriers for ``k``."""
+        """Critical-path step estimate (``tfmem.sim.analysis.step_time_estimate``) with the barriers for ``k``."""
         eg, cores = analysis.eg, os.cpu_count() or 1
         finish: dict[str, float] = {}
         barrier: list[float] = []

@@ -162,7 +162,7 @@ def refine(problem: OrderingProblem, order: list[str], max_evals: int = 200) -> 
     The moves: the unit at the peak goes to where the least is live within its window (between its last
     predecessor and first successor); a unit just before the peak that allocates runs after it instead; a
     unit just after it (one that may free what is live there) runs before it. Each candidate is scored with
-    ``tfmem.analysis.FootprintModel``, at most ``max_evals`` times; the first improvement is kept.
+    ``tfmem.sim.analysis.FootprintModel``, at most ``max_evals`` times; the first improvement is kept.
     """
     best, best_fp = list(order), problem.footprints.footprint(order)
     evals = 1

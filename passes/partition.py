@@ -1,7 +1,7 @@
 """Choose a memory-aware order and cut it into partitions (groups of ops that may run together).
 
 Each strategy in ``passes.ordering`` proposes a topological order; a cheap one-thread liveness model
-(``tfmem.analysis.order_footprint``) scores each, the lowest estimated peak wins, and a local search around
+(``tfmem.sim.analysis.order_footprint``) scores each, the lowest estimated peak wins, and a local search around
 its peak (``passes.ordering.refine``) improves it where it can. The resulting order is then
 cut into partitions that are safe to run concurrently: a partition grows along the order while everything it
 allocates, added to what is live when it starts, stays within ``1 + slack`` times the order's own one-thread

@@ -62,7 +62,7 @@ from tfmem.ir.graph import GraphIR, OpNode, TensorRef
 from tfmem.ir.ops import IDENTITY_OPS, PERSISTENT_OUTPUT_OPS, REF_READ_OPS, REF_VARIABLE_OPS, VARIABLE_OPS
 from tfmem.pipeline import PassContext, PassReport, PassResult
 from tfmem.sim import costmodel
-from tfmem.sim.memsim import MemoryProfile, variable_bytes
+from tfmem.sim.profile import MemoryProfile, variable_bytes
 from tfmem.units import format_bytes
 
 COLOCATION_ATTR = "_class"

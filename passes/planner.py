@@ -1,31 +1,25 @@
-"""The budget planner: one budget in, one plan out -- keep, swap, recompute or host-place each candidate.
+"""The planner: one target in, one plan out -- keep, swap, recompute or host-place each candidate.
 
 The planner works on the graph after ``partition`` and ``limit_parallelism`` (a fixed order). From one
 simulation it lists the *options* that could free device memory: swap an activation to the host over one of
 its longest idle gaps (the copy back started early enough to hide it, or just before its reader), recompute it
 over one of them from tensors that stay alive anyway, or keep a variable group on the host.
 Each option frees some bytes over some stretch of simulated time and costs some step time (cost model:
-exposed transfer, recomputation). Every stretch of the step where the simulated memory is over the budget
-becomes a covering constraint, and a mixed-integer program (PuLP with its bundled CBC solver) picks the
-options of least total cost that cover them all:
-
-    minimise    sum_o cost_o * x_o
-    subject to  sum_o saving_o(segment) * x_o >= excess(segment)   for every over-budget segment
-                sum of x_o over the options of tensor t <= 1          for every tensor t
-                x_o in {0, 1}
+exposed transfer, recomputation; ``passes.plan_options``); a covering program picks the options of least total
+cost that free enough at every moment over the target (``passes.plan_cover``).
 
 The solver starts from the greedy heuristic's plan (least cost per byte of excess removed, then redundant picks
 dropped, then each pick left out in turn where that covers for less) and has a time limit, shortened as the
 planner's own deadline nears (``Planner.deadline_s``); when it runs out, or the model is too large to solve in
 time (``SOLVER_MAX_PAIRS``), the heuristic plan is used and the report says so. The chosen plan is applied and
 re-simulated: options interact (a swap-in lands while another tensor is back), so if the peak is still over the
-budget the excess is added to the requirement and the plan is solved again, a few times; what is still over is
+target the excess is added to the requirement and the plan is solved again, a few times; what is still over is
 then planned on the applied plan's own simulation (swaps and recomputations only) while the peak falls; if it
 is still over, the same is done with the longest gaps and hidden copies alone, and the lower plan kept. Every
 plan is judged with its copies to host fenced (``passes.fence_transfers``), as ``optimize`` runs it. A plan that
 fits is compared with each strategy alone (on graphs of up to ``COMPARE_SINGLE_MAX_OPS`` ops) and with a greedy
 mix that recomputes only what costs less than copying it out and back, then swaps the rest; the quickest by the
-simulator's step estimate is kept. If the budget stays out of reach, each strategy is tried alone (its
+simulator's step estimate is kept. If the target stays out of reach, each strategy is tried alone (its
 greedy pass re-simulates after every step, so it sees interactions the model misses; one that falls short is
 continued by the other, so recomputation takes what is cheap and swapping the rest) and the fitting one of least
 estimated step time is kept; failing that, every option is taken at once and the dearest given back while the
@@ -37,60 +31,46 @@ The report's ``reachable_floor_bytes`` is the lowest peak any plan of these move
 given (``Planner.floor``); ``tfmem.optimize`` mentions it when it refuses a budget (its lower bound is the
 proven one of ``tfmem.sim.bounds``).
 
-Requires: a budget (without one it leaves the graph alone). Ensures: the same values are computed.
+Requires: a target, ``ctx.target_bytes`` (without one it leaves the graph alone). Ensures: the same values are computed.
 """
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
-import heapq
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-import numpy as np
 import pulp
 
 from passes.fence_transfers import FenceTransfers
 from passes.place_persistent import (
-    PersistentGroup,
     PlacePersistent,
-    chain_to_host,
-    persistent_groups,
-    place_groups,
-    plan_group_prefetches,
 )
-from passes.recompute import Recompute, RecomputePlan, apply_recompute
-from passes.swap_activations import SwapActivations, SwapCandidate, apply_swaps, device_activations
+from passes.plan_cover import (
+    SOLVER_MAX_PAIRS,
+    Option,
+    PlanResult,
+    _cover,
+    _greedy,
+    _over_budget_segments,
+    copy_share,
+    freed_byte_seconds,
+    reachable_floor,
+)
+from passes.plan_options import apply_options, build_options, idle_windows
+from passes.plan_report import chained_report, solved_report, strategy_report
+from passes.recompute import Recompute
+from passes.serialize_scratch import serialize_large_ops
+from passes.swap_activations import SwapActivations
 from passes.timeline import StepTimeline
-from passes.transfer import readers_through_aliases, trigger_candidates
-from tfmem.ir.devices import Placement
-from tfmem.ir.editor import GraphEditor
 from tfmem.ir.graph import GraphIR
-from tfmem.ir.ops import ALIAS_OPS, PERSISTENT_OUTPUT_OPS, VARIABLE_READ_OPS
 from tfmem.pipeline import PassContext, PassReport, PassResult
 from tfmem.sim import costmodel
-from tfmem.sim.memsim import MemoryProfile
-from tfmem.sim.opmemory import allocated_bytes
-from tfmem.units import format_bytes
+from tfmem.sim.profile import MemoryProfile
 
-# Swapped bytes also cost CPU time to copy even when the transfer overlaps compute: at least this share of the
-# transfer time is charged as overhead, more where the link keeps the cores busy (``copy_share``).
-TRANSFER_OVERHEAD_SHARE = 0.25
-
-
-def copy_share(link: costmodel.DeviceSpec) -> float:
-    """Share of a copy's link time charged as step time besides its exposed part (the testbed's gRPC: all)."""
-    return max(TRANSFER_OVERHEAD_SHARE, link.transfer_cpu_share)
-
-
-# Above this many (option, over-budget segment) pairs CBC is not asked: writing, reading and presolving the model
-# alone outlast the planner's deadline (a 20,017-op MLP: 3.2 million pairs, 17.1 s in CBC for an 11.6 s limit;
-# its plan then missed and the next round's greedy one was kept), and the greedy plan is used.
-SOLVER_MAX_PAIRS = 1_000_000
 # Up to this many ops, a plan that fits is also compared with each single strategy's (each re-simulates the graph
 # after every step it takes: seconds on graphs this size, minutes on 20,000 ops).
 COMPARE_SINGLE_MAX_OPS = 10000
@@ -98,36 +78,11 @@ COMPARE_SINGLE_MAX_OPS = 10000
 # each miss; one simulation of a 7,000-op MoE plan takes about 2 s here).
 THIN_SIMULATIONS = 12
 THIN_S = 20.0
-# Ops that allocate nothing of their own (views, reads of variables): chaining them orders nothing useful.
-UNCHAINED_OPS = ALIAS_OPS | VARIABLE_READ_OPS | PERSISTENT_OUTPUT_OPS
 # A single strategy that frees memory but not enough is continued by these, in turn, until the plan fits
 # (``single_strategies``). Placing persistent tensors on the host frees the same bytes at every op, so what is
 # still over is activations: swap, then recompute (a WGAN-GP at a 20 MiB target: 16.95 MiB this way, where the
 # covering model's plans reached 20.7 MiB at best).
 MIXED_AFTER = {"recompute": ("swap",), "swap": ("recompute",), "place": ("swap", "recompute")}
-
-
-@dataclass(frozen=True)
-class Option:
-    """One way to free memory: what it does, what it saves when, and what it costs."""
-
-    kind: str                                        # "swap", "recompute" or "place"
-    key: str                                         # the tensor or variable group it concerns
-    nbytes: int
-    cost_s: float
-    savings: tuple[tuple[float, float, int], ...]    # (from_s, to_s, bytes freed) in simulated time
-    payload: SwapCandidate | RecomputePlan | PersistentGroup
-
-
-@dataclass(frozen=True)
-class PlanResult:
-    chosen: tuple[Option, ...]
-    status: str          # "optimal", "heuristic (solver timed out | no solver time left | model too large for the
-    #                      solver)", "heuristic" (no solver asked for), "infeasible"
-    solve_s: float
-    objective_s: float
-    heuristic_objective_s: float
-    follow_ups: int = 0   # rounds planned on the applied plan's simulation (``Planner._follow_up``)
 
 
 # A plan made by strategies applied greedily: estimated step, label, graph, its simulation, the passes' report.
@@ -227,10 +182,10 @@ class Planner:
             report.details["reachable_floor_bytes"] = floor
             return PassResult(graph, False, report)
         if single_report is not None:
-            report = _single_report(self.name, graph, new, profile, new_profile, single_report, solved, label,
+            report = strategy_report(self.name, graph, new, profile, new_profile, single_report, solved, label,
                                     target_bytes, self.link)
         else:
-            report = _report(self.name, graph, new, profile, new_profile, plans, label, target_bytes)
+            report = solved_report(self.name, graph, new, profile, new_profile, plans, label, target_bytes)
         report.details["planner_s"] = time.perf_counter() - started
         report.details["reachable_floor_bytes"] = floor
         return PassResult(new, True, report)
@@ -266,7 +221,7 @@ class Planner:
                     names.append(passes[then].name)
                     new = fenced(more.graph, ctx)
                     prof = ctx.simulate(new)
-                    result = PassResult(more.graph, True, _chained_report(chain))
+                    result = PassResult(more.graph, True, chained_report(chain))
                     if prof.peak_bytes <= target_bytes:
                         break
                 label = ", then ".join(names) if len(names) > 1 else label
@@ -296,11 +251,11 @@ class Planner:
         timeline = StepTimeline.build(graph, ctx.fetches, profile, ctx.feed_shapes)
         widest: dict[str, Option] = {}
         for o in self.options(graph, ctx, timeline, profile):
-            if o.key not in widest or _freed(o) > _freed(widest[o.key]):
+            if o.key not in widest or freed_byte_seconds(o) > freed_byte_seconds(widest[o.key]):
                 widest[o.key] = o
         if not widest:
             return None
-        kept = sorted(widest.values(), key=lambda o: o.cost_s / max(_freed(o), 1e-12))   # cheapest per byte first
+        kept = sorted(widest.values(), key=lambda o: o.cost_s / max(freed_byte_seconds(o), 1e-12))   # cheapest per byte first
 
         def judge(chosen: list[Option]) -> tuple[GraphIR, MemoryProfile]:
             new = fenced(apply_options(graph, chosen, timeline, ctx.host, self.link), ctx)
@@ -342,7 +297,7 @@ class Planner:
         new = fenced(rest.graph, ctx)
         prof = ctx.simulate(new)
         return (prof.estimated_step_s, "recompute where cheaper than copying, then swap_activations", new, prof,
-                _chained_report([cheap.report, rest.report]))
+                chained_report([cheap.report, rest.report]))
 
     def _solver_time(self, plans: list[PlanResult], deadline: float) -> float:
         """CBC's time for the next solve: what is left of ``time_limit_s`` over all rounds, and half of what is
@@ -439,37 +394,7 @@ class Planner:
 
     def options(self, graph: GraphIR, ctx: PassContext, timeline: StepTimeline, profile: MemoryProfile) -> list[Option]:
         """Every swap, recompute and placement the planner may choose, with its savings and cost."""
-        out: list[Option] = []
-        makespan = max(timeline.end_s.values(), default=0.0)
-        if "swap" in self.kinds and ctx.host is not None:
-            swaps = SwapActivations(link=self.link).candidates_over_gaps(graph, ctx, timeline, self.gaps,
-                                                                         self.just_in_time)
-            for c in swaps:
-                back = min(timeline.end_s[p.trigger] for p in c.prefetches if p.trigger)
-                transfer = sum(p.transfer_s for p in c.prefetches) + self.link.transfer_s(c.nbytes)
-                cost = sum(p.exposed_s for p in c.prefetches) + copy_share(self.link) * transfer
-                out.append(Option("swap", str(c.tensor), c.nbytes, cost,
-                                  ((c.idle_from_s, back, c.nbytes),), c))
-        if "recompute" in self.kinds:
-            for p in Recompute().candidates_over_gaps(graph, ctx, timeline, self.gaps):
-                start = max([timeline.end_s[p.tensor.node]] + [timeline.end_s[c] for c in p.early_readers])
-                back = min(timeline.end_s[trigger] for _, trigger in p.groups)
-                out.append(Option("recompute", str(p.tensor), p.nbytes, p.total_s,
-                                  ((start, back, p.nbytes),), p))
-        if "place" in self.kinds and ctx.host is not None:
-            usable = trigger_candidates(graph, timeline)
-            placement = Placement(ctx.device, ctx.host)
-            for g in persistent_groups(graph, timeline.eg, placement, PlacePersistent().min_bytes):
-                reads, _ = plan_group_prefetches(graph, g, timeline, usable, self.link)
-                windows = sorted(
-                    (timeline.end_s[p.trigger] if p.trigger else 0.0, max(timeline.end_s[c] for c in p.consumers),
-                     graph.spec(t).nbytes or 0)
-                    for t, prefetches in reads for p in prefetches)
-                savings = _minus_windows(g.nbytes, windows, makespan)
-                transfer = sum(p.transfer_s for _, ps in reads for p in ps) + self.link.transfer_s(g.nbytes)
-                cost = sum(p.exposed_s for _, ps in reads for p in ps) + copy_share(self.link) * transfer
-                out.append(Option("place", ",".join(g.roots), g.nbytes, cost, savings, g))
-        return out
+        return build_options(graph, ctx, timeline, profile, self.kinds, self.gaps, self.just_in_time, self.link)
 
     def solve(self, options: Sequence[Option], profile: MemoryProfile, target_bytes: int,
               time_limit_s: float | None = None) -> PlanResult:
@@ -518,109 +443,6 @@ class Planner:
         return PlanResult(tuple(options[i] for i in picked), "optimal", elapsed, cost, heuristic_cost)
 
 
-def reachable_floor(profile: MemoryProfile, options: Sequence[Option],
-                    idle: Sequence[tuple[str, tuple[tuple[float, float, int], ...]]] = ()) -> tuple[int, float]:
-    """The lowest peak these options could reach on this order: every one of them taken at once.
-
-    At each moment of the simulated step, the device holds what it holds less everything some option could
-    free then (a tensor with several ways to go -- options, and the ``idle`` stretches between its uses in
-    which a swap could take it away -- counts once, at its largest saving over the union of their windows: an
-    over-estimate, so the result stays a lower bound). Returns the highest such remainder and its time. What
-    nothing can free at that moment -- the running ops' working sets, persistent tensors nothing may
-    host-place, tensors too small to move -- is what any plan built from these moves must still hold there.
-
-    Examples
-    --------
-    >>> from types import SimpleNamespace
-    >>> prof = SimpleNamespace(timeline=((0.0, 10, 0, "a"), (1.0, 30, 0, "b"), (2.0, 20, 0, "c")))
-    >>> opts = [Option("swap", "t", 15, 0.1, ((0.5, 1.5, 15),), None)]
-    >>> reachable_floor(prof, opts)   # at 1.0 s: 30 - 15; at 2.0 s nothing can be freed
-    (20, 2.0)
-    """
-    if not profile.timeline:
-        return 0, 0.0
-    times = np.array([t for t, *_ in profile.timeline], dtype=np.float64)
-    held = np.array([d for _, d, *_ in profile.timeline], dtype=np.int64)
-    by_key: dict[str, list[tuple[tuple[float, float, int], ...]]] = {}
-    for o in options:
-        by_key.setdefault(o.key, []).append(o.savings)
-    for key, windows in idle:
-        by_key.setdefault(key, []).append(windows)
-    freeable = np.zeros(len(times) + 1, dtype=np.int64)
-    for ways in by_key.values():
-        spans = [w for savings in ways for w in savings if w[2] > 0]
-        if len(ways) > 1 and spans:  # alternatives for one tensor: the union of their windows, counted once
-            spans = _union(spans)
-        for start, stop, nbytes in spans:
-            lo, hi = np.searchsorted(times, start, "left"), np.searchsorted(times, stop, "right")
-            freeable[lo] += nbytes
-            freeable[hi] -= nbytes
-    remainder = held - np.cumsum(freeable)[:-1]
-    at = int(np.argmax(remainder))
-    return int(remainder[at]), float(times[at])
-
-
-def _union(spans: list[tuple[float, float, int]]) -> list[tuple[float, float, int]]:
-    """Overlapping windows merged, each merged one at the largest saving among its parts.
-
-    >>> _union([(0.0, 2.0, 5), (1.0, 3.0, 8), (4.0, 5.0, 1)])
-    [(0.0, 3.0, 8), (4.0, 5.0, 1)]
-    """
-    merged: list[tuple[float, float, int]] = []
-    for start, stop, nbytes in sorted(spans):
-        if merged and start <= merged[-1][1]:
-            a, b, n = merged[-1]
-            merged[-1] = (a, max(b, stop), max(n, nbytes))
-        else:
-            merged.append((start, stop, nbytes))
-    return merged
-
-
-def idle_windows(graph: GraphIR, ctx: PassContext, timeline: StepTimeline, min_bytes: int,
-                 ) -> list[tuple[str, tuple[tuple[float, float, int], ...]]]:
-    """Per swappable activation, every stretch between two of its uses: where some swap could free it.
-
-    The planner's swap options split each tensor at one of its few longest idle gaps, while ``swap_activations``
-    (its fallback) may split it elsewhere and swap a swapped-in copy again; a lower bound must allow all of it.
-    """
-    out = []
-    for t in device_activations(graph, ctx, timeline, timeline.order, min_bytes):
-        readers = sorted(readers_through_aliases(graph, timeline.eg, t), key=timeline.rank.__getitem__)
-        nbytes = graph.spec(t).nbytes or 0
-        busy_until, gaps = timeline.end_s[t.node], []
-        for c in readers:
-            if timeline.start_s[c] > busy_until:
-                gaps.append((busy_until, timeline.start_s[c], nbytes))
-            busy_until = max(busy_until, timeline.end_s[c])
-        if gaps:
-            out.append((str(t), tuple(gaps)))
-    return out
-
-
-def serialize_large_ops(graph: GraphIR, ctx: PassContext, min_bytes: int = 64 * 1024,
-                        measure: Callable[[GraphIR, str], int] | None = None) -> GraphIR:
-    """Chain the device ops that allocate ``min_bytes`` or more (outputs and scratch) in their one-thread order.
-
-    Each waits for the previous one (a control edge, skipped where a data edge already orders them), so
-    their working sets no longer add up when the executor has threads to spare. The order is the one-thread
-    schedule, which is topological, so the edges cannot close a cycle. ``measure`` says what an op allocates
-    (default ``allocated_bytes``).
-    """
-    measure = measure or allocated_bytes
-    profile = ctx.simulate(graph, inter_op_threads=1)
-    timeline = StepTimeline.build(graph, ctx.fetches, profile, ctx.feed_shapes)
-    placement = Placement(ctx.device, ctx.host)
-    big = [u for u in timeline.order if not timeline.eg.is_region(u)
-           and placement.domain(graph[u].device) == "device"
-           and measure(graph, u) >= min_bytes
-           and graph[u].op not in UNCHAINED_OPS]
-    editor = GraphEditor(graph)
-    for previous, current in zip(big, big[1:], strict=False):
-        if previous not in graph[current].predecessors:
-            editor.add_control_inputs(current, [previous])
-    return editor.finish()
-
-
 def fenced(graph: GraphIR, ctx: PassContext) -> GraphIR:
     """``graph`` with its copies to host fenced, as ``optimize`` will run it (``passes.fence_transfers``).
 
@@ -630,292 +452,3 @@ def fenced(graph: GraphIR, ctx: PassContext) -> GraphIR:
     return FenceTransfers().run(graph, ctx).graph
 
 
-def apply_options(graph: GraphIR, chosen: Sequence[Option], timeline: StepTimeline, host: str | None,
-                  link: costmodel.DeviceSpec) -> GraphIR:
-    """Apply host placements, then swaps, then recomputations (each on the previous result)."""
-    groups = [o.payload for o in chosen if o.kind == "place"]
-    swaps = [o.payload for o in chosen if o.kind == "swap"]
-    recomputes = [o.payload for o in chosen if o.kind == "recompute"]
-    if groups and host is not None:
-        graph = place_groups(graph, groups, timeline, host, link)  # type: ignore[arg-type]
-    if swaps and host is not None:
-        graph = apply_swaps(graph, swaps, host)  # type: ignore[arg-type]
-    if recomputes:
-        graph = apply_recompute(graph, recomputes)  # type: ignore[arg-type]
-    if groups and host is not None:  # last: its chain must respect every edge the others added
-        graph = chain_to_host(graph, groups, timeline, host)  # type: ignore[arg-type]
-    return graph
-
-
-def _freed(option: Option) -> float:
-    """Byte-seconds an option frees on the simulated step."""
-    return sum((stop - start) * nbytes for start, stop, nbytes in option.savings)
-
-
-def _minus_windows(nbytes: int, windows: list[tuple[float, float, int]], end: float) -> tuple[tuple[float, float, int], ...]:
-    """Savings of a host-placed group: all of it, except what its prefetched copies hold while in use."""
-    pieces, cursor = [], 0.0
-    for start, stop, held in windows:
-        if start > cursor:
-            pieces.append((cursor, start, nbytes))
-        pieces.append((start, stop, max(nbytes - held, 0)))
-        cursor = max(cursor, stop)
-    if cursor < end:
-        pieces.append((cursor, end + 1.0, nbytes))
-    return tuple(p for p in pieces if p[1] > p[0])
-
-
-def _over_budget_segments(profile: MemoryProfile, options: Sequence[Option], target_bytes: int,
-                          ) -> tuple[list[tuple[float, float]], list[int]]:
-    """Split time where any option's saving changes; keep the segments whose memory exceeds ``budget``."""
-    cuts = sorted({0.0} | {t for o in options for s, e, _ in o.savings for t in (s, e)})
-    need: dict[int, int] = {}
-    for time_s, device_bytes, _host, _unit in profile.timeline:
-        if device_bytes > target_bytes:
-            seg = max(bisect.bisect_right(cuts, time_s) - 1, 0)
-            need[seg] = max(need.get(seg, 0), device_bytes - target_bytes)
-    segments = [(cuts[s], cuts[s + 1] if s + 1 < len(cuts) else float("inf")) for s in sorted(need)]
-    return segments, [need[s] for s in sorted(need)]
-
-
-def _cover(options: Sequence[Option], segments: list[tuple[float, float]]) -> list[list[tuple[int, int]]]:
-    """Per segment, the options whose savings span it whole, with the bytes each frees there."""
-    starts = [a for a, _ in segments]
-    ends = [b for _, b in segments]
-    rows: list[dict[int, int]] = [{} for _ in segments]
-    for i, o in enumerate(options):
-        for s, e, b in o.savings:
-            if b <= 0:
-                continue
-            # segments are sorted and disjoint: those with start >= s and end <= e form one run
-            for k in range(bisect.bisect_left(starts, s), bisect.bisect_right(ends, e)):
-                if starts[k] >= s and ends[k] <= e:
-                    rows[k][i] = max(rows[k].get(i, 0), b)
-    return [sorted(r.items()) for r in rows]
-
-
-def _greedy(options: Sequence[Option], cover: list[list[tuple[int, int]]], excess: list[int],
-            time_limit_s: float = 2.0) -> list[int]:
-    """The fallback plan: the cheapest of a greedy cover and its variants that each leave one of its picks out.
-
-    The plain greedy (``_greedy_cover``) commits early to options that look cheap per byte; leaving each pick
-    out in turn (costliest first) and covering again finds a cheaper plan where one exists nearby. The search
-    repeats from any cheaper plan it finds, within ``time_limit_s``.
-
-    Examples
-    --------
-    >>> opts = [Option("swap", t, n, cost, (), None) for t, n, cost in [("a", 4, 1.0), ("b", 4, 1.0), ("c", 8, 1.5)]]
-    >>> _greedy(opts, cover=[[(0, 4), (2, 8)], [(1, 4), (2, 8)]], excess=[4, 4])   # c covers both at once
-    [2]
-    """
-    by_option = _option_arrays(cover)
-    need = np.array(excess, dtype=np.int64)
-    deadline = time.perf_counter() + time_limit_s
-
-    def cost(picks: list[int]) -> float:
-        return sum(options[i].cost_s for i in picks)
-
-    best = _greedy_cover(options, by_option, need)
-    improved = True
-    while improved and time.perf_counter() < deadline:
-        improved = False
-        for left_out in sorted(best, key=lambda i: -options[i].cost_s):
-            if time.perf_counter() >= deadline:
-                break
-            alternative = _greedy_cover(options, by_option, need, exclude={left_out})
-            if cost(alternative) < cost(best) - 1e-12 and _covers(alternative, by_option, need):
-                best, improved = alternative, True
-                break
-    return best
-
-
-def _option_arrays(cover: list[list[tuple[int, int]]]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """Per option, the segments it spans and the bytes it frees there, as arrays.
-
-    A 20,000-op graph has millions of (option, segment) pairs, and re-scoring them in Python loops took minutes.
-    """
-    pairs: dict[int, tuple[list[int], list[int]]] = {}
-    for s, row in enumerate(cover):
-        for i, b in row:
-            segs, frees = pairs.setdefault(i, ([], []))
-            segs.append(s)
-            frees.append(b)
-    return {i: (np.array(segs, dtype=np.int64), np.array(frees, dtype=np.int64)) for i, (segs, frees) in pairs.items()}
-
-
-def _covers(picks: list[int], by_option: dict[int, tuple[np.ndarray, np.ndarray]], need: np.ndarray) -> bool:
-    covered = np.zeros_like(need)
-    for i in picks:
-        segs, frees = by_option[i]
-        np.add.at(covered, segs, frees)
-    return bool(np.all(covered >= need))
-
-
-def _greedy_cover(options: Sequence[Option], by_option: dict[int, tuple[np.ndarray, np.ndarray]], need: np.ndarray,
-                  exclude: set[int] | frozenset[int] = frozenset()) -> list[int]:
-    """Least cost per byte still needed first, until every segment is covered; then drop what became redundant.
-
-    The classic greedy for weighted covering: an option's worth is the excess it still removes (summed over
-    the segments it spans, each capped at what that segment still needs), so it is re-scored as the plan
-    grows (lazily: a worth only falls). One option per tensor: an option whose tensor already has a pick is
-    scored as a replacement (what it adds over the pick, for what it costs more), since the first way chosen
-    for a tensor, a short gap say, may not span a segment that another of its ways would (measured: on an
-    unrolled RNN, without replacements the greedy plan left segments uncovered where CBC covered them all at
-    0.58x its cost). Then, costliest first, picks whose segments stay covered without them are dropped.
-    Options in ``exclude`` are not considered.
-
-    Tensor a's first way spans segment 0, its second (dearer) way both; b spans segment 1 for more. a's first
-    way is the cheapest per byte; then a's second way replaces it, for less than adding b:
-
-    >>> opts = [Option("swap", "a", 4, 1.0, (), None), Option("swap", "a", 4, 3.0, (), None),
-    ...         Option("swap", "b", 4, 5.0, (), None)]
-    >>> _greedy_cover(opts, _option_arrays([[(0, 4), (1, 4)], [(1, 4), (2, 4)]]), np.array([4, 4]))
-    [1]
-    """
-    covered = np.zeros_like(need)
-    unmet = int((need > 0).sum())   # segments not yet covered, kept up to date by ``shift``
-    chosen: dict[str, int] = {}   # tensor (option key) -> its pick
-
-    def shift(i: int, sign: int) -> None:   # add (+1) or take out (-1) option i's bytes
-        nonlocal unmet
-        segs, frees = by_option[i]   # each segment once per option
-        was = covered[segs] >= need[segs]
-        covered[segs] += sign * frees
-        now = covered[segs] >= need[segs]
-        unmet -= int((now & ~was).sum()) - int((was & ~now).sum())
-
-    def ratio(i: int) -> float:   # cost per byte of excess removed; inf when it removes none
-        held = chosen.get(options[i].key)
-        if held == i:
-            return float("inf")
-        gain = _gain(by_option, covered, need, i, held)
-        extra = options[i].cost_s - (options[held].cost_s if held is not None else 0.0)
-        return (max(extra, 0.0) + 1e-12) / gain if gain > 0 else float("inf")
-
-    heap = [(ratio(i), i) for i in by_option if i not in exclude]
-    heapq.heapify(heap)
-    while heap and unmet:
-        stale, i = heapq.heappop(heap)
-        fresh = ratio(i)
-        if fresh == float("inf"):
-            continue
-        if heap and fresh > heap[0][0] and fresh > stale:  # worth fell since it was scored: score it again
-            heapq.heappush(heap, (fresh, i))
-            continue
-        held = chosen.get(options[i].key)
-        if held is not None:   # replaced: it may come back, scored against i
-            shift(held, -1)
-            heapq.heappush(heap, (ratio(held), held))
-        chosen[options[i].key] = i
-        shift(i, +1)
-    picks = list(chosen.values())
-    for i in sorted(picks, key=lambda i: -options[i].cost_s):
-        segs, frees = by_option[i]
-        # still covered without it where covered now (a segment no set of options covers keeps its picks)
-        if bool(np.all(covered[segs] - frees >= np.minimum(need[segs], covered[segs]))):
-            picks.remove(i)
-            np.subtract.at(covered, segs, frees)
-    return picks
-
-
-def _gain(by_option: dict[int, tuple[np.ndarray, np.ndarray]], covered: np.ndarray, need: np.ndarray, i: int,
-          replacing: int | None = None) -> int:
-    """Excess that taking option ``i`` removes, given ``covered`` bytes per segment (in place of ``replacing``)."""
-    segs, frees = by_option[i]
-    if replacing is None:
-        return int(np.minimum(frees, np.maximum(need[segs] - covered[segs], 0)).sum())
-    old_segs, old_frees = by_option[replacing]
-    touched = np.union1d(segs, old_segs)
-    before = covered[touched]
-    after = before.copy()
-    after[np.searchsorted(touched, old_segs)] -= old_frees
-    after[np.searchsorted(touched, segs)] += frees
-    return int((np.minimum(need[touched], after) - np.minimum(need[touched], before)).sum())
-
-
-def _report(name: str, before: GraphIR, after: GraphIR, start: MemoryProfile, end: MemoryProfile,
-            plans: list[PlanResult], label: str, target_bytes: int) -> PassReport:
-    final = plans[-1] if plans else PlanResult((), "none", 0.0, 0.0, 0.0)
-    met = "meets" if end.peak_bytes <= target_bytes else "still above"
-    counts: dict[str, int] = {}
-    for o in final.chosen:
-        counts[o.kind] = counts.get(o.kind, 0) + 1
-    if not plans:  # the greedy repair of nothing solved
-        return PassReport(name, True, nodes_added=len(after) - len(before), details={"order": label},
-                          notes=(f"plan: {label}; solver not run", f"simulated peak {format_bytes(start.peak_bytes)} "
-                                 f"-> {format_bytes(end.peak_bytes)}, {met} the budget"))
-    notes = (
-        f"plan ({label}): " + (", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "nothing chosen")
-        + f"; solver {final.status} in {sum(p.solve_s for p in plans):.1f} s over {len(plans)} round(s)"
-        + (f" and {final.follow_ups} on the applied plan" if final.follow_ups else "") + "; "
-        f"estimated overhead {final.objective_s * 1e3:.1f} ms per step (heuristic plan: "
-        f"{final.heuristic_objective_s * 1e3:.1f} ms)",
-        f"simulated peak {format_bytes(start.peak_bytes)} -> {format_bytes(end.peak_bytes)}, {met} the budget",
-    )
-    details: dict[str, object] = {
-        "decisions": [{"kind": o.kind, "tensor": o.key, "bytes": o.nbytes, "cost_s": o.cost_s} for o in final.chosen],
-        "solver_status": final.status, "solve_s": sum(p.solve_s for p in plans), "follow_ups": final.follow_ups,
-        "objective_s": final.objective_s, "heuristic_objective_s": final.heuristic_objective_s,
-        "order": label,
-    }
-    return PassReport(name, True, nodes_added=len(after) - len(before), notes=notes, details=details,
-                      bytes_moved=sum(o.nbytes for o in final.chosen if o.kind != "recompute"))
-
-
-def _single_report(name: str, before: GraphIR, after: GraphIR, start: MemoryProfile, end: MemoryProfile,
-                   single: PassReport, solved: list[PlanResult], label: str, target_bytes: int,
-                   link: costmodel.DeviceSpec) -> PassReport:
-    """The report of a plan one strategy made alone: its decisions, and what the solver said meanwhile."""
-    decisions = single_decisions(single, link)
-    met = "meets" if end.peak_bytes <= target_bytes else "still above"
-    final = solved[-1] if solved else None
-    solver = (f"solver {final.status} in {sum(p.solve_s for p in solved):.1f} s (its plan not kept)" if final
-              else "solver not run")
-    overhead = sum(d["cost_s"] for d in decisions)  # type: ignore[misc]
-    notes = (f"plan: {label}; {len(decisions)} decisions; {solver}; estimated overhead {overhead * 1e3:.1f} ms "
-             "per step", f"simulated peak {format_bytes(start.peak_bytes)} -> {format_bytes(end.peak_bytes)}, "
-             f"{met} the budget")
-    details: dict[str, object] = {
-        "decisions": decisions, "order": label, "solver_status": final.status if final else "not run",
-        "solve_s": sum(p.solve_s for p in solved), "plan_overhead_s": overhead,
-        # the solved model's figures (its plan was not kept), for comparing the solver with the greedy
-        "objective_s": final.objective_s if final else None,
-        "heuristic_objective_s": final.heuristic_objective_s if final else None,
-    }
-    return PassReport(name, True, nodes_added=len(after) - len(before), notes=notes, details=details,
-                      bytes_moved=single.bytes_moved)
-
-
-def _chained_report(reports: Sequence[PassReport]) -> PassReport:
-    """One report for passes run one after another: their moves together (what ``single_decisions`` reads)."""
-    details: dict[str, object] = {
-        key: [item for r in reports for item in r.details.get(key, ())]  # type: ignore[attr-defined]
-        for key in ("swapped", "recomputed", "groups")
-    }
-    # what host placement brings back each step, apart from the swaps' copies (``single_decisions`` splits it)
-    details["placed_bytes_per_step"] = sum(r.bytes_moved for r in reports if "groups" in r.details)
-    notes = tuple(note for r in reports for note in r.notes)
-    return PassReport(", then ".join(r.name for r in reports), True, nodes_added=sum(r.nodes_added for r in reports),
-                      notes=notes, details=details, bytes_moved=sum(r.bytes_moved for r in reports))
-
-
-def single_decisions(report: PassReport, link: costmodel.DeviceSpec) -> list[dict[str, object]]:
-    """Per tensor or variable group that a single strategy's pass moved: kind, bytes, estimated cost.
-
-    Costs are the planner's own terms (``options``): a swap's exposed transfer plus ``copy_share(link)``
-    of its transfers; a recomputation's compute; for host placements, ``copy_share(link)`` of their
-    prefetches' transfer time, split among the groups by bytes (the pass does not report exposure per group).
-    """
-    out: list[dict[str, object]] = []
-    for tensor, nbytes, _ins, transfer_s, exposed_s in report.details.get("swapped", ()):  # type: ignore[attr-defined]
-        cost = exposed_s + copy_share(link) * (transfer_s + link.transfer_s(nbytes))
-        out.append({"kind": "swap", "tensor": tensor, "bytes": nbytes, "cost_s": cost})
-    for tensor, nbytes, _chain, compute_s in report.details.get("recomputed", ()):  # type: ignore[attr-defined]
-        out.append({"kind": "recompute", "tensor": tensor, "bytes": nbytes, "cost_s": compute_s})
-    groups = list(report.details.get("groups", ()))  # type: ignore[call-overload]
-    total = sum(n for _, n in groups) or 1
-    for roots, nbytes in groups:
-        per_step = int(report.details.get("placed_bytes_per_step", report.bytes_moved))  # type: ignore[call-overload]
-        cost = copy_share(link) * link.transfer_s(per_step) * nbytes / total
-        out.append({"kind": "place", "tensor": roots, "bytes": nbytes, "cost_s": cost})
-    return out

@@ -40,7 +40,7 @@ from tfmem.ir.graph import GraphIR, TensorRef
 from tfmem.ir.ops import NEVER_CLONED, PERSISTENT_OUTPUT_OPS, PLACEHOLDER_OPS
 from tfmem.pipeline import PassContext, PassReport, PassResult
 from tfmem.sim import costmodel
-from tfmem.sim.memsim import MemoryProfile
+from tfmem.sim.profile import MemoryProfile
 from tfmem.units import format_bytes
 
 RECOMPUTE_TAG = "_tfmem_recompute"

@@ -25,16 +25,21 @@ Examples
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
-from passes.planner import UNCHAINED_OPS, serialize_large_ops
+from passes.timeline import StepTimeline
 from tfmem.ir.devices import Placement
+from tfmem.ir.editor import GraphEditor
 from tfmem.ir.graph import GraphIR
+from tfmem.ir.ops import ALIAS_OPS, PERSISTENT_OUTPUT_OPS, VARIABLE_READ_OPS
 from tfmem.pipeline import PassContext, PassReport, PassResult
-from tfmem.sim.opmemory import scratch_bytes
+from tfmem.sim.opmemory import allocated_bytes, scratch_bytes
 from tfmem.units import format_bytes
 
+# Ops that allocate nothing of their own (views, reads of variables): chaining them orders nothing useful.
+UNCHAINED_OPS = ALIAS_OPS | VARIABLE_READ_OPS | PERSISTENT_OUTPUT_OPS
 MIN_SCRATCH_BYTES = 1 << 20   # below this, two buffers side by side stay inside the plan's safety margin
 
 
@@ -60,3 +65,27 @@ class SerializeScratch:
         note = (f"{len(heavy)} ops with {format_bytes(MIN_SCRATCH_BYTES)} or more of scratch (largest "
                 f"{format_bytes(largest)}) run one at a time: {added} control edges")
         return PassResult(new, True, PassReport(self.name, True, control_edges_added=added, notes=(note,)))
+
+
+def serialize_large_ops(graph: GraphIR, ctx: PassContext, min_bytes: int = 64 * 1024,
+                        measure: Callable[[GraphIR, str], int] | None = None) -> GraphIR:
+    """Chain the device ops that allocate ``min_bytes`` or more (outputs and scratch) in their one-thread order.
+
+    Each waits for the previous one (a control edge, skipped where a data edge already orders them), so
+    their working sets no longer add up when the executor has threads to spare. The order is the one-thread
+    schedule, which is topological, so the edges cannot close a cycle. ``measure`` says what an op allocates
+    (default ``allocated_bytes``).
+    """
+    measure = measure or allocated_bytes
+    profile = ctx.simulate(graph, inter_op_threads=1)
+    timeline = StepTimeline.build(graph, ctx.fetches, profile, ctx.feed_shapes)
+    placement = Placement(ctx.device, ctx.host)
+    big = [u for u in timeline.order if not timeline.eg.is_region(u)
+           and placement.domain(graph[u].device) == "device"
+           and measure(graph, u) >= min_bytes
+           and graph[u].op not in UNCHAINED_OPS]
+    editor = GraphEditor(graph)
+    for previous, current in zip(big, big[1:], strict=False):
+        if previous not in graph[current].predecessors:
+            editor.add_control_inputs(current, [previous])
+    return editor.finish()

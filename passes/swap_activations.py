@@ -56,8 +56,8 @@ from tfmem.ir.ops import ALIAS_OPS, PERSISTENT_OUTPUT_OPS, RESOURCE_VARIABLE_OPS
 from tfmem.ir.verify import SWAP_IN_ATTR, SWAP_OUT_ATTR
 from tfmem.pipeline import PassContext, PassReport, PassResult
 from tfmem.sim import costmodel
-from tfmem.sim.memsim import MemoryProfile
 from tfmem.sim.opmemory import viewed_input
+from tfmem.sim.profile import MemoryProfile
 from tfmem.units import format_bytes
 
 
@@ -78,7 +78,7 @@ class SwapCandidate:
 def buffer_root(graph: GraphIR, tensor: TensorRef) -> TensorRef:
     """The tensor whose buffer ``tensor`` occupies: itself, or the source of the alias or view it is.
 
-    Views are the kernels' (``tfmem.opmemory.VIEW_RULES``): a dim-0 slice of a fed batch shares the batch's buffer.
+    Views are the kernels' (``tfmem.sim.opmemory.VIEW_RULES``): a dim-0 slice of a fed batch shares the batch's buffer.
 
     >>> import tensorflow as tf
     >>> from tfmem.ir.loading import load

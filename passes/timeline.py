@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from tfmem.ir.execution import ExecutionGraph
 from tfmem.ir.graph import GraphIR
-from tfmem.sim.memsim import MemoryProfile
+from tfmem.sim.profile import MemoryProfile
 
 # How far past the first unit that ends early enough a trigger search keeps looking for a later-ending one
 # (ops that overlap in a multi-thread schedule end out of rank order, but only among near neighbours).

@@ -33,7 +33,7 @@ from tfmem.units import format_bytes, parse_bytes
 _LAZY = {
     "GraphIR": "tfmem.ir.graph", "OpNode": "tfmem.ir.graph", "TensorRef": "tfmem.ir.graph", "TensorSpec": "tfmem.ir.graph",
     "load": "tfmem.ir.loading",
-    "LiveTensor": "tfmem.sim.memsim", "MemoryProfile": "tfmem.sim.memsim", "simulate": "tfmem.sim.memsim",
+    "LiveTensor": "tfmem.sim.profile", "MemoryProfile": "tfmem.sim.profile", "simulate": "tfmem.sim.memsim",
     "Optimized": "tfmem.optimizer", "optimize": "tfmem.optimizer",
 }
 

@@ -49,7 +49,7 @@ class InfeasibleBudgetError(TfmemError):
     Carries ``budget_bytes``, ``best_peak_bytes``, ``lower_bound_bytes`` and ``live_at_peak`` (the largest
     tensors live at the best plan's peak) so callers can decide what to change. ``lower_bound_bytes`` is a
     device size no plan fits below: the largest single-op working set, or what the fed tensors need in TF's
-    allocator (``tfmem.bounds.fed_layout_floor``), whichever is higher.
+    allocator (``tfmem.sim.bounds.fed_layout_floor``), whichever is higher.
     """
 
     def __init__(

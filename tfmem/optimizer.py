@@ -28,7 +28,7 @@ from tfmem.pipeline import Pass, PassContext, PassReport, run_pipeline
 from tfmem.report import Report
 from tfmem.sim.bounds import fed_layout_floor, largest_working_set
 from tfmem.sim.grappler import grappler_rejects
-from tfmem.sim.memsim import MemoryProfile
+from tfmem.sim.profile import MemoryProfile
 from tfmem.units import format_bytes, parse_bytes
 
 # Above this many ops, running Grappler offline for the before/after simulations costs more than the passes
@@ -50,7 +50,7 @@ CAPACITY_SLACK = 0.02
 # What passes="auto" falls back on when every plan of the planner fits in total but not in the allocator's layout.
 ALTERNATIVE_PIPELINE = ("partition", "limit_parallelism", "place_persistent", "swap_activations", "recompute")
 # In that replay, a request of half the device or more must also find a free chunk with this much to
-# spare (``tfmem.bfc.BFCAllocator.large_request_fits``): where such a request lands depends on every tensor
+# spare (``tfmem.sim.bfc.BFCAllocator.large_request_fits``): where such a request lands depends on every tensor
 # placed before it, and the session's order is not exactly the replay's.
 LARGE_REQUEST_MARGIN = 4 * 2**20
 # What passes="auto" also plans, each strategy alone, keeping whichever fitting plan is estimated quickest, once
@@ -428,7 +428,7 @@ def device_floor_bytes(ir: GraphIR, ctx: PassContext) -> tuple[int, str]:
     """A device size no plan fits below: the peak bound, or what the fed tensors' layout needs if more.
 
     The second is about the allocator, not the sum of live bytes: BFC can hand a fed tensor a whole chunk
-    near twice its size (``tfmem.bounds.fed_layout_floor``). A plan is accepted only if its layout replay fits
+    near twice its size (``tfmem.sim.bounds.fed_layout_floor``). A plan is accepted only if its layout replay fits
     ``layout_room(budget)``, so a budget whose room is below this floor is refused before planning.
     """
     working, op = lower_bound_bytes(ir, ctx)

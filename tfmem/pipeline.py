@@ -17,7 +17,7 @@ from tensorflow.core.protobuf import config_pb2
 from tfmem.errors import PassError, TfmemError
 from tfmem.ir.graph import GraphIR
 from tfmem.ir.verify import verify
-from tfmem.sim.memsim import MemoryProfile
+from tfmem.sim.profile import MemoryProfile
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tfmem.pipeline import PassReport
-from tfmem.sim.memsim import MemoryProfile
+from tfmem.sim.profile import MemoryProfile
 from tfmem.units import format_bytes
 
 SIMULATOR = "simulator"

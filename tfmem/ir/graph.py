@@ -3,7 +3,7 @@
 A ``GraphIR`` is a tuple of ``OpNode`` in the GraphDef's own order (so that the round trip is exact), each
 with its data inputs, control inputs, device, attrs and one ``TensorSpec`` (dtype, shape, bytes) per output.
 Protos appear only at the edges: ``GraphIR.from_graph_def`` and ``GraphIR.to_graph_def``. Passes build new
-graphs with ``tfmem.editor.GraphEditor``; analyses use the cached indices (``by_name``, ``consumers``) or the
+graphs with ``tfmem.ir.editor.GraphEditor``; analyses use the cached indices (``by_name``, ``consumers``) or the
 networkx view ``nx``, never mutate.
 
 Examples
@@ -129,7 +129,7 @@ def _parse_inputs(raw: Any) -> tuple[tuple[TensorRef, ...], tuple[str, ...]]:
 class GraphIR:
     """An immutable graph: nodes in GraphDef order plus the function library and versions.
 
-    Build one with ``from_graph_def`` (specs left empty) or ``tfmem.shapes.annotate`` /
+    Build one with ``from_graph_def`` (specs left empty) or ``tfmem.ir.shapes.annotate`` /
     ``tfmem.load`` (specs filled in); write one back with ``to_graph_def``.
     """
 

@@ -58,7 +58,7 @@ def to_graph_def(source: GraphSource) -> graph_pb2.GraphDef:
 
 
 def load(source: GraphSource, feed_shapes: FeedShapes | None = None) -> GraphIR:
-    """Load ``source`` and annotate every output with dtype, shape and bytes (see ``tfmem.shapes.annotate``).
+    """Load ``source`` and annotate every output with dtype, shape and bytes (see ``tfmem.ir.shapes.annotate``).
 
     Examples
     --------

@@ -33,12 +33,12 @@ class Analysis:
 
     @cached_property
     def schedules(self) -> dict[tuple[bool, int], Schedule]:
-        """Emulated schedules by (GPU?, inter-op threads), kept by ``tfmem.memsim.simulate``."""
+        """Emulated schedules by (GPU?, inter-op threads), kept by ``tfmem.sim.memsim.simulate``."""
         return {}
 
     @cached_property
     def transfers(self) -> dict[tuple[object, ...], dict[str, list[Transfer]]]:
-        """``transfers_into`` results by (placement, link), kept by ``tfmem.memsim.simulate``."""
+        """``transfers_into`` results by (placement, link), kept by ``tfmem.sim.memsim.simulate``."""
         return {}
 
     @cached_property
@@ -47,7 +47,7 @@ class Analysis:
 
     @cached_property
     def views(self) -> dict[TensorRef, int]:
-        """Outputs that are views into an input's buffer (``tfmem.opmemory.VIEW_RULES``): tensor -> input."""
+        """Outputs that are views into an input's buffer (``tfmem.sim.opmemory.VIEW_RULES``): tensor -> input."""
         out = {}
         for u in self.eg.units:
             if not self.eg.is_region(u) and self.ir[u].op in VIEW_RULES:
@@ -218,7 +218,7 @@ def order_footprint(eg: ExecutionGraph, order: Sequence[str]) -> OrderFootprint:
     """The ``OrderFootprint`` of running the units ``order`` one at a time, in that order.
 
     Follows the simulator's rules without its allocator: a buffer is freed after its last reader, aliases
-    (``ALIAS_OPS``, ``ReadVariableOp``) and views (``tfmem.opmemory.VIEW_RULES``) share their input's buffer,
+    (``ALIAS_OPS``, ``ReadVariableOp``) and views (``tfmem.sim.opmemory.VIEW_RULES``) share their input's buffer,
     and element-wise ops write into an input buffer they are the last reader of
     (``tfmem.ir.ops.BUFFER_FORWARDING_INPUTS``). Callers that score many orders of one graph should keep a
     ``FootprintModel`` instead.

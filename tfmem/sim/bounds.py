@@ -12,6 +12,7 @@ from tfmem.ir.execution import ExecutionGraph
 from tfmem.ir.graph import GraphIR
 from tfmem.ir.ops import ALIAS_OPS
 from tfmem.sim.bfc import INITIAL_REGION, MIN_ALLOCATION, BFCAllocator, rounded_bytes
+from tfmem.sim.memsim import feed_orders
 from tfmem.sim.opmemory import temp_bytes
 from tfmem.units import format_bytes
 
@@ -62,7 +63,7 @@ def fed_layout_floor(eg: ExecutionGraph) -> tuple[int, str]:
     """The smallest device on which TF's allocator lays out the fed tensors and still has room for any op.
 
     The fed tensors are the first requests of every step, made in an order the session chooses
-    (``tfmem.memsim.feed_orders`` lists the ones the layout replay checks), and they stay to the step's end.
+    (``tfmem.sim.memsim.feed_orders`` lists the ones the layout replay checks), and they stay to the step's end.
     BFC hands a request a whole free chunk unless the chunk is twice the request, so on a small device one
     feed can take everything the others left: an unrolled RNN fed ``x`` (6 MiB) then ``target`` (12 MiB)
     gives ``target`` the whole rest of a device under 32 MiB, and no op can run. Whatever else the step holds
@@ -70,7 +71,6 @@ def fed_layout_floor(eg: ExecutionGraph) -> tuple[int, str]:
     ``feeds_floor`` finds for the feeds and the largest working set less the fed tensors it reads
     (``largest_unfed_working_set``). Returns the bytes and why.
     """
-    from tfmem.sim.memsim import feed_orders  # memsim imports much of tfmem; only this needs it
 
     fed = {t: rounded_bytes(eg.graph.spec(t).nbytes or 0) for t in eg.fed}
     op, unfed = largest_unfed_working_set(eg)

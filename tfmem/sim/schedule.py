@@ -48,7 +48,7 @@ def emulate(
     """Emulate TF's executor on the DAG ``units`` (in graph order) with ``threads`` inter-op threads.
 
     ``succs`` lists each unit's successors in the order TF activates them; ``seed`` picks the order of the
-    roots when they are too many for TF to keep in order (``tfmem.execution.activation_order``).
+    roots when they are too many for TF to keep in order (``tfmem.ir.execution.activation_order``).
 
     Raises ``ScheduleError`` when some units never become ready (the graph has a cycle).
 
