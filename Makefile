@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean-venv
+.PHONY: demo test lint typecheck bench clean-venv
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,7 +19,10 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-test: $(STAMP) lint
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+test: $(STAMP) lint typecheck
 	$(PY) -m pytest -q -p no:cacheprovider
 
 bench: $(STAMP)

@@ -88,11 +88,11 @@ class PinReassociation:
         adopted: dict[str, OpNode] = {}
         unmatched: list[frozenset[str]] = []
         for chain in _rewritten_chains(graph, runtime, candidates):
-            nodes = _runtime_forms(graph, runtime, chain, observed, readers)
-            if nodes is None:
+            forms = _runtime_forms(graph, runtime, chain, observed, readers)
+            if forms is None:
                 unmatched.append(chain)
             else:
-                adopted.update(nodes)
+                adopted.update(forms)
         left: set[str] = set().union(*unmatched)
         frozen = {name for name in candidates - left if name in adopted or _runs_as_written(graph, runtime, name)}
         if not frozen:
@@ -105,7 +105,7 @@ class PinReassociation:
         if unmatched:
             notes.append(f"left {len(unmatched)} rewritten chain(s) to Grappler (the rewrite did not match this "
                          f"graph): {', '.join(sorted(left)[:3])}")
-        details = {"rewired": rewired, "unmatched": sorted(left), "frozen": len(frozen)}
+        details: dict[str, object] = {"rewired": rewired, "unmatched": sorted(left), "frozen": len(frozen)}
         return PassResult(graph.replace_nodes(nodes), True, PassReport(self.name, changed=True, notes=tuple(notes),
                                                                        details=details))
 

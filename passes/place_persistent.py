@@ -316,8 +316,9 @@ def _chain_order(graph: GraphIR, timeline: StepTimeline, items: Mapping[str, set
                 if free is None:
                     heapq.heappush(held, item)
                     continue
-                if slots[free] is not None:
-                    follows[item[2]] = slots[free]
+                last = slots[free]
+                if last is not None:
+                    follows[item[2]] = last
                 slots[free] = item[2]
                 chain.append(item[2])
         u = item[2]

@@ -67,7 +67,7 @@ from passes.serialize_scratch import serialize_large_ops
 from passes.swap_activations import SwapActivations
 from passes.timeline import StepTimeline
 from tfmem.ir.graph import GraphIR
-from tfmem.pipeline import PassContext, PassReport, PassResult
+from tfmem.pipeline import Pass, PassContext, PassReport, PassResult
 from tfmem.sim import costmodel
 from tfmem.sim.profile import MemoryProfile
 
@@ -199,7 +199,7 @@ class Planner:
         until the plan fits (swap then recompute, or the reverse; host placement, then swapping, then
         recomputing): a greedy mix that can fit where no strategy does alone, and copy less than swapping alone.
         """
-        passes = {"swap": SwapActivations(link=self.link), "recompute": Recompute(),
+        passes: dict[str, Pass] = {"swap": SwapActivations(link=self.link), "recompute": Recompute(),
                   "place": PlacePersistent(link=self.link)}
         made: list[_StrategyPlan] = []
         for kind in self.kinds:

@@ -100,7 +100,7 @@ class SplitAddN:
                  f"({len(sums[largest])} inputs of {format_bytes(graph[largest].outputs[0].nbytes or 0)})"]
         if skipped:
             notes.append(f"left {len(skipped)} as they are (runtime form not matched): {', '.join(skipped[:3])}")
-        details = {"split": {n: len(v) for n, v in sums.items()}, "skipped": skipped}
+        details: dict[str, object] = {"split": {n: len(v) for n, v in sums.items()}, "skipped": skipped}
         return PassResult(new, True, PassReport(self.name, changed=True, nodes_added=added,
                                                 notes=tuple(notes), details=details))
 

@@ -53,7 +53,7 @@ def _train(loss: tf.Tensor, optimizer: str) -> str:
         "momentum": lambda: v1.train.MomentumOptimizer(0.01, 0.9),
         "adam": lambda: v1.train.AdamOptimizer(1e-3),
     }[optimizer]()
-    return opt.minimize(loss, name="train_op").name
+    return str(opt.minimize(loss, name="train_op").name)
 
 
 def mlp(batch: int = 64, dims: tuple[int, ...] = (784, 1024, 1024, 10), optimizer: str = "sgd") -> Built:

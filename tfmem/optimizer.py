@@ -190,9 +190,9 @@ def optimize(
         named = {p.name for p in pipeline}
         pipeline = ([p for p in LEADING_REWRITES if p.name not in named] + pipeline
                     + [p for p in FINAL_REWRITES if p.name not in named])
-    # Rewrites that do not depend on the budget (LEADING_REWRITES, pin_fusions to serialize_scratch) run once, first:
-    # they can lower the lower bound itself, so the bound is taken on their output, and every replan starts from it.
-    leading = list(takewhile(lambda p: p.budget_independent, pipeline))
+    # LEADING_REWRITES (all budget_independent) run once, first: they can lower the lower bound itself, so the bound
+    # is taken on their output, and every replan starts from it.
+    leading = list(takewhile(lambda p: any(p is q for q in LEADING_REWRITES), pipeline))
     pipeline = pipeline[len(leading):]
     ir, leading_reports = run_pipeline(ir, leading, dataclasses.replace(base, target_bytes=max_target))
     bound = 0
@@ -219,7 +219,8 @@ def optimize(
             notes = [*alt_notes, "the planner's plans fit in total but not in the device allocator's chunks; "
                      + ", ".join(ALTERNATIVE_PIPELINE) + " applied in turn did"]
             fit = alt
-    if auto and fit.fits and layout_refused and budget_bytes is not None and len(ir) <= COMPARE_SINGLE_MAX_OPS:
+    if (auto and fit.fits and layout_refused and budget_bytes is not None and max_target is not None
+            and len(ir) <= COMPARE_SINGLE_MAX_OPS):
         fit, notes = _quickest(ir, fit, notes, base, max_target, bound, budget_bytes, before)
     new_ir, after, ctx = fit.ir, fit.after, fit.ctx
     reports = leading_reports + fit.reports

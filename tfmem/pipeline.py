@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from tensorflow.core.protobuf import config_pb2
 
@@ -68,7 +68,7 @@ class PassContext:
         """Inter-op threads the session will use (TF's default is the number of cores)."""
         return self.inter_op_threads or os.cpu_count() or 1
 
-    def simulate(self, graph: GraphIR, **kwargs: object) -> MemoryProfile:
+    def simulate(self, graph: GraphIR, **kwargs: Any) -> MemoryProfile:
         """Simulate ``graph`` for this context's fetches, devices and feeds."""
         from tfmem.sim.memsim import simulate
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 from tfmem.pipeline import PassReport
 from tfmem.sim.profile import MemoryProfile
@@ -88,10 +89,10 @@ class Report:
                 counts += f", {format_bytes(p.bytes_moved)} moved per step"
             lines.append(f"- `{p.name}`: {what} ({counts})" + "".join(f"; {n}" for n in p.notes))
         for p in self.passes:
-            decisions = p.details.get("decisions") if p.changed else None
+            decisions = cast("list[dict[str, Any]] | None", p.details.get("decisions") if p.changed else None)
             if decisions:
                 lines += ["", f"**Planner decisions** ({len(decisions)}, largest first)", ""]
-                for d in sorted(decisions, key=lambda d: -d["bytes"])[:10]:  # type: ignore[index]
+                for d in sorted(decisions, key=lambda d: -d["bytes"])[:10]:
                     lines.append(f"- {d['kind']} `{d['tensor']}` {format_bytes(d['bytes'])}, "
                                  f"est. {d['cost_s'] * 1e3:.2f} ms")
         top = self.after.live_at_peak[:5]

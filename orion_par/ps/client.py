@@ -279,7 +279,8 @@ class PSClient:
         with self.lock:
             if self.oplog.empty():
                 return 0
-            cands = priority_candidates(self.oplog, self.cache, policy, self.order)
+            cands: dict[str, tuple[np.ndarray, ...]] = dict(priority_candidates(self.oplog, self.cache, policy,
+                                                                                self.order))
             if self.options.resends_last:
                 cands = {t: (*c, self.oplog.resent(t, c[0])) for t, c in cands.items()}
             chosen = select(cands, budget_bytes)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import TypeAlias
 
 import tensorflow as tf
 from google.protobuf import message, text_format
@@ -19,7 +20,7 @@ from tfmem.errors import BadInputError, MalformedGraphError
 from tfmem.ir.graph import GraphIR
 from tfmem.ir.shapes import FeedShapes, annotate
 
-GraphSource = tf.Graph | graph_pb2.GraphDef | meta_graph_pb2.MetaGraphDef | GraphIR | str | os.PathLike
+GraphSource: TypeAlias = tf.Graph | graph_pb2.GraphDef | meta_graph_pb2.MetaGraphDef | GraphIR | str | os.PathLike[str]
 
 
 def to_graph_def(source: GraphSource) -> graph_pb2.GraphDef:

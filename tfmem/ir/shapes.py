@@ -184,7 +184,7 @@ def _with_outputs(node: OpNode, outputs: tuple[TensorSpec, ...]) -> OpNode:
 def _import_with_feeds(base: GraphIR, gd: graph_pb2.GraphDef, feeds: dict[TensorRef, tuple[int, ...]]) -> tf.Graph:
     graph = tf.Graph()
     with graph.as_default():
-        input_map = {}
+        input_map: dict[str, tf.Tensor] = {}
         for ref, shape in feeds.items():
             node = base.by_name.get(ref.node)
             if node is None:

@@ -152,7 +152,7 @@ def _topological(eg: ExecutionGraph) -> list[str]:
 
 
 def _sized_tensors(eg: ExecutionGraph) -> list[TensorRef]:
-    out = []
+    out: list[TensorRef] = []
     for u in eg.units:
         if not eg.is_region(u):
             out.extend(t for t in eg.outputs_of(u) if eg.graph[t.node].op not in ALIAS_OPS)

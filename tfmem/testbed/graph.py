@@ -6,6 +6,7 @@ Public names are re-exported by ``tfmem.testbed``; import them from there.
 from __future__ import annotations
 
 import difflib
+from typing import TypeAlias
 
 import tensorflow as tf
 
@@ -15,7 +16,7 @@ from tfmem.ir.ops import ASSIGN_OPS, VARIABLE_OPS
 DEVICE = "/job:worker/replica:0/task:0/device:CPU:0"
 HOST = "/job:host/replica:0/task:0/device:CPU:0"
 
-GraphLike = tf.Graph | tf.compat.v1.GraphDef
+GraphLike: TypeAlias = tf.Graph | tf.compat.v1.GraphDef
 
 
 def as_graph_def(graph: GraphLike) -> tf.compat.v1.GraphDef:

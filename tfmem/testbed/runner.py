@@ -95,7 +95,7 @@ def _one_line(error: BaseException) -> str:
     lines = [ln.strip() for ln in str(getattr(error, "message", error)).splitlines() if ln.strip()]
     oom = [ln for ln in lines if ln.startswith("OOM when allocating")]
     node = getattr(error, "node_def", None)
-    where = f" at node {node.name!r}" if getattr(node, "name", "") else ""
+    where = f" at node {getattr(node, 'name', '')!r}" if getattr(node, "name", "") else ""
     text = oom[0] if oom else next((ln for ln in lines if ln != "Graph execution error:"), "")
     return f"{type(error).__name__}{where}: {text}"[:500]
 

@@ -101,7 +101,7 @@ def _serve(proto: int, tf: ModuleType, at_start: dict[str, int]) -> None:
         try:
             if cmd == "stats":
                 info = cfg.get_memory_info("CPU:0")
-                reply = {"ok": True, "current": int(info["current"]), "peak": int(info["peak"])}
+                reply: dict[str, object] = {"ok": True, "current": int(info["current"]), "peak": int(info["peak"])}
             elif cmd == "reset":
                 cfg.reset_memory_stats("CPU:0")
                 reply = {"ok": True}
