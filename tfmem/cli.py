@@ -16,8 +16,8 @@ from __future__ import annotations
 import os
 
 # TensorFlow reads these when it is first imported, so they only help when nothing has imported it yet
-# (today ``tfmem/__init__`` does). Level 2 hides INFO/WARNING lines; oneDNN off drops its start-up notice,
-# which ignores the level, and matches the testbed's servers.
+# (``import tfmem`` does not: ``tfmem/__init__`` loads its TensorFlow names on first use). Level 2 hides
+# INFO/WARNING lines; oneDNN off drops its start-up notice, which ignores the level, and matches the testbed.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 

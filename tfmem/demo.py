@@ -5,8 +5,8 @@
    it runs out of memory, for real (``ResourceExhaustedError`` in the capped TensorFlow server).
 3. ``tfmem.optimize`` the graph for the budget. If it succeeds, run the optimized graph under the same cap and
    compare its outputs bit for bit with the vanilla graph run under a large budget. If the budget cannot be met
-   (``InfeasibleBudgetError``, e.g. while no memory pass is installed), say why, show ``tfmem analyze`` and run
-   the vanilla graph under a budget that fits instead.
+   (``InfeasibleBudgetError``), say why, show ``tfmem analyze`` and run the vanilla graph under a budget that
+   fits instead.
 4. Print a table of every run, and write the report's plot and markdown to ``demo_out/``.
 
 ``--tiny`` shrinks everything for the test suite.

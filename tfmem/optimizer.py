@@ -31,39 +31,28 @@ from tfmem.sim.grappler import grappler_rejects
 from tfmem.sim.profile import MemoryProfile
 from tfmem.units import format_bytes, parse_bytes
 
-# Above this many ops, running Grappler offline for the before/after simulations costs more than the passes
-# (4.5-6 s per call at 20,000 ops here); the report then simulates the graph as written and says so.
+# Above this many ops the graph is simulated as written, and the report says so: at 20,000 ops one simulation
+# after Grappler outlasts optimize's whole run as written (experiments/results/optimize_speed.md).
 GRAPPLER_SIMULATION_MAX_OPS = 10_000
-# The plan must fit the budget minus this margin: the simulator is within about 3% of measured peaks, the
-# real executor may order ready ops differently from the emulated one (see DESIGN.md), and TF's BFC fails
-# near its cap before the sum of live tensors reaches it (measured: an MLP whose plan peaks at 15.0 MiB ran
-# out of memory with an 18 MiB cap and ran with 20 MiB). Hence 5%, and never less than 4 MiB.
+# A plan aims for the budget less 5%, at least 4 MiB: simulated peaks are a few percent off measured ones, and a
+# plan's measured peak varies with the executor's order (experiments/results/simulator_accuracy.md, peak_variance.md).
 SAFETY_MARGIN = 0.05
 SAFETY_MARGIN_MIN_BYTES = 4 * 2**20
-# A plan is also replayed on the device's own allocator layout, shrunk by this share plus 4 MiB, and no request
-# may go unserved there; otherwise it is planned again for less (by what its layout needed beyond the room, at
-# least 2% of the budget; a plan for less may also be laid out differently), down to the lower bound, or until
-# CAPACITY_RETRIES replans are spent. Measured near the cap, the testbed's peak ran about 4.3 MiB above the
-# replay (a conv net: replay 90.7 MiB, measured 95.0 MiB under a 96 MiB cap; it ran out of memory under 93 MiB,
-# where the replay served every request).
+# A plan's allocator-layout replay must serve every request on a device this share and 4 MiB smaller than the
+# budget (``layout_room``): near its cap the testbed lays tensors out a few MiB worse (tests/test_guarantee.py).
 CAPACITY_SLACK = 0.02
 # What passes="auto" falls back on when every plan of the planner fits in total but not in the allocator's layout.
 ALTERNATIVE_PIPELINE = ("partition", "limit_parallelism", "place_persistent", "swap_activations", "recompute")
-# In that replay, a request of half the device or more must also find a free chunk with this much to
-# spare (``tfmem.sim.bfc.BFCAllocator.large_request_fits``): where such a request lands depends on every tensor
-# placed before it, and the session's order is not exactly the replay's.
+# In that replay a request of half the device or more must also leave this much in its free chunk: where it lands
+# depends on every tensor placed before it (``BFCAllocator.large_request_fits``; tests/test_guarantee.py, the U-Net).
 LARGE_REQUEST_MARGIN = 4 * 2**20
-# What passes="auto" also plans, each strategy alone, keeping whichever fitting plan is estimated quickest, once
-# the layout replay has refused one of the planner's plans: the planner compares its plan with each strategy
-# alone at its first target, but the replan for less that follows a refusal can be slower than a strategy alone
-# whose plan the layout takes (an unrolled RNN at 40 MiB: the planner's plan est. 293.6 ms, swapping alone est.
-# 280.2 ms, both fitting). Graphs of up to COMPARE_SINGLE_MAX_OPS ops (passes.planner): each extra plan costs
-# seconds (a Transformer of 4 layers: 69 s for both, on a busy machine).
+# After a layout refusal, passes="auto" also plans each strategy alone (up to COMPARE_SINGLE_MAX_OPS ops) and keeps
+# the quickest fitting plan: a replan for less can be slower than one strategy (tests/test_optimize.py, _quickest).
 SINGLE_STRATEGY_PIPELINES = (
     ("partition", "limit_parallelism", "swap_activations"),
     ("partition", "limit_parallelism", "recompute"),
 )
-CAPACITY_RETRIES = 6   # a conv net at 0.7x its peak needed 4 (in the former 5% steps); each costs one planner run
+CAPACITY_RETRIES = 6   # replans after layout refusals; each costs one planner run
 REFINE_STEPS = 3   # plans between the last target the layout refused and the first it took (``_refined``)
 
 
@@ -197,8 +186,8 @@ def optimize(
     ir, leading_reports = run_pipeline(ir, leading, dataclasses.replace(base, target_bytes=max_target))
     bound = 0
     if max_target is not None and budget_bytes is not None:
-        # No rewrite goes below the lower bound, so a plan that simulates under it would be a simulator error
-        # (measured: such plans crashed the testbed). Refuse before planning.
+        # No rewrite goes below the lower bound, so a plan that simulates under it would be a simulator error:
+        # refuse before planning (tests/test_optimize.py::test_budget_below_any_plan_raises_with_lower_bound).
         ctx = dataclasses.replace(base, target_bytes=max_target)
         bound, _ = lower_bound_bytes(ir, ctx)
         feeds_floor, _ = fed_layout_floor(ExecutionGraph.build(ir, ctx.fetches, ctx.feed_shapes))
@@ -208,10 +197,8 @@ def optimize(
     layout_refused = fit.layout_refused
     if auto and budget_bytes is not None and not fit.fits and fit.layout_refused:
         # The planner's plans fit in total but not in the allocator's layout; the single strategies applied in
-        # turn lay memory out differently (measured: a MoE Transformer at 69 MiB, refused by auto at 55.9 MiB
-        # in total, ran at 59.9 MiB with placement then swapping). Not tried when the planner's plans miss in
-        # total: there it accepted an unrolled RNN at 32.94 and 34.44 MiB, and both ran out of memory (at
-        # 36 MiB its plan simulated at 30.01 MiB measured 33.0 MiB).
+        # turn lay memory out differently (tests/test_optimize.py). Not tried when the planner's plans miss in
+        # total: there this fallback's plans can be accepted and still run out of memory.
         alternative = [PASSES[n] for n in ALTERNATIVE_PIPELINE] + list(FINAL_REWRITES)
         alt_notes: list[str] = []
         alt = _fit(ir, alternative, base, max_target, bound, budget_bytes, before, alt_notes, layout_check)
@@ -272,8 +259,9 @@ def _fit(ir: GraphIR, pipeline: Sequence[Pass], base: PassContext, max_target: i
 
     A plan that fits in total but not in the layout is planned again for less (why is appended to ``notes``), by
     what its layout needed beyond the room, down to the lower bound ``bound``, for at most ``CAPACITY_RETRIES``
-    replans; once a plan fits after a refusal, one more is made halfway back up (``_refined``). On failure the
-    plan to report is returned (one that fitted in total if any did), with ``fits`` False."""
+    replans; once a plan fits after a refusal, up to ``REFINE_STEPS`` more bisect back up toward the refused
+    target (``_refined``). On failure the plan to report is returned (one that fitted in total if any did), with
+    ``fits`` False."""
     if budget_bytes is None or max_target is None:
         return _Fitted(*_planned(ir, pipeline, base, max_target, before), max_target, fits=True)
     room = layout_room(budget_bytes)
@@ -285,17 +273,16 @@ def _fit(ir: GraphIR, pipeline: Sequence[Pass], base: PassContext, max_target: i
         tried = _Fitted(*_planned(ir, pipeline, base, target_bytes, before), target_bytes, fits=False)
         new_ir, after, ctx = tried.ir, tried.after, tried.ctx
         if after.peak_bytes > max_target:
-            # Missed in total. Not planned again for less: asking the planner for less than it reached once made
-            # a plan the simulator put at 30.0 MiB that measured 42.0 MiB (an unrolled RNN at a 36 MiB budget).
+            # Missed in total. Not planned again for less: a plan asked for less than the planner reaches can
+            # measure far above its simulation (tests/test_guarantee.py, the unrolled RNN at 36 MiB).
             best = best or tried  # a plan that fitted in total, if an earlier try made one
             break
         # The plan fits in total; check it against the device's real layout, where each request needs one free
-        # chunk and a nearly full BFC hands out whole chunks. Replayed on a device smaller by the measured
-        # offset, no request may go unserved; otherwise plan again for less.
+        # chunk and a nearly full BFC hands out whole chunks. Replayed on ``room`` (``layout_room``), no request
+        # may go unserved; otherwise plan again for less.
         # This check is the guarantee, so it always replays what the session runs, after Grappler's rewrites,
-        # even on graphs large enough to plan as written (measured: deep ResNets of 13,000+ ops whose as-written
-        # replay fit 90 MiB ran out of memory under 96 MiB; the faithful replay alone does not fix that, see
-        # README's guarantee break).
+        # even on graphs large enough to plan as written (an as-written replay of a deep ResNet fits rooms that
+        # its session overruns).
         if not layout_check or _fits_layout(tried, room):
             tried.fits, tried.layout_refused = True, layout_refused
             if refused_for is not None:
@@ -303,7 +290,7 @@ def _fit(ir: GraphIR, pipeline: Sequence[Pass], base: PassContext, max_target: i
             return tried
         layout_refused, best, refused_for = True, tried, target_bytes  # it fits in total: what a refusal should report
         # How much the layout adds on top of this plan's total predicts how much less the next plan must need
-        # (a deep conv net needed 24 MiB less; stepping 5% at a time cost five replans).
+        # (stepping a fixed 5% at a time takes more replans).
         needed = smallest_fitting_device(dataclasses.replace(ctx, grappler=True), new_ir, room,
                                          room + budget_bytes // 2)
         step = budget_bytes // 20 if needed is None else max(budget_bytes // 50, needed - room)
@@ -311,9 +298,7 @@ def _fit(ir: GraphIR, pipeline: Sequence[Pass], base: PassContext, max_target: i
         floor = _reachable_floor(tried.reports)
         if floor is not None and lower < floor < target_bytes:
             # Not past the planner's reachable floor in one step: asked for less, it makes the same plan as for its
-            # floor, and the targets in between go untried (a ResNet-20 at 63 MiB stepped from 57.7 to 37.1 MiB,
-            # under the 38.4 MiB floor its refused plan reported, and was refused; at 56 MiB a plan for 46.1 MiB
-            # fitted the layout).
+            # floor, and the targets in between, where a plan may fit the layout, would go untried.
             lower = floor
         notes.append(f"a plan for {format_bytes(target_bytes)} (peak {format_bytes(after.peak_bytes)}) does not fit the "
                      f"device allocator's chunks with {format_bytes(budget_bytes - room)} to spare"
@@ -333,7 +318,7 @@ def _quickest(ir: GraphIR, fit: _Fitted, notes: list[str], base: PassContext, ma
     and in the layout) at the least estimated step time; with the notes of the plan kept.
 
     ``optimize`` asks only after a layout refusal, and only once the planner's plan fits: where it misses, a
-    strategy alone was accepted and ran out of memory (see the ``ALTERNATIVE_PIPELINE`` fallback there).
+    strategy alone can be accepted and still run out of memory (see the ``ALTERNATIVE_PIPELINE`` fallback there).
     """
     for names in SINGLE_STRATEGY_PIPELINES:
         single_notes: list[str] = []
@@ -352,10 +337,9 @@ def _refined(ir: GraphIR, pipeline: Sequence[Pass], base: PassContext, max_targe
     """Plans between the target that fitted the layout and the one refused, bisecting; the quickest wins.
 
     The step down after a layout refusal is what the refused plan's layout needed, which overshoots when a
-    different plan would lay out better: a U-Net at 66 MiB was planned for 42.3 MiB after a plan for 60.7 MiB
-    needed a 79 MiB device, and its plan's estimated step doubled (91 vs 44 ms). Each of ``REFINE_STEPS`` tries
-    goes halfway: up from a target whose plan fitted the layout, down from one whose plan did not (with one try,
-    a U-Net at 66 MiB kept its 42.3 MiB plan, estimated 123 ms, where swapping alone fit at 55.5 MiB, 104 ms).
+    different plan would lay out better, and a plan for much less can be much slower. Each of ``REFINE_STEPS``
+    tries goes halfway: up from a target whose plan fitted the layout, down from one whose plan did not
+    (``tests/test_optimize.py::test_after_a_layout_refusal_plans_in_between_are_tried_and_the_quickest_kept``).
     """
     assert fitted.target_bytes is not None
     best, low, high = fitted, fitted.target_bytes, refused_for
@@ -384,8 +368,8 @@ def layout_failures(ctx: PassContext, graph: GraphIR, device_memory: int) -> int
     ``LARGE_REQUEST_MARGIN``, in the worst of the session's emulated interleaving and the one-thread order.
 
     Where a request lands depends on which ops ran side by side before it, and the executor's interleaving
-    varies from run to run: the same ResNet-20 plan ran out of memory at 84 MiB in 2 of 6 testbed runs (a
-    27 MiB convolution scratch), and its replay failed in the one-thread order while the two-thread one fit.
+    varies from run to run (``experiments/results/peak_variance.md``): one plan's replay can fail in the
+    one-thread order while the emulated interleaving fits.
     """
     return max(ctx.simulate(graph, device_memory=device_memory, large_request_margin=LARGE_REQUEST_MARGIN,
                             inter_op_threads=threads).allocation_failures
@@ -419,7 +403,7 @@ def smallest_fitting_device(ctx: PassContext, graph: GraphIR, low: int, high: in
 
 
 def lower_bound_bytes(ir: GraphIR, ctx: PassContext) -> tuple[int, str]:
-    """A peak no plan can beat: the largest single-op working set (plus persistent bytes that must stay)."""
+    """A peak no plan can beat: the largest single-op working set, fed tensors included (``largest_working_set``)."""
     eg = ExecutionGraph.build(ir, ctx.fetches, ctx.feed_shapes)
     op, working = largest_working_set(eg)
     return working, op
@@ -448,7 +432,7 @@ def _infeasible(ir: GraphIR, ctx: PassContext, budget: int, after: MemoryProfile
                 ) -> InfeasibleBudgetError:
     bound, where = device_floor_bytes(ir, ctx)
     # The planner's reachable floor is said, not reported as the bound: it holds for its moves on one order, and
-    # a plan made for another budget, on another order, went below it (a WGAN-GP: 7.72 MiB under a floor of 8.57).
+    # a plan made for another budget, on another order, can go below it.
     floor = (f"; the planner's moves, all taken at once on its order, leave {format_bytes(reachable)}"
              if reachable is not None and reachable > bound else "")
     top = ", ".join(f"{t.tensor} {format_bytes(t.nbytes)}" for t in after.live_at_peak[:3])

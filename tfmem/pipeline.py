@@ -83,7 +83,7 @@ class PassContext:
 
 class Pass(Protocol):
     """A graph rewrite. ``budget_independent`` passes do the same whatever ``ctx.target_bytes`` is: ``optimize``
-    runs them once, before any planning, and tests/test_pass_contract.py checks them at two targets."""
+    runs them once, before any planning."""
 
     name: ClassVar[str]
     budget_independent: ClassVar[bool]

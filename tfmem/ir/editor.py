@@ -1,8 +1,8 @@
 """``GraphEditor``: the one mutable way to build a new ``GraphIR`` from an old one.
 
 Passes never mutate a ``GraphIR``; they open an editor, add nodes and control edges, and ``finish()``.
-Every node an editor adds carries ``_grappler_do_not_remove`` (so TensorFlow's optimizer keeps it, see
-DESIGN.md) and is listed in ``added``.
+Every node an editor adds carries ``_grappler_do_not_remove`` (so Grappler keeps it rather than bypass a
+device-crossing ``Identity``, see ``docs/ARCHITECTURE.md``) and is listed in ``added``.
 
 Examples
 --------

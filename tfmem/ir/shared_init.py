@@ -5,10 +5,9 @@ identical constants in that init graph: every variable initialised to the same c
 for the momentum or Adam slots of same-shaped weights, biases, batch-norm betas; ones for batch-norm gammas)
 then holds the one buffer. The first in-place update of such a variable finds the buffer shared and copies it
 into a new chunk, allocated mid-step and kept for the session (TF's copy-on-write in ``PrepareToUpdateVariable``);
-the last holder of a buffer keeps it. Measured on the testbed: a ResNet-20 trained with momentum allocated
-0.35 MiB in 47 such copies in its first step and nothing in later ones, and those small chunks, left between
-the first step's activations, split its free memory so that a 24.5 MiB convolution scratch of the second step
-found no free chunk under a 112 MiB cap with 64 MiB in use.
+the last holder of a buffer keeps it. Those small chunks, left between the first step's activations, split
+the free memory of every later step, so a large request can find no free chunk (``tests/test_guarantee.py``: a
+ResNet-20 with momentum at 112 MiB; ``tests/test_memsim.py`` checks which variables are copied).
 
 Examples
 --------

@@ -25,7 +25,7 @@ from tfmem.sim.schedule import Schedule
 
 @dataclass(frozen=True)
 class Analysis:
-    ir: GraphIR                      # held so that the id() in the cache key stays this graph's
+    ir: GraphIR                      # the graph analysed (``views`` reads it)
     eg: ExecutionGraph
     durations: dict[str, float]
     expensive: dict[str, bool]       # TF's executor hands it to the thread pool (``costmodel.is_expensive``)

@@ -113,11 +113,9 @@ class BFCAllocator:
 
         A request of much of the device needs one free stretch that long, and where it starts depends on
         every long-lived tensor placed before it: if the session's allocations run in a slightly different
-        order than the replay's, such a request fails where the replay had served it. Measured: a U-Net's
-        33.75 MiB convolution-gradient scratch ended a free stretch with 0.84 MiB to spare in the replay of a
-        58 MiB device; the testbed had placed a 6 MiB tensor 7.75 MiB further in, left 32 MiB, and ran out of
-        memory with 8.7 MiB in use. Only requests of half the device or more are held to it: with a quarter, a
-        small MLP's 4 MiB activations on an 18 MiB device could no longer be planned at all.
+        order than the replay's, such a request fails where the replay served it (``tests/test_guarantee.py``:
+        a U-Net at 58 MiB). Only requests of half the device or more are held to it: held from a quarter, a
+        small MLP's 4 MiB activations on an 18 MiB device cannot be planned at all.
 
         >>> bfc = BFCAllocator(limit_bytes=64 << 20, large_request_margin=4 << 20)
         >>> bfc.large_request_fits(58 << 20), bfc.large_request_fits(60 << 20), bfc.large_request_fits(20 << 20)

@@ -1,9 +1,9 @@
 """Lower bounds on the device peak: no rewrite tfmem can make goes below these.
 
-Every op needs its inputs, outputs and scratch on the device at once while it runs, and whatever must stay
-on the device (constants and variables on it, when they cannot move to the host) is there throughout. The
-device must also hold those bytes as TF's allocator lays them out: the fed tensors, the first requests of every
-step, can take whole chunks near twice their size (``fed_layout_floor``).
+Every op needs its inputs, outputs and scratch on the device at once while it runs, and the fed tensors are
+there throughout (``largest_working_set``). The device must also hold those bytes as TF's allocator lays them
+out: the fed tensors, the first requests of every step, can take whole chunks near twice their size
+(``fed_layout_floor``).
 """
 
 from __future__ import annotations

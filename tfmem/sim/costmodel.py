@@ -143,8 +143,8 @@ def is_expensive(node: OpNode, graph: GraphIR, device: DeviceSpec = DEFAULT_DEVI
     TF starts every kernel's cost estimate at 1e8 cycles and moves it a tenth of the way to the measured time
     after each run, so an op falls under the 8000-cycle threshold only after ~90 steps of one executor (each
     new session builds new executors; the testbed measures a session's second step). Until then every kernel
-    that does not declare itself cheap (``INLINE_KERNELS``) counts as expensive, however small its work:
-    checked against the order of ``RunMetadata`` step stats on the testbed.
+    that does not declare itself cheap (``INLINE_KERNELS``) counts as expensive, however small its work
+    (``tests/test_memsim.py::test_small_kernels_still_go_to_the_pool``).
     """
     return node.op not in INLINE_KERNELS
 

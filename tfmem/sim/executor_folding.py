@@ -4,12 +4,8 @@ Grappler is not the last rewrite a session makes: when a device's executor is bu
 runs its own constant folding on that device's partition. Its rules differ from Grappler's: it folds an op
 whose *data* inputs are all constant even when control edges from other ops gate it (it moves those edges onto
 the new constant), where Grappler leaves such an op alone. The new ``Const`` kernels hold their tensors for as
-long as the session lives, so the folded values are persistent device memory.
-
-Measured (an unrolled RNN, planned with control edges on some loss gradients): the device partition the testbed
-ran held seven 512 KiB constants named ``gradients/Mean_k_grad/truediv/_i__cf__i`` (the executor's naming) that
-Grappler's output lacked, 3.5 MiB the simulator did not count; a BFC dump at an out-of-memory showed them
-allocated before the fed batch.
+long as the session lives, so the folded values are persistent device memory
+(``tests/test_memsim.py::test_executor_folds_gated_constants_into_persistent_memory``).
 
 ``fold_like_executor`` marks the same folds in a runtime graph: each folded output of 64 KiB or more becomes a
 ``Const`` of its shape (its value is not needed to count memory) that its readers read instead; smaller folded

@@ -1,8 +1,9 @@
 """A small cache of results computed for a graph, shared by graphs that are the same program.
 
 Passes tag, untag and re-tag one graph, and ``optimize`` simulates before, between and after passes; on a
-20,000-op graph each simulation costs most of a second. An entry answers for the graph object it was computed
-for and for any graph equal to it up to ``_tfmem_*`` tags (``tfmem.ir.tags.same_program``).
+20,000-op graph a simulation costs seconds (``experiments/results/optimize_speed.md``). An entry answers for
+the graph object it was computed for and for any graph equal to it up to ``_tfmem_*`` tags
+(``tfmem.ir.tags.same_program``).
 """
 
 from __future__ import annotations

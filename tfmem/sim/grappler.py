@@ -24,9 +24,8 @@ from tfmem.ir.graph import GraphIR, TensorRef
 
 _CLUSTER: gcluster.Cluster | None = None
 _log = logging.getLogger(__name__)
-# Grappler's answers for recent (graph, fetches, config): optimize asks for the same graph's rewrite several
-# times (pinning fusions, the unoptimized simulation, whether Grappler fails), and one costs seconds on a
-# 13,000-op graph. Keyed by a digest of the serialized inputs; callers get copies.
+# Grappler's answers for recent (graph, fetches, config), keyed by a digest of the serialized inputs (callers get
+# copies): optimize asks for one graph's rewrite several times, and each costs seconds on a large graph.
 _ANSWERS: OrderedDict[bytes, graph_pb2.GraphDef | None] = OrderedDict()
 _ANSWERS_KEPT = 4
 
@@ -68,8 +67,8 @@ def grappler_rejects(graph_def: graph_pb2.GraphDef, fetches: Iterable[str],
     """Whether Grappler fails on ``graph_def``, so that a session runs it without any of its rewrites.
 
     TensorFlow's session logs the failure ("The graph couldn't be sorted in topological order" on some
-    acyclic graphs: a 3-layer MoE Transformer of ``models.moe_transformer``) and executes the graph as given;
-    measured: the partition graph it ran held the user's nodes and no fused kernel.
+    acyclic graphs: a 3-layer MoE Transformer of ``models.moe_transformer``) and executes the graph as given
+    (``tests/test_optimize.py::test_graph_grappler_fails_on_runs_as_the_session_runs_it``).
     """
     config = config or config_pb2.ConfigProto()
     if config.graph_options.rewrite_options.disable_meta_optimizer:

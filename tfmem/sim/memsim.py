@@ -92,14 +92,14 @@ def simulate(
     device_memory : the device's capacity, laid out as the testbed's BFC (a 2 MiB region, then the rest);
         requests that no free chunk can serve are counted in ``MemoryProfile.allocation_failures`` (TF would
         raise out-of-memory there, even when the total in use is below the capacity: fragmentation). Near the
-        capacity the BFC hands out free chunks whole (a 33.75 MiB scratch took a free 59.8 MiB chunk), so the peak
-        TF reports depends on the capacity: compare a testbed's measured peak with the simulation at the testbed's
-        ``device_memory``, never with the unbounded one (a planned U-Net: 42.6 MiB unbounded, 69.5 MiB at 80 MiB,
-        measured 69.0 MiB there). With a capacity the replay also runs the session's first step before the
-        reported one (the testbed measures after a warm-up step): there TF copies each variable that shares its
-        initial buffer with others (Adam or momentum slots, biases: ``tfmem.ir.shared_init``) into a new chunk
-        mid-region as it first updates it, and later steps run around those chunks; and the fed tensors are
-        allocated in each of ``feed_orders`` (a session follows the caller's feed dict), the worst replay reported
+        capacity the BFC hands out free chunks whole, so the peak TF reports depends on the capacity: compare a
+        testbed's measured peak with the simulation at the testbed's ``device_memory``, never with the unbounded
+        one (``tests/test_accuracy.py``; the planned U-Net of ``experiments/results/simulator_accuracy.md``).
+        With a capacity the replay also runs the session's first step before the reported one (the testbed
+        measures after a warm-up step): there TF copies each variable that shares its initial buffer with others
+        (Adam or momentum slots, biases: ``tfmem.ir.shared_init``) into a new chunk mid-region as it first
+        updates it, and later steps run around those chunks; and the fed tensors are allocated in each of
+        ``feed_orders`` (a session follows the caller's feed dict), the worst replay reported
     large_request_margin : with ``device_memory``, also count as failures the requests of half the device or
         more that leave less than this in their free chunk (``tfmem.sim.bfc.BFCAllocator.large_request_fits``)
 
@@ -156,9 +156,8 @@ def simulate(
             if isinstance(graph, GraphIR):
                 _SHARING.put(graph, (), sharing)
     # Which holder of a shared buffer is updated last, and so keeps it, is the executor's order; the emulated one
-    # can differ (a ResNet-20's plan: 45 of its 47 first-step copies as measured by the schedule's order, all 47 by
-    # the graph's), and one small chunk moved decides whether a large request finds room: replay both orders, and
-    # report the worst.
+    # can differ, and one small chunk moved decides whether a large request finds room: replay both orders and
+    # report the worst (tests/test_guarantee.py: a ResNet-20 with momentum).
     copy_orders = ("schedule", "graph") if sharing else ("schedule",)
     idle = _IDLE.get(graph, tuple(fetch_names)) if isinstance(graph, GraphIR) else None
     if idle is None:
@@ -189,9 +188,8 @@ def feed_orders(eg: ExecutionGraph) -> list[tuple[TensorRef, ...]]:
     """Orders in which a session may allocate the fed tensors: by name, by size either way, and reversed.
 
     The order matters near a capacity: BFC hands a free chunk out whole unless it is twice the request, and
-    the feeds arrive when the region is nearly empty. Measured on an unrolled RNN under a 33 MiB cap: fed as
-    ``{x (6 MiB), target (12 MiB)}``, ``target`` took the 20.49 MiB left after ``x`` whole; in the other order
-    both would have been split off.
+    the feeds arrive when the region is nearly empty: one order can fail where another fits
+    (``tests/test_memsim.py::test_a_capacity_replays_the_feeds_in_their_worst_order``).
 
     >>> from types import SimpleNamespace
     >>> from tfmem.ir.graph import TensorRef
@@ -217,8 +215,9 @@ ORDER_SAMPLES = 5
 def _typical_schedule(analysis: Analysis, expensive: Callable[[str], bool], threads: int) -> Schedule:
     """The emulated schedule whose peak is the median over ``ORDER_SAMPLES`` draws of TF's hashed orders.
 
-    Where a node has more out-edges than TF keeps in order, TF's order differs from process to process and
-    so does the peak (an Adam MLP measured 36.5 or 42 MiB). One draw would be a lottery; the median draw is
+    Where a node has more out-edges than TF keeps in order, TF's order differs from process to process
+    (``tests/test_memsim.py::test_successors_past_eight_out_edges_come_in_hashed_order``) and so does the peak
+    (``experiments/results/peak_variance.md``). One draw would be a lottery; the median draw is
     what TF typically does. Draws are ranked by the cheap liveness model (``FootprintModel``), so only the
     chosen one is replayed through the allocator.
     """
@@ -245,10 +244,9 @@ _IDLE: GraphCache[tuple[tuple[str, int, str], ...]] = GraphCache(kept=4, same_ob
 def idle_variables(graph: GraphSource, eg: ExecutionGraph) -> tuple[tuple[str, int, str], ...]:
     """``(name, bytes, device)`` of the variables of ``graph`` that the step ``eg`` does not run.
 
-    A session keeps every variable it has initialised where it was placed, used by the step or not (measured: a
-    WGAN-GP fetching its critic loss alone had 14.65 MiB in use between steps, all its variables, where the
-    simulator counting only what the step runs said 7.08 MiB). Grappler's rewrite of the step prunes the others,
-    so they are taken from the graph as given.
+    A session keeps every variable it has initialised where it was placed, used by the step or not
+    (``tests/test_memsim.py::test_idle_variable_is_measured_as_simulated``). Grappler's rewrite of the step
+    prunes the others, so they are taken from the graph as given.
     """
     if isinstance(graph, GraphIR):
         nodes = ((n.name, n.op, n.attrs, n.device) for n in graph.nodes)

@@ -151,9 +151,8 @@ def temp_bytes(node: OpNode, graph: GraphIR) -> list[int]:
 def allocated_bytes(graph: GraphIR, name: str) -> int:
     """What an op allocates while it runs: its outputs and its kernel's scratch buffers.
 
-    Scratch counts: a convolution's filter gradient returns a few KiB but may hold tens of MiB while it runs
-    (measured: 27 MiB for a 3x3x32x32 filter at batch 32, 32x32 images), and two of them side by side were the
-    peak of a conv net that swapping could not fix.
+    Scratch counts: a convolution's filter gradient returns a few KiB but may hold tens of MiB while it runs,
+    and two of them side by side can be a conv net's peak (``experiments/results/simulator_order.md``).
     """
     node = graph[name]
     return sum(o.nbytes or 0 for o in node.outputs) + scratch_bytes(graph, name)

@@ -115,7 +115,7 @@ class Replay:
         for time_s, is_start, i in events:
             unit = sched.order[i]
             if is_start:
-                for var in sorted(relocated.get(unit, ())):  # copy-on-write of a shared slot: its own chunk now
+                for var in sorted(relocated.get(unit, ())):  # copy-on-write of a shared slot: its own chunk here
                     self.var_storage[var] = self._alloc(TensorRef(var, 0), variable_bytes(self.graph[var]),
                                                         self.domain[self.eg.unit_of[var]], "persistent")
                 self._start(unit)
@@ -128,8 +128,8 @@ class Replay:
 
         Variables initialised to one constant hold one buffer after initialisation (``tfmem.ir.shared_init``); the
         first in-place update of each finds it shared and copies it into a new chunk, allocated mid-step and kept
-        for the session, so every later step runs around it (measured: every Adam update of a U-Net's first
-        step allocates the size of its variable, later steps none; a ResNet-20 with momentum, 47 small copies).
+        for the session, so every later step runs around it (``tests/test_unshare_initial_values.py`` measures
+        the copies in real sessions; ``tests/test_memsim.py`` checks the ones predicted here).
         The holder updated last (in ``order``, the schedule's; default: the graph's) finds the buffer its own by
         then and copies nothing, unless a variable this step does not update still holds it.
         """
@@ -171,7 +171,7 @@ class Replay:
         holders: dict[str, _Buffer] = {}
         # Variables first: initialising them ran before this graph's first step, whose Const kernels then
         # allocate their tensors, the executor's own folded constants last (its graph lists them after the
-        # rest; measured in a BFC dump). The order decides which buffers land in the BFC's first 2 MiB region.
+        # rest). The order decides which buffers land in the BFC's first 2 MiB region.
         nodes = [(u, self.graph[n]) for u in self.eg.units for n in self.eg.members[u]]
         def rank(un: tuple[str, OpNode]) -> int:
             return 0 if un[1].op in VARIABLE_OPS else 2 if un[1].attr_bool(FOLDED_ATTR) else 1
@@ -199,9 +199,8 @@ class Replay:
 
     def _allocate_idle_variables(self) -> None:
         """The variables no op of the step runs, each in its own buffer. Some may share their initial buffer
-        with another in the session, but how much is not known here (a WGAN-GP fetching its critic loss alone:
-        14.65 MiB measured; ``tfmem.ir.shared_init``'s groups would say 9.14), so none is assumed to: an
-        overestimate, never an under."""
+        with another in the session, but the step does not say which, so none is assumed to: an overestimate,
+        never an under (``tests/test_memsim.py::test_idle_variable_is_measured_as_simulated``)."""
         for name, nbytes, device in self.idle_variables:
             self.var_storage[name] = self._alloc(TensorRef(name, 0), nbytes, self.placement.domain(device),
                                                  "persistent")

@@ -1,6 +1,6 @@
 """The testbed: run a graph for real on an emulated accelerator whose memory is capped, and measure its peak.
 
-Two child processes make the emulated machine (DESIGN.md, "The testbed"):
+Two child processes make the emulated machine:
 
 - the *device* process, a ``tf.distribute.Server`` for job ``worker`` whose CPU allocator is TensorFlow's BFC
   allocator capped at ``device_memory`` (``TF_CPU_ALLOCATOR_USE_BFC=true TF_CPU_BFC_MEM_LIMIT_IN_MB=...``,
@@ -24,8 +24,9 @@ and one of the rest, as a GPU's BFC holds one region): every run then starts fro
 and peaks do not depend on earlier runs. The host's allocator grows by regions and is not reserved, so its
 peak can overcount by whole-chunk reuse.
 
-Facts the tests pin: a fed tensor lives in the device process for the whole step and is never forwarded;
-elementwise ops forward a dying input's buffer in place; a tensor an op reads on the other job is a real copy.
+Facts ``tests/test_testbed.py`` pins: a fed tensor lives in the device process for the whole step and is never
+forwarded; elementwise ops forward a dying input's buffer in place; a tensor an op reads on the other job is a
+real copy.
 
 Gaps. TensorFlow's gRPC server listens on ``0.0.0.0`` (hard-coded in ``grpc_server_lib.cc``); the cluster's
 addresses are ``127.0.0.1`` so all traffic stays on loopback, but the ports are reachable from outside while a

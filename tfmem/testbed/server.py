@@ -65,8 +65,8 @@ def _reserve_budget(tf: ModuleType, limit_bytes: int) -> None:
 
     With ``allow_growth`` (always on for the CPU BFC allocator) regions are added as needed, sized by
     doubling, and never returned; later runs then find free chunks shaped by earlier ones, and the BFC uses a
-    free chunk whole unless it is twice the request (or leaves 128 MiB), so peaks depended on history: a step
-    with 20 MiB live (16 MiB, freed, then 2 x 10 MiB) measured 32 MiB. The first region is 2 MiB; reserving
+    free chunk whole unless it is twice the request (or leaves 128 MiB), so peaks would depend on earlier runs
+    (``tests/test_testbed.py::test_peaks_do_not_depend_on_earlier_runs``). The first region is 2 MiB; reserving
     the rest in one second region makes the allocator behave like a GPU's BFC (one region of the whole
     memory): when every tensor is freed, each region is one free chunk again.
     """
