@@ -3,10 +3,8 @@
 The simulator frees a device tensor when its last device reader finishes, even when a host op reads it too
 (a swap-out, a gradient for a host-placed variable): it takes the copy to be instantaneous. TensorFlow frees
 the device buffer only once the host has received it, and over the testbed's loopback gRPC that can be much
-later (measured: a ResNet-74 plan at batch 32 simulated at 48.9-52.9 MiB peaked at 48-136 MiB from run to run
-on a roomy testbed, and with one inter-op thread ran out of memory under 96 MiB every time in the forward pass,
-holding every swapped-out stage-0 activation; fenced, it measured 46.6-51.6 MiB in 8 runs of 9 and 69.7 in
-one, and ran with one thread).
+later: unfenced, a plan's swapped-out activations can all wait on the device at once, far above its simulated
+peak.
 
 For every such tensor this pass picks the *fence*, a host op that runs as soon as the copy has arrived (the
 swap-out ``Identity`` where there is one, else a new host ``Identity`` of the tensor), and gives it a control

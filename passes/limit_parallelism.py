@@ -9,8 +9,7 @@ topological, so no cycle can appear.
 While partitions ``i..i+k-1`` run, the live bytes are at most what was live when partition ``i`` started plus
 everything the ``k`` partitions allocate (``OrderFootprint.slice_bound``), however TF's threads interleave
 them. That bound counts the bytes tensors ask for; the simulator counts the allocator's chunks, which the BFC
-hands out whole when a free chunk is less than twice the request, so the simulated peak can exceed it (16
-wide branches at k=1: bound 6.10 MiB, the tensors live at the simulated peak 6.10 MiB, the peak 7.06 MiB).
+hands out whole when a free chunk is less than twice the request, so the simulated peak can exceed it.
 That is why a candidate is accepted on its simulation. ``k="auto"`` uses that bound and a critical-path
 step-time estimate (each barrier on the path costs ``BARRIER_SYNC_S``) to rank the candidates, and the
 simulator (with the executor's thread count) to accept one: with a budget, the largest ``k`` that fits (the
@@ -46,11 +45,8 @@ SLOWDOWN_ALLOWED = 1.10
 # Without a budget, change the graph only for a clear simulated gain: the multi-thread emulation is less exact
 # than the one-thread one, and a marginal "gain" can be a loss when measured.
 MIN_GAIN = 0.10
-# A gated op starts only after the executor has seen a barrier's last input finish and handed the op to a
-# thread: a drain and a wake-up that no op's cost includes. Measured on the testbed with 8 inter-op threads on
-# 2 cores: 16 wide branches limited to k=1 (32 barriers) ran 3-16% slower than vanilla over 5 runs (median 8%,
-# about 120 us a barrier) while the estimate without this term said 0%. With k >= 2 another partition is in
-# flight during the hand-off, so the critical path hides it.
+# A gated op starts only after the executor sees a barrier's last input finish and wakes a thread, a hand-off no op's
+# cost includes (hidden when k >= 2; limited steps measure slower: experiments/results/partition_parallelism.md).
 BARRIER_SYNC_S = 100e-6
 
 
@@ -140,7 +136,7 @@ def _choose(plans: list[_Plan], base: MemoryProfile, base_step: float, target_by
                 return tried, tried[-1]
         safest = attempt(min(plans, key=lambda p: (p.bound_bytes, p.k)))  # best effort: the lowest bound
         return tried, safest if safest.profile.peak_bytes < base.peak_bytes else None  # type: ignore[union-attr]
-    # Worth its edges only if even the worst interleaving is clearly below what the graph simulates today.
+    # Worth its edges only if even the worst interleaving is clearly below what the unlimited graph simulates.
     fast = [p for p in plans if p.step_s <= SLOWDOWN_ALLOWED * base_step
             and p.bound_bytes <= (1 - MIN_GAIN) * base.peak_bytes]
     if not fast:

@@ -7,10 +7,10 @@ its arithmetic optimizer collects a chain's leaves and rebuilds the chain so tha
 inner op). Floating-point products are not associative, so the order decides the last bit. Which ops join a
 chain depends on the graph's structure: an inner op joins only while it has one consumer, no control edge and
 no preserve mark, on the root's device. Passes add consumers (swap-outs), control edges, host copies and clones,
-so after them the same chain is built differently and rounds differently. Measured: a 32-expert MoE Transformer
-planned with recomputation differed from vanilla in its second step's loss by 4.8e-7, because the attention's
-``(dsub * softmax) * scale`` was rebuilt as ``dsub * (scale * softmax)`` instead of vanilla's
-``(scale * dsub) * softmax`` (the scale, 1/sqrt(32), is no power of two).
+so after them the same chain is built differently and rounds differently: an attention's
+``(dsub * softmax) * scale`` runs as ``(scale * dsub) * softmax`` on the user's graph but may run as
+``dsub * (scale * softmax)`` after a pass (the scale, 1/sqrt(32), is no power of two;
+``tests/test_pin_reassociation.py::test_a_swapped_inner_product_rounds_as_in_the_users_graph``).
 
 This pass reads Grappler's rewrite of the graph and gives every op of each rewritten chain its runtime form (the
 inputs Grappler gave it; an inner op Grappler folded becomes the constant it folded to). Then it marks every

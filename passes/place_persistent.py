@@ -175,14 +175,14 @@ def chain_to_host(graph: GraphIR, groups: list[PersistentGroup], timeline: StepT
     such a tensor -- are dealt, in a topological order, to ``in_flight`` slots, and each item starts only
     once the item before it in its slot is over (every reader of the prefetched copy ran; every receipt
     came). A slot holds one item at a time, so at most ``in_flight`` are on the device together, and a copy
-    read at both ends of the step holds only its own slot. (A first-in-first-out window, where each item
-    waited for every item ``in_flight`` places before it, let one such copy hold all later items, and they
-    were released unchained.)
+    read at both ends of the step holds only its own slot, where a first-in-first-out window would let it
+    hold every later item
+    (``tests/test_swap_placement.py::test_one_long_lived_copy_holds_only_its_own_place_in_the_chain``).
 
     Why: prefetch triggers come from the simulated schedule, but with many independent experts the executor
-    takes another order. Measured at 64 experts without the chain: 52 experts' weight gradients (13 MiB)
-    waited on the device at its peak, made within milliseconds while the host took them one by one; chaining
-    only the gradients then left 56 prefetched weights (14 MiB) on the device at once.
+    takes another order, and unchained the experts' gradients and prefetched weights pile up on the device
+    (``tests/test_swap_placement.py::test_placed_experts_have_few_copies_on_the_device_whatever_the_executor_order``;
+    ``experiments/results/moe_placement.md``: the device peak stays flat from 8 to 64 experts).
 
     The chain follows a topological order of ``graph`` (``_chain_order``), in which the receipts and the
     chain's edges are laid out, so they close no cycle; ``graph`` must hold every other edge the caller adds.
@@ -215,8 +215,8 @@ def chain_to_host(graph: GraphIR, groups: list[PersistentGroup], timeline: StepT
             done_by.setdefault(alloc, []).append(receipt)
     for node in graph.nodes:
         # A small copy (a scalar such as Adam's beta1, read by every update at the step's end) is not worth a
-        # place in the chain, and would hold it: the chain waits for each item's readers in turn (measured: an
-        # MoE plan whose first items were beta1's copies released 562 of its 593 items unchained).
+        # place in the chain, and would hold it: the chain waits for each item's readers in turn
+        # (tests/test_swap_placement.py::test_a_small_copy_read_late_does_not_unchain_the_large_ones).
         if (node.attr_bool(PREFETCH_TAG) and graph.successors.get(node.name)
                 and (graph.spec(TensorRef(node.name, 0)).nbytes or 0) >= min_bytes):
             pending[node.name] = set(graph.successors[node.name])
@@ -246,7 +246,7 @@ class ChainPlan:
     order: tuple[str, ...]
     chain: tuple[str, ...]                     # items (allocating ops, prefetches) in the order they start
     follows: Mapping[str, str]                 # item -> the earlier item in its slot, which it waits for
-    dropped: Mapping[str, tuple[str, ...]]     # prefetch -> triggers it no longer waits for
+    dropped: Mapping[str, tuple[str, ...]]     # prefetch -> the triggers it stops waiting for
     added: Mapping[str, tuple[str, ...]]       # prefetch -> its new trigger
 
 

@@ -44,9 +44,8 @@ def copy_share(link: costmodel.DeviceSpec) -> float:
     return max(TRANSFER_OVERHEAD_SHARE, link.transfer_cpu_share)
 
 
-# Above this many (option, over-budget segment) pairs CBC is not asked: writing, reading and presolving the model
-# alone outlast the planner's deadline (a 20,017-op MLP: 3.2 million pairs, 17.1 s in CBC for an 11.6 s limit;
-# its plan then missed and the next round's greedy one was kept), and the greedy plan is used.
+# Above this many (option, over-target segment) pairs CBC is not asked and the greedy plan is used: writing and
+# presolving the model alone outlast the planner's deadline (experiments/results/planner_large_graph.md).
 SOLVER_MAX_PAIRS = 1_000_000
 
 
@@ -265,7 +264,7 @@ def _greedy(options: Sequence[Option], cover: list[list[tuple[int, int]]], exces
 def _option_arrays(cover: list[list[tuple[int, int]]]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """Per option, the segments it spans and the bytes it frees there, as arrays.
 
-    A 20,000-op graph has millions of (option, segment) pairs, and re-scoring them in Python loops took minutes.
+    A 20,000-op graph has millions of (option, segment) pairs; re-scoring them in Python loops would take minutes.
     """
     pairs: dict[int, tuple[list[int], list[int]]] = {}
     for s, row in enumerate(cover):
@@ -292,9 +291,9 @@ def _greedy_cover(options: Sequence[Option], by_option: dict[int, tuple[np.ndarr
     the segments it spans, each capped at what that segment still needs), so it is re-scored as the plan
     grows (lazily: a worth only falls). One option per tensor: an option whose tensor already has a pick is
     scored as a replacement (what it adds over the pick, for what it costs more), since the first way chosen
-    for a tensor, a short gap say, may not span a segment that another of its ways would (measured: on an
-    unrolled RNN, without replacements the greedy plan left segments uncovered where CBC covered them all at
-    0.58x its cost). Then, costliest first, picks whose segments stay covered without them are dropped.
+    for a tensor, a short gap say, may not span a segment that another of its ways would
+    (``tests/test_planner.py::test_greedy_with_several_ways_per_tensor_takes_one_each_and_still_covers``).
+    Then, costliest first, picks whose segments stay covered without them are dropped.
     Options in ``exclude`` are not considered.
 
     Tensor a's first way spans segment 0, its second (dearer) way both; b spans segment 1 for more. a's first

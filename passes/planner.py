@@ -75,13 +75,11 @@ from tfmem.sim.profile import MemoryProfile
 # after every step it takes: seconds on graphs this size, minutes on 20,000 ops).
 COMPARE_SINGLE_MAX_OPS = 10000
 # Simulations and seconds that ``Planner._everything_then_thin`` spends giving options back (batches halve on
-# each miss; one simulation of a 7,000-op MoE plan takes about 2 s here).
+# each miss; a simulation of a large graph costs seconds: experiments/results/optimize_speed.md).
 THIN_SIMULATIONS = 12
 THIN_S = 20.0
-# A single strategy that frees memory but not enough is continued by these, in turn, until the plan fits
-# (``single_strategies``). Placing persistent tensors on the host frees the same bytes at every op, so what is
-# still over is activations: swap, then recompute (a WGAN-GP at a 20 MiB target: 16.95 MiB this way, where the
-# covering model's plans reached 20.7 MiB at best).
+# A strategy that frees memory but not enough is continued by these, in turn, until the plan fits: after host
+# placement what is over is activations (tests/test_planner.py, host placement continued by swapping).
 MIXED_AFTER = {"recompute": ("swap",), "swap": ("recompute",), "place": ("swap", "recompute")}
 
 
@@ -96,18 +94,14 @@ class Planner:
     name: ClassVar[str] = "planner"
     budget_independent: ClassVar[bool] = False
     time_limit_s: float = 20.0       # CBC's time over all rounds; the greedy plan is used when it runs out
-    # The planner's own wall time after which CBC is no longer asked (the greedy plans stand). CBC gets half of
-    # what is left (``_solver_time``): writing, reading and presolving the model come on top of its time limit
-    # (measured on a 20,000-op graph: 29 s for a solve limited to 20 s; optimize then took 62 s).
+    # The planner's wall time after which CBC is not asked (the greedy plans stand); CBC gets half of what is left,
+    # as building the model comes on top of its limit (experiments/results/planner_large_graph.md).
     deadline_s: float = 25.0
     rounds: int = 4
     use_solver: bool = True
     kinds: tuple[str, ...] = ("swap", "recompute", "place")
-    # Each tensor may leave at any of its this many longest idle gaps (one option each, at most one chosen), and
-    # a swapped one may come back just in time, after the op before its reader, as well as early enough to hide
-    # the copy. With the longest gap and hidden copies alone, ResNet-20 (momentum) had no cover under 45 MiB
-    # (its copies back landed while a 23.75 MiB-scratch convolution ran; best plan 56.35 MiB), where every
-    # gap's swap taken at once leaves 38.4 MiB; with both, 46.4 MiB.
+    # A tensor may leave at any of its this many longest idle gaps, and a swapped one may also come back just before
+    # its reader, so copies back need not land beside a large op (tests/test_planner.py, swap options at several gaps).
     gaps: int = 3
     just_in_time: bool = True
     link: costmodel.DeviceSpec = field(default=costmodel.DEFAULT_DEVICE)
@@ -135,8 +129,8 @@ class Planner:
             if new_profile.peak_bytes <= target_bytes:
                 if label == "as ordered" and len(graph) <= COMPARE_SINGLE_MAX_OPS:
                     # The covering model charges each option alone; a single strategy applied greedily may still
-                    # be quicker as a whole (measured: swapping alone ran an unrolled RNN at 205 ms a step
-                    # where a combined plan took 308 ms). Keep whichever the simulator says is quicker.
+                    # be quicker as a whole (experiments/results/planner_strategies.md compares them). Keep
+                    # whichever the simulator says is quicker.
                     single = self.single_strategies(graph, ctx, target_bytes)
                     if single is not None and single[1].estimated_step_s < new_profile.estimated_step_s:
                         best = (single[0], single[1], [],
@@ -148,8 +142,7 @@ class Planner:
             if label == "as ordered":
                 # The covering model missed something (an option it does not list, or an interaction): a single
                 # strategy, applied greedily and re-simulated at every step, may still fit without giving up
-                # parallelism. Measured: on an unrolled RNN swapping alone fit at 205 ms a step where the
-                # serialised plan below took 308 ms.
+                # parallelism, where the serialised plan below is slower.
                 single = self.single_strategies(graph, ctx, target_bytes)
                 if single is not None:
                     best, single_report = single[:4], single[4]
@@ -242,9 +235,8 @@ class Planner:
 
         The covering model and the greedy passes add options a few at a time, judged on a simulation that
         each one changes; from the other end, nothing is assumed about the options' interactions: every
-        candidate is off the device, and an option is given back only when the re-simulated plan still fits.
-        Measured: an MoE Transformer (16 experts) at an 8 MiB target, where the planner's plans stopped at
-        22.8 MiB, all of its placements and swaps at once simulated at 9.2 MiB.
+        candidate is off the device, and an option is given back only when the re-simulated plan still fits
+        (``tests/test_planner.py::test_every_option_at_once_then_thinned_fits_and_keeps_the_values``).
         Options are given back in halving batches, for at most ``THIN_SIMULATIONS`` simulations or ``THIN_S``.
         """
         deadline = time.perf_counter() + THIN_S
@@ -310,9 +302,8 @@ class Planner:
         (``gaps=1``, no ``just_in_time``), and the lower of the two.
 
         More options let the covering model reach further, but it charges each option alone, and a plan of
-        the plainer options can land lower once applied (measured: a residual conv net, 2 blocks of batch 8, at
-        0.4x its peak: 28.5 MiB with the plainer options, 30.0 MiB with all). Graphs of up to
-        ``COMPARE_SINGLE_MAX_OPS`` ops only: a second plan of a 20,000-op graph would cost the planner's deadline.
+        the plainer options can land lower once applied. Graphs of up to ``COMPARE_SINGLE_MAX_OPS`` ops only: a
+        second plan of a 20,000-op graph would cost the planner's deadline.
         """
         found = self._plan(graph, profile, ctx, deadline)
         target_bytes = ctx.target_bytes or 0
@@ -356,8 +347,7 @@ class Planner:
         """Plan what is still over the budget on the applied plan's own simulation, while the peak falls.
 
         Asking the first model for more only re-solves what it could see; a swap-in that lands while another
-        tensor is back, or a tensor whose readers moved, is visible only in the applied graph (measured: an
-        unrolled RNN whose first plan missed by 5.3 MiB, and whose model then had no cover for the rest).
+        tensor is back, or a tensor whose readers moved, is visible only in the applied graph.
         Host placement is not offered again: it is applied first, before swaps and recomputations.
         """
         target_bytes = ctx.target_bytes or 0
@@ -447,7 +437,7 @@ def fenced(graph: GraphIR, ctx: PassContext) -> GraphIR:
     """``graph`` with its copies to host fenced, as ``optimize`` will run it (``passes.fence_transfers``).
 
     Plans are judged on the fenced graph: the fences' control edges change the order, and with it the peak
-    (measured: an unrolled RNN's plan at 33.5 MiB peaked at 37.5 MiB once fenced, over its budget).
+    (``tests/test_guarantee_rewrites.py::test_optimize_fences_after_the_plan``).
     """
     return FenceTransfers().run(graph, ctx).graph
 

@@ -3,11 +3,10 @@
 Some CPU kernels allocate tens of MiB for themselves while they run: TensorFlow's convolution gradients
 work through an im2col buffer sized to a ~30 MiB working set (``tfmem.sim.opmemory``). The simulator places
 them by the emulated schedule, which takes op durations from the cost model; on the real executor two of
-them became ready together often enough to run side by side and hold two such buffers at once (measured:
-a ResNet-56 plan at batch 32 simulated at 57.9 MiB peaked at 58-64 MiB in most runs and 75-82 MiB in some,
-18.6 MiB apart, the size of one Conv2DBackpropInput scratch buffer, and ran out of memory under 96 MiB in 3
-of 20). Chained by control edges they cannot overlap whatever the timing; on a GPU, whose kernels run one
-after the other on a stream anyway, the chain costs nothing.
+them can become ready together, run side by side and hold two such buffers at once (traced steps in
+``experiments/results/simulator_order.md``: a convolution's two gradients at once). Chained by control edges
+they cannot overlap whatever the timing; on a GPU, whose kernels run one after the other on a stream anyway,
+the chain costs nothing.
 
 Requires: nothing. Ensures: values are unchanged (control edges only, in a topological order, so no cycle).
 
@@ -72,7 +71,7 @@ def serialize_large_ops(graph: GraphIR, ctx: PassContext, min_bytes: int = 64 * 
     """Chain the device ops that allocate ``min_bytes`` or more (outputs and scratch) in their one-thread order.
 
     Each waits for the previous one (a control edge, skipped where a data edge already orders them), so
-    their working sets no longer add up when the executor has threads to spare. The order is the one-thread
+    their working sets do not add up when the executor has threads to spare. The order is the one-thread
     schedule, which is topological, so the edges cannot close a cycle. ``measure`` says what an op allocates
     (default ``allocated_bytes``).
     """

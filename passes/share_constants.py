@@ -4,10 +4,9 @@ Gradient graphs repeat small constant computations: each of an unrolled RNN's 24
 ``mean((y_t - target_t) ** 2)`` gets its own ``Reshape -> Tile -> RealDiv`` of constants, a 512 KiB tensor of
 ``1/n``. On the user's graph the session computes it once: Grappler merges identical computations
 (``DedupComputations``). After a pass gates some of them with control edges (a partition barrier, a fence),
-Grappler no longer merges them, and the executor's own constant folding turns each gated copy into a
-constant that the session holds for as long as it lives (``tfmem.sim.executor_folding``). Measured on the 24-step
-unrolled RNN planned at 30 MiB: 10 such constants, 5 MiB of persistent device memory that no plan can move
-(16, 8 MiB, in a plan made with other prefetch triggers), where the user's graph held one.
+Grappler does not merge them, and the executor's own constant folding turns each gated copy into a
+constant that the session holds for as long as it lives (``tfmem.sim.executor_folding``): persistent device
+memory no plan can move, where the user's graph held one copy (``tests/test_share_constants.py``).
 
 This pass merges them before any pass adds an edge: a *constant computation* is a ``Const``, or a stateless
 op outside control-flow frames whose inputs are all constant computations; two of them are the same when they

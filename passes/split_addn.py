@@ -4,16 +4,16 @@ Two reasons, one rewrite:
 
 * Memory. An ``AddN`` starts only when all of its N inputs exist, so all N stay on the device together.
   Gradient graphs are full of them: a weight used T times (an unrolled RNN's recurrent matrix, tied embeddings)
-  gets its T partial gradients summed by one ``AddN``, and that working set (T copies of the weight) is the
-  whole graph's lower bound (an unrolled DeepSpeech at 90 steps: 91 MiB of its 128 MiB budget). A chain of adds
-  consumes each input as soon as the partial sum before it exists, and frees it.
+  gets its T partial gradients summed by one ``AddN``, and that working set (T copies of the weight) can be
+  the whole graph's lower bound. A chain of adds consumes each input as soon as the partial sum before it
+  exists, and frees it (``tests/test_split_addn.py::test_a_training_step_is_bit_identical_and_needs_less``).
 * Same results. Floating-point addition is not associative, and Grappler decides the order of every sum from
   the graph's structure: it sorts an ``AddN``'s inputs by name, and folds trees of adds into one ``AddN``
   (``AddOpsRewrite``) only where no node of the tree has other consumers, control edges or a preserve mark.
   Passes rename inputs (swap-ins) and add control edges, so the same sum would round differently after them
-  (measured: 1-ulp differences in WGAN-GP and Transformer training steps). Binary adds in the order the
-  session would have used for the user's graph are immune to both: ``a + b == b + a`` exactly, and a marked
-  chain is never folded.
+  (``tests/test_split_addn.py::test_moving_passes_keep_the_sums_grappler_folds_bit_identical``). Binary adds
+  in the order the session would have used for the user's graph are immune to both: ``a + b == b + a``
+  exactly, and a marked chain is never folded.
 
 The order is read from Grappler's own rewrite of the user's graph, never guessed. Checked on TensorFlow 2.21
 (tests/test_split_addn.py re-checks it): the CPU kernel (``aggregate_ops``) computes, per element,
@@ -47,10 +47,8 @@ from tfmem.sim.grappler import runtime_nodes
 from tfmem.units import format_bytes
 
 MIN_INPUTS = 3               # a sum of two is the same in either order
-# A kept AddN is chained only from this size per term: smaller ones never decide a peak, and a chain can cost a
-# buffer more than the AddN (measured: +57 KB on a tiny MLP); their order only changes when a pass renames their
-# inputs, and passes move large tensors. Add trees Grappler folds are always chained: a control edge on any of
-# their nodes stops the folding (measured: 1-ulp differences in WGAN-GP after limit_parallelism).
+# Per-term size from which a kept AddN is chained: smaller sums never decide a peak, and passes rename (reorder)
+# only large tensors. Add trees Grappler folds are chained at any size: a control edge stops the folding.
 MIN_BYTES = 64 * 2**10
 KERNEL_GROUP = 8             # aggregate_ops adds inputs eight at a time after the first group
 EXACT_DTYPES = frozenset({types_pb2.DT_FLOAT, types_pb2.DT_DOUBLE})

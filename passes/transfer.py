@@ -4,8 +4,8 @@ A tensor that lives in host memory reaches a device op through a *prefetch*: a h
 control input (the *trigger*, a device op that finishes a transfer-time before the consumer starts) delays
 it. The delay must sit on the host side: TensorFlow's ``_Recv`` on the device is a root of the device's
 partition and pulls its tensor as soon as the sender has produced it, so a delay on the device side would
-bring the tensor back at once (DESIGN.md). Consumers close together in time share one prefetch; each group
-gets its own copy on the device, freed when the group's last op is done.
+bring the tensor back at once. Consumers close together in time share one prefetch; each group gets its own
+copy on the device, freed when the group's last op is done.
 
 Every op added here carries ``_grappler_do_not_remove`` (``GraphEditor``); otherwise Grappler's dependency
 optimizer bypasses device-crossing ``Identity`` ops and the transfer disappears.
@@ -78,9 +78,8 @@ def ready_at_start(graph: GraphIR) -> frozenset[str]:
     those -- and those no-work ops.
 
     TensorFlow's executor runs a ready op at once, so these may run at the very start whatever the simulated
-    order says, and a copy triggered by one starts then too. Measured: an MoE plan with every variable on the
-    host triggered prefetches from a bias's ``ReadVariableOp`` that the simulation ran mid-step, and all 32
-    experts' weights (16.9 MiB) were on the device at once.
+    order says, and a copy triggered by one starts then too: an MoE plan whose prefetches wait for a bias's
+    ``ReadVariableOp`` brings every expert's weights to the device at once.
 
     Examples
     --------
@@ -158,8 +157,9 @@ def readers_through_aliases(graph: GraphIR, eg: ExecutionGraph, tensor: TensorRe
     are the readers that count. They can read a swapped-in copy directly, or the same view of it
     (``add_prefetches`` rebuilds the view). A fetched identity or view stays a reader itself.
 
-    Measured: on a Transformer, the weight gradient of each feed-forward layer reads the ReLU's output through
-    a Reshape, so swapping the ReLU's output for its ``ReluGrad`` alone freed nothing: the view held the buffer.
+    A Transformer's feed-forward weight gradient reads the ReLU's output through a Reshape: swapping the
+    ReLU's output for its ``ReluGrad`` alone would free nothing, the view holding the buffer
+    (``tests/test_swap_placement.py::test_a_tensor_read_late_through_a_reshape_is_freed_and_the_view_rebuilt``).
     """
     out: dict[str, TensorRef] = {}
     stack = [tensor]

@@ -7,14 +7,13 @@ init graph's kernels live (one session for init and training, the common TF1 wor
 holds a reference too. The first in-place update of such a variable (``ResourceApplyAdam``...) then copies it
 into a new chunk (TF's copy-on-write), allocated in the middle of the first step and kept for the session
 (``tfmem.ir.shared_init``). Those small chunks sit between the first step's activations and split the device's
-free memory for every later step: measured, a ResNet-20 with momentum made 47 such copies, and its 24.5 MiB
-convolution scratch then found no free chunk under a 112 MiB cap with 64 MiB in use.
+free memory for every later step (``tests/test_guarantee.py``: a ResNet-20 with momentum at 112 MiB).
 
 This pass routes each such initializer through a ``DeepCopy``: the variable starts out holding a fresh buffer
-that nothing else references, so no update copies it (measured in a one-session workflow: an MLP's first
-step allocated 1.0 MiB in its Adam updates and 0.5 MiB in its momentum updates before, nothing after). The
-copies are made once, when the user runs the initializers, next to the other variables; ``DeepCopy`` is
-stateful, so neither Grappler nor the executor folds or merges it back into a shared constant.
+that nothing else references, so no update copies it (``tests/test_unshare_initial_values.py`` measures the
+updates' allocations in a one-session workflow). The copies are made once, when the user runs the
+initializers, next to the other variables; ``DeepCopy`` is stateful, so neither Grappler nor the executor
+folds or merges it back into a shared constant.
 
 Only initializers are changed: assignments the step itself runs are left alone (a copy there would cost
 every step), as are variables no op updates in place (nothing copies them) and dtypes other than floating
