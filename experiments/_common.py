@@ -61,7 +61,7 @@ def testbed_run(budget: int, graph: Any, built: Any, steps: int, step_timeout_s:
 
 # --- shared by the per-model tables (peak_memory, baselines) ---------------------------------------------------
 
-NAMED_GPU = "V100+PCIe3"   # the cost model's device + link for step-time estimates (as in experiments.max_size)
+NAMED_GPU = "V100+PCIe3"   # the cost model's device + link for step-time estimates that do not come from the testbed
 
 
 def load_average() -> dict[str, float]:

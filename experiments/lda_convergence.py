@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from experiments._machine import versions
 from models.lda import Corpus, LdaState, log_likelihood_per_token, parallel_gibbs, synthetic_corpus
 
 FULL = dict(docs=10000, doc_len=100, vocab=10000, topics=20, alpha=0.1, beta=0.01, epochs=150, chains=6,
@@ -50,16 +51,6 @@ FULL = dict(docs=10000, doc_len=100, vocab=10000, topics=20, alpha=0.1, beta=0.0
 TINY = dict(docs=200, doc_len=50, vocab=500, topics=10, alpha=0.1, beta=0.01, epochs=3, chains=2,
             throughput_topics=[10], throughput_epochs=1, repeats=1)
 METHODS = ("serial", "orion_par 1w", "orion_par 2w", "tomotopy")
-
-
-def _versions() -> dict[str, str]:
-    out = {"python": platform.python_version()}
-    for name in ("numpy", "numba", "tomotopy"):
-        try:
-            out[name] = getattr(__import__(name), "__version__", "present")
-        except ImportError as e:
-            out[name] = f"not installed ({e})"
-    return out
 
 
 def _ll(state: LdaState) -> float:
@@ -432,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     machine["loadavg_end"] = os.getloadavg()
     res.update(command="python -m experiments.lda_convergence " + " ".join(sys.argv[1:] if argv is None else argv),
                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               versions=_versions(), machine=machine, config=cfg)
+               versions=versions(("numpy", "numba", "tomotopy")), machine=machine, config=cfg)
     name = "lda_throughput" if args.throughput_only else "lda_convergence"
     text = _markdown_throughput(res) if args.throughput_only else _markdown(res)
     (out / f"{name}.json").write_text(json.dumps(res, indent=1, default=float))

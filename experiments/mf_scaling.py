@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from experiments.mf_convergence import FULL, TINY, Problem, machine_info
+from experiments._machine import machine_info
+from experiments.mf_convergence import FULL, TINY, Problem
 
 
 def default_workers(cpus: int | None = None) -> list[int]:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import math
 import os
 import statistics
@@ -40,9 +41,17 @@ from tqdm import tqdm
 
 import tfmem
 from experiments._common import RESULTS, provenance, testbed_run, write
+from experiments._planner_report import (
+    GUARANTEE_METHOD,
+    STRATEGIES_MEASURED,
+    at_row,
+    guarantee_md,
+    large_md,
+    markdown,
+    strategies_md,
+)
 from tfmem import examples
 from tfmem.testbed import DEVICE, HOST, Testbed
-from tfmem.units import format_bytes
 
 MiB = 2**20
 FRACTIONS = (0.9, 0.7, 0.5, 0.35, 0.25, 0.15)
@@ -242,112 +251,6 @@ def large_graph(nodes: int, fraction: float) -> dict[str, object]:
     return row
 
 
-def markdown(result: dict[str, object]) -> str:
-    lines = ["# Budget planner: guarantee, smallest budget, and plans compared", "",
-             f"Command: `{result['provenance']['command']}`. {GUARANTEE_METHOD} Memory: testbed allocator "
-             "(measured) and simulator; step time: median testbed wall time.", "",
-             "## Guarantee and smallest accepted budget", "", *_guarantee_md(result)]
-    lines += ["", "## Solver vs greedy heuristic (cost model)", "",
-              "Overhead: the plan's estimated cost per step (exposed transfers, recomputation); step: the graph's "
-              "estimated step as written plus that overhead.", "",
-              "| graph | budget | solver status | solve time | MIP overhead | heuristic overhead | heuristic / MIP, "
-              "overhead | heuristic / MIP, step |", "|---|---:|---|---:|---:|---:|---:|---:|"]
-    for name, g in result["graphs"].items():
-        for r in g["guarantee"]:
-            if r.get("objective_s") is None:
-                continue
-            mip, heur, base = r["objective_s"], r["heuristic_objective_s"], r.get("unplanned_step_s")
-            step = f"{(base + heur) / (base + mip):.3f}" if base else "-"
-            lines.append(f"| {name} | {format_bytes(r['budget_bytes'])} | {r['solver_status']} | {r['solve_s']:.2f} s "
-                         f"| {mip * 1e3:.1f} ms | {heur * 1e3:.1f} ms | {f'{heur / mip:.2f}' if mip else '-'} "
-                         f"| {step} |")
-    lines += ["", "## Strategies at equal budget (measured step time)", "", STRATEGIES_MEASURED, "",
-              *_strategies_md({name: [g["strategies"]] for name, g in result["graphs"].items()
-                               if g.get("strategies")})]
-    big = result.get("large_graph")
-    if big:
-        lines += ["", "## Planner time on a large graph", "", _large_md(big).rstrip("\n")]
-    return "\n".join(lines) + "\n"
-
-
-GUARANTEE_METHOD = ("Budgets are fractions of vanilla's measured testbed peak, then up to three more between the "
-                    "smallest accepted and the largest refused (the first at 1.3x the refusal's lower bound, then "
-                    "bisecting; where every budget was refused, 1.3x the bound first, if below vanilla's peak, then "
-                    "bisecting towards it); "
-                    "accepted plans run in a testbed of exactly that budget; the lower bound is the one "
-                    "reported by the refusal nearest the smallest accepted budget.")
-
-
-def _guarantee_md(result: dict[str, object]) -> list[str]:
-    lines = ["| graph | vanilla peak | accepted budgets (measured peak, OOM?) | refused budgets (lower bound) "
-             "| smallest accepted / lower bound |", "|---|---:|---|---|---:|"]
-    for name, g in result["graphs"].items():
-        acc = [r for r in g["guarantee"] if r["accepted"]]
-        ref = [r for r in g["guarantee"] if not r["accepted"]]
-        acc_s = ", ".join(f"{format_bytes(r['budget_bytes'])} ({format_bytes(r['measured_peak_bytes'] or 0)}"
-                          f"{', OOM' if r['oom'] else ''})" for r in acc) or "-"
-        ref_s = ", ".join(f"{format_bytes(r['budget_bytes'])} ({format_bytes(r['lower_bound_bytes'])})"
-                          for r in ref) or "-"
-        smallest = min((r["budget_bytes"] for r in acc), default=None)
-        edge = max((r for r in ref if smallest is None or r["budget_bytes"] < smallest),
-                   key=lambda r: r["budget_bytes"], default=None)   # the refusal nearest the smallest accepted
-        bound = edge["lower_bound_bytes"] if edge else None
-        ratio = f"{smallest / bound:.2f}x" if smallest and bound else "-"
-        lines.append(f"| {name} | {format_bytes(g['vanilla_peak_bytes'])} | {acc_s} | {ref_s} | {ratio} |")
-    return lines
-
-
-STRATEGIES_MEASURED = ("Measured: testbed step time (median over interleaved rounds of each round's median) and "
-                       "the largest device peak; each plan runs in a testbed of exactly the budget. Estimated: the "
-                       "cost model's step (`estimated_step_s` of the plan's simulation).")
-
-
-def _strategies_md(rows: dict[str, list[dict[str, object]]]) -> list[str]:
-    """The strategies table: per graph, budget and strategy, measured step time and peak, or why there is none;
-    then how the planner's plan compares with each strategy alone (``_versus``)."""
-    others = [label for label in STRATEGIES if label != "planner"]
-    lines = ["| graph | budget | " + " | ".join(STRATEGIES) + " | " + " | ".join(f"planner vs {o}" for o in others)
-             + " |", "|---|---:|" + "---:|" * len(STRATEGIES) + "---|" * len(others)]
-    for name, budgets in rows.items():
-        for s in budgets:
-            cells = []
-            for label in STRATEGIES:
-                r = s[label]
-                cells.append("refused" if r["refused"] else f"same graph as {r['same_as']}" if "same_as" in r else
-                             "OOM" if r["oom"] else
-                             f"{r['step_s'] * 1e3:.0f} ms ({format_bytes(r['measured_peak_bytes'] or 0)}; "
-                             f"est. {r['estimated_step_s'] * 1e3:.0f} ms)")
-            cells += [_versus(s["planner"], _measured_as(s, o)) for o in others]
-            lines.append(f"| {name} | {format_bytes(s['budget_bytes'])} | " + " | ".join(cells) + " |")
-    return lines
-
-
-def _measured_as(row: dict[str, dict[str, object]], label: str) -> dict[str, object]:
-    """``label``'s entry, or, where its graph is one another single strategy made first, that one's (measured);
-    a graph the planner made stays ``same_as`` the planner."""
-    same = row[label].get("same_as")
-    return row[same] if same and same != "planner" else row[label]  # type: ignore[index,return-value]
-
-
-def _versus(planner: dict[str, object], other: dict[str, object]) -> str:
-    """The planner's plan against one strategy's at the same budget: who runs, and who is quicker in how many of
-    the interleaved rounds (each round runs every plan once, so a slow stretch of the machine hits both)."""
-    if planner["refused"]:
-        return "planner refused"
-    if planner["oom"]:
-        return "planner OOM"
-    if other["refused"]:
-        return "only the planner fits"
-    if other.get("same_as") == "planner":
-        return "same graph"
-    if other["oom"]:
-        return "only the planner runs (other OOM)"
-    pairs = list(zip(planner["rounds_s"], other["rounds_s"], strict=False))  # type: ignore[call-overload]
-    quicker = sum(p < o for p, o in pairs)
-    change = planner["step_s"] / other["step_s"] - 1  # type: ignore[operator]
-    return f"{'quicker' if change < 0 else 'slower'} by {abs(change):.0%}, quicker in {quicker}/{len(pairs)} rounds"
-
-
 def vanilla_peak(built: examples.Built) -> int:
     """The graph's measured device peak as written, on a testbed roomy enough (2 GiB) not to constrain it."""
     with Testbed("2GiB") as tb:
@@ -362,16 +265,6 @@ def strategies_only(fractions: Sequence[float], steps: int, tiny: bool, rounds: 
         peak = vanilla_peak(built)
         rows[name] = [strategies(built, max(math.floor(peak * f / MiB), 2) * MiB, steps, rounds) for f in fractions]
     return rows
-
-
-def _large_md(big: dict[str, object]) -> str:
-    return (f"`optimize(budget={format_bytes(big['budget_bytes'])})` on a {big['ops']:,}-op deep MLP "
-            f"(vanilla {format_bytes(big['vanilla_simulated_bytes'])} simulated): {big['optimize_s']:.1f} s "
-            f"end to end at a 1-minute load average of {big['load_avg_1min']:.1f}; "
-            + ("refused." if big["refused"] else
-               f"simulated peak {format_bytes(big['simulated_bytes'])}; the planner pass took "
-               f"{(big['planner_s'] or 0):.1f} s, solver {big['solver']} ({(big['solve_s'] or 0):.1f} s in CBC).")
-            + "\n")
 
 
 def _fractions(text: str) -> list[float] | None:
@@ -394,16 +287,6 @@ def _held_out_at(text: str) -> tuple[str, list[float]] | None:
     return (names[0], budgets) if names and budgets and all(b > 0 for b in budgets) else None
 
 
-def _at_row(row: dict[str, object]) -> str:
-    def mib(key: str) -> str:
-        value = row.get(key)
-        return format_bytes(value) if isinstance(value, int) else "-"
-
-    oom = "-" if not row["accepted"] else ("yes" if row["oom"] else "no")
-    return (f"| {mib('budget_bytes')} | {'yes' if row['accepted'] else 'no'} | {mib('measured_peak_bytes')} | {oom} "
-            f"| {mib('simulated_peak_bytes')} | {mib('lower_bound_bytes')} | {mib('best_peak_bytes')} |")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="one small graph, two budgets (CI smoke)")
@@ -416,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--held-out", action="store_true",
                         help="only the guarantee table, on the models/ graphs the planner was not developed on "
                              "(writes planner_heldout.*)")
-    parser.add_argument("--graph", help="with --held-out: only the held-out graphs whose name starts with this")
+    parser.add_argument("--graph", help="with --held-out: only the held-out graphs whose name starts with this "
+                                        "(their rows of planner_heldout.* are replaced, the others kept)")
     parser.add_argument("--held-out-at", metavar="GRAPH=MIBS",
                         help="only these budgets (MiB, comma-separated) of the held-out graph whose name starts "
                              "with GRAPH, e.g. ResNet-20=56,53 (writes planner_heldout_at.*)")
@@ -437,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         at = ", ".join(f"{f:g}x" for f in fractions)
         md = "\n".join([f"# Strategies at equal budget ({at} vanilla's measured peak)", "",
                         f"Command: `{provenance(argv)['command']}`. {STRATEGIES_MEASURED}", "",
-                        *_strategies_md(rows)]) + "\n"  # type: ignore[arg-type]
+                        *strategies_md(rows)]) + "\n"  # type: ignore[arg-type]
         paths = write("planner_strategies", {"provenance": provenance(argv), "fractions": fractions,
                                              "graphs": rows}, md, Path(args.out))
         print(md)
@@ -458,29 +342,35 @@ def main(argv: list[str] | None = None) -> int:
                         "in a testbed of exactly that budget, once per repeat. Memory: testbed allocator (measured).",
                         "", "| budget | accepted | measured peak | OOM | simulated peak | lower bound | best peak |",
                         "|---:|---|---:|---|---:|---:|---:|",
-                        *(_at_row(r) for r in rows)]) + "\n"
+                        *(at_row(r) for r in rows)]) + "\n"
         paths = write("planner_heldout_at", {"provenance": provenance(argv), "graph": name, "rows": rows}, md,
                       Path(args.out))
         print(md)
         print("wrote", *paths)
         return 0
     if args.held_out:
-        result = {"provenance": provenance(argv), "fractions": HELD_OUT_FRACTIONS, "graphs": {}}
+        run = provenance(argv)
+        result = {"provenance": run, "fractions": HELD_OUT_FRACTIONS, "graphs": {}}
+        previous = Path(args.out) / "planner_heldout.json"
+        if args.graph is not None and previous.exists():
+            # a run of some graphs updates their rows in place; the others keep theirs (each row says its run)
+            result["graphs"] = json.loads(previous.read_text()).get("graphs", {})
         for name, build in tqdm(held_out_matching(parser, args.graph).items(), desc="graphs", unit="graph"):
             built = build()
             peak = vanilla_peak(built)
-            result["graphs"][name] = {"vanilla_peak_bytes": peak,
+            result["graphs"][name] = {"vanilla_peak_bytes": peak, "command": run["command"], "date": run["date"],
                                       "guarantee": guarantee(built, peak, HELD_OUT_FRACTIONS, args.steps)}
+        runs = sorted({(g.get("date", "?"), g.get("command", "?")) for g in result["graphs"].values()})
         md = "\n".join(["# Budget planner on held-out graphs: guarantee and smallest budget", "",
-                        f"Command: `{provenance(argv)['command']}`. {GUARANTEE_METHOD} Memory: testbed "
-                        "allocator (measured).", "", *_guarantee_md(result)]) + "\n"
+                        "Command: " + "; ".join(f"`{c}` ({d})" for d, c in runs) + f". {GUARANTEE_METHOD} "
+                        "Memory: testbed allocator (measured).", "", *guarantee_md(result)]) + "\n"
         paths = write("planner_heldout", result, md, Path(args.out))
         print(md)
         print("wrote", *paths)
         return 0
     if args.large_only:
         row = large_graph(20_000, 0.7)
-        md = "# Planner time on a large graph\n\n" + f"Command: `{provenance(argv)['command']}`.\n\n" + _large_md(row)
+        md = "# Planner time on a large graph\n\n" + f"Command: `{provenance(argv)['command']}`.\n\n" + large_md(row)
         paths = write("planner_large_graph", {"provenance": provenance(argv), "large_graph": row}, md,
                       Path(args.out))
         print(md)

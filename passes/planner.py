@@ -38,27 +38,21 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
-
-import pulp
 
 from passes.fence_transfers import FenceTransfers
 from passes.place_persistent import (
     PlacePersistent,
 )
 from passes.plan_cover import (
-    SOLVER_MAX_PAIRS,
     Option,
     PlanResult,
-    _cover,
-    _greedy,
-    _over_budget_segments,
     copy_share,
     freed_byte_seconds,
     reachable_floor,
+    solve_cover,
 )
 from passes.plan_options import apply_options, build_options, idle_windows
 from passes.plan_report import chained_report, solved_report, strategy_report
@@ -93,6 +87,7 @@ class Planner:
 
     name: ClassVar[str] = "planner"
     budget_independent: ClassVar[bool] = False
+    peak_non_increasing: ClassVar[bool] = False
     time_limit_s: float = 20.0       # CBC's time over all rounds; the greedy plan is used when it runs out
     # The planner's wall time after which CBC is not asked (the greedy plans stand); CBC gets half of what is left,
     # as building the model comes on top of its limit (experiments/results/planner_large_graph.md).
@@ -388,49 +383,9 @@ class Planner:
 
     def solve(self, options: Sequence[Option], profile: MemoryProfile, target_bytes: int,
               time_limit_s: float | None = None) -> PlanResult:
-        """Choose options that cover every over-budget moment of ``profile`` at the least cost."""
-        time_limit_s = self.time_limit_s if time_limit_s is None else time_limit_s
-        segments, excess = _over_budget_segments(profile, options, target_bytes)
-        cover = _cover(options, segments)
-        greedy = _greedy(options, cover, excess)
-        heuristic_cost = sum(options[i].cost_s for i in greedy)
-        feasible = all(sum(b for _, b in row) >= need for row, need in zip(cover, excess, strict=True))
-        too_large = sum(len(row) for row in cover) > SOLVER_MAX_PAIRS
-        if not self.use_solver or not excess or time_limit_s < 1.0 or too_large:
-            status = "infeasible" if not feasible else (
-                "heuristic" if not (self.use_solver and excess) else
-                "heuristic (model too large for the solver)" if too_large else "heuristic (no solver time left)")
-            return PlanResult(tuple(options[i] for i in greedy), status, 0.0, heuristic_cost, heuristic_cost)
-        if not feasible:
-            return PlanResult(tuple(options[i] for i in greedy), "infeasible", 0.0, heuristic_cost, heuristic_cost)
-        problem = pulp.LpProblem("tfmem_plan", pulp.LpMinimize)
-        x = [problem.add_variable(f"x{i}", cat="Binary") for i in range(len(options))]
-        # A tiny charge per byte breaks ties toward moving less.
-        problem += pulp.lpSum((o.cost_s + o.nbytes * 1e-15) * x[i] for i, o in enumerate(options))
-        for row, need in zip(cover, excess, strict=True):  # built from (variable, bytes) pairs: fast at scale
-            problem += pulp.LpAffineExpression([(x[i], b) for i, b in row]) >= need
-        by_tensor: dict[str, list[int]] = {}
-        for i, o in enumerate(options):
-            by_tensor.setdefault(o.key, []).append(i)
-        for members in by_tensor.values():
-            if len(members) > 1:
-                problem += pulp.lpSum(x[i] for i in members) <= 1
-        chosen_greedy = set(greedy)
-        for i, var in enumerate(x):
-            var.setInitialValue(1 if i in chosen_greedy else 0)
-        with warnings.catch_warnings():  # PuLP 3.3 deprecates its bundled CBC; it is still the one installed
-            warnings.simplefilter("ignore", DeprecationWarning)
-            solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, warmStart=True)
-        started = time.perf_counter()
-        problem.solve(solver)
-        elapsed = time.perf_counter() - started
-        status = pulp.LpStatus[problem.status]
-        if status != "Optimal":  # CBC stopped at its time limit without proving optimality
-            return PlanResult(tuple(options[i] for i in greedy), "heuristic (solver timed out)", elapsed,
-                              heuristic_cost, heuristic_cost)
-        picked = [i for i, var in enumerate(x) if (var.value() or 0) > 0.5]
-        cost = sum(options[i].cost_s for i in picked)
-        return PlanResult(tuple(options[i] for i in picked), "optimal", elapsed, cost, heuristic_cost)
+        """Choose options that cover every over-target moment of ``profile`` at the least cost."""
+        return solve_cover(options, profile, target_bytes, self.time_limit_s if time_limit_s is None else time_limit_s,
+                           use_solver=self.use_solver)
 
 
 def fenced(graph: GraphIR, ctx: PassContext) -> GraphIR:

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from experiments import (
+    _planner_report,
     moe_placement,
     optimize_speed,
     partition_parallelism,
@@ -213,13 +214,13 @@ def test_planner_held_out_at_refuses_bad_arguments(argv, capsys):
 def test_planner_versus_reads_rounds_pairwise():
     planner_row = {"refused": False, "oom": False, "rounds_s": [0.10, 0.30, 0.12], "step_s": 0.12}
     swap_row = {"refused": False, "oom": False, "rounds_s": [0.11, 0.20, 0.15], "step_s": 0.15}
-    assert planner._versus(planner_row, swap_row) == "quicker by 20%, quicker in 2/3 rounds"
-    assert planner._versus(swap_row, planner_row) == "slower by 25%, quicker in 1/3 rounds"
-    assert planner._versus(planner_row, {"refused": True}) == "only the planner fits"
-    assert planner._versus(planner_row, {"refused": False, "same_as": "planner"}) == "same graph"
-    assert planner._versus({"refused": True}, swap_row) == "planner refused"
+    assert _planner_report.versus(planner_row, swap_row) == "quicker by 20%, quicker in 2/3 rounds"
+    assert _planner_report.versus(swap_row, planner_row) == "slower by 25%, quicker in 1/3 rounds"
+    assert _planner_report.versus(planner_row, {"refused": True}) == "only the planner fits"
+    assert _planner_report.versus(planner_row, {"refused": False, "same_as": "planner"}) == "same graph"
+    assert _planner_report.versus({"refused": True}, swap_row) == "planner refused"
     table = {"planner": planner_row, "swap only": swap_row, "recompute only": {"refused": False, "same_as": "swap only"}}
-    assert planner._measured_as(table, "recompute only") is swap_row
+    assert _planner_report.measured_as(table, "recompute only") is swap_row
 
 
 def test_guarantee_probes_the_edge_and_above_a_ladder_refused_everywhere(monkeypatch):
@@ -272,3 +273,19 @@ def test_moe_placement_tiny(tmp_path):
     data = json.loads((tmp_path / "moe_placement_tiny.json").read_text())
     assert [r["experts"] for r in data["rows"]] == [2, 4]
     assert all(not r["tfmem"]["oom"] for r in data["rows"] if "refused" not in r["tfmem"])
+
+
+def test_held_out_run_of_some_graphs_replaces_their_rows_and_keeps_the_others(monkeypatch, tmp_path):
+    """``--held-out --graph X`` reruns X in place: one planner_heldout file, each graph's row saying its run."""
+    monkeypatch.setattr(planner, "held_out_builders", lambda: {"A net": lambda: "a", "B net": lambda: "b"})
+    monkeypatch.setattr(planner, "vanilla_peak", lambda built: 100 * 2**20)
+    marks = iter(["first", "first", "second"])
+    monkeypatch.setattr(planner, "guarantee", lambda built, peak, fractions, steps: [
+        {"budget_bytes": 80 * 2**20, "accepted": True, "mark": next(marks), "built": built}])
+    monkeypatch.setattr(planner, "guarantee_md", lambda result: [])
+    assert planner.main(["--held-out", "--out", str(tmp_path)]) == 0
+    assert planner.main(["--held-out", "--graph", "B", "--out", str(tmp_path)]) == 0
+    graphs = json.loads((tmp_path / "planner_heldout.json").read_text())["graphs"]
+    assert [g["guarantee"][0]["mark"] for g in graphs.values()] == ["first", "second"]
+    assert "--graph B" in graphs["B net"]["command"] and "--graph" not in graphs["A net"]["command"]
+    assert "--graph B" in (tmp_path / "planner_heldout.md").read_text()
