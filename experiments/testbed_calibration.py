@@ -124,17 +124,25 @@ def fit(rows: list[dict[str, object]]) -> dict[str, float] | None:
     if len(xs) < 2:
         return None
     (per_mib, per_work_ms), *_ = np.linalg.lstsq(np.array(xs), np.array(ys), rcond=None)
-    return {"ms_per_mib_copied": float(per_mib), "ms_per_ms_added_compute": float(per_work_ms), "plans": len(xs)}
+    # The testbed DeviceSpec fitted to these measurements: the link that costs ``per_mib`` per MiB copied, and
+    # op speeds scaled by the geometric mean of estimated / measured steps of the graphs as written.
+    spec = costmodel.DEVICES["testbed"]
+    scale = float(np.exp(np.mean([np.log(float(b["estimated_step_s"]) / float(b["measured_step_s"]))  # type: ignore[arg-type]
+                                  for b in base.values()])))
+    return {"ms_per_mib_copied": float(per_mib), "ms_per_ms_added_compute": float(per_work_ms), "plans": len(xs),
+            "compute_scale": scale, "fitted_peak_flops": spec.peak_flops * scale,
+            "fitted_memory_bandwidth": spec.memory_bandwidth * scale,
+            "fitted_link_bandwidth": MiB / (float(per_mib) / 1e3) if per_mib > 0 else None}
 
 
 def markdown(result: dict[str, object]) -> str:
-    spec = costmodel.DEFAULT_DEVICE
+    spec = result["device_spec"]   # the DeviceSpec the estimates were made with
     lines = ["# Testbed cost model against measured steps of fixed plans", "",
              f"Command: `{result['provenance']['command']}`. Measured: testbed step time, median over "  # type: ignore[index]
              f"{result['rounds']} interleaved rounds of each round's median of {result['steps']} steps, on one "
              f"{ROOMY // MiB} MiB testbed. Estimated: `tfmem.simulate(...).estimated_step_s` with the testbed "
-             f"DeviceSpec ({spec.peak_flops:.2g} FLOP/s, link {spec.link_bandwidth:.2g} B/s, "
-             f"transfer_cpu_share {spec.transfer_cpu_share:g}). Load average before: {result['load_before']}.", "",
+             f"DeviceSpec ({spec['peak_flops']:.3g} FLOP/s, link {spec['link_bandwidth']:.3g} B/s, "  # type: ignore[index]
+             f"transfer_cpu_share {spec['transfer_cpu_share']:g}). Load average before: {result['load_before']}.", "",
              "| graph | plan | estimated | measured | rounds | copied | compute (cost model) |",
              "|---|---|---:|---:|---|---:|---:|"]
     for r in result["rows"]:  # type: ignore[attr-defined]
@@ -150,6 +158,11 @@ def markdown(result: dict[str, object]) -> str:
         lines += ["", f"Least-squares fit over {f['plans']} plans (measured extra step over the graph as written): "  # type: ignore[index]
                   f"{f['ms_per_mib_copied']:.2f} ms per MiB copied, {f['ms_per_ms_added_compute']:.2f} ms per ms of "  # type: ignore[index]
                   "compute added (cost model)."]
+        link = f"{f['fitted_link_bandwidth']:.3g} B/s" if f.get("fitted_link_bandwidth") else "none (no copy cost)"  # type: ignore[union-attr]
+        lines += ["", f"Fitted testbed DeviceSpec: link {link}; the graphs as written were estimated "
+                  f"{f['compute_scale']:.2f}x their measured steps (geometric mean), so op speeds "  # type: ignore[index]
+                  f"{f['fitted_peak_flops']:.3g} FLOP/s and {f['fitted_memory_bandwidth']:.3g} B/s "  # type: ignore[index]
+                  "(`tfmem.sim.costmodel.DEVICES['testbed']` takes these)."]
     return "\n".join(lines) + "\n"
 
 
@@ -170,8 +183,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.tiny:
         fractions, args.rounds, args.steps = (0.8,), 1, 1
     load_before = load_average()
+    spec = costmodel.DEVICES["testbed"]
     result = {"provenance": provenance(argv), "rounds": args.rounds, "steps": args.steps,
-              "load_before": load_before, **calibrate(args.tiny, fractions, args.rounds, args.steps)}
+              "load_before": load_before, "device_spec": {"peak_flops": spec.peak_flops,
+                                                          "link_bandwidth": spec.link_bandwidth,
+                                                          "transfer_cpu_share": spec.transfer_cpu_share},
+              **calibrate(args.tiny, fractions, args.rounds, args.steps)}
     name = "testbed_calibration_tiny" if args.tiny else "testbed_calibration"
     paths = write(name, result, markdown(result), Path(args.out))
     print(markdown(result))

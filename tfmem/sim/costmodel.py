@@ -39,13 +39,9 @@ class DeviceSpec:
 
 
 DEVICES: dict[str, DeviceSpec] = {
-    # The testbed: CPU cores doing float math, gRPC over loopback as the "link". Measured steps of fixed plans
-    # (experiments/results/testbed_calibration.md): copies cost ~1 ms per MiB of step time whether or not they
-    # overlap compute (both ends of the gRPC copy run on the same cores), so a copy keeps the cores busy
-    # (transfer_cpu_share=1: 0.7 ms per MiB). Op and link speeds also time the prefetches: fitted to the
-    # measured steps (6e10 FLOP/s, 1e9 B/s) they left fewer idle stretches long enough to swap in, and budgets
-    # accepted before were refused (a Transformer at 0.7x, an MLP at 0.8x), so those stay as they were.
-    "testbed": DeviceSpec("testbed (CPU + loopback gRPC)", 3e10, 3e10, 1.5e9, 20e-6, 100e-6, transfer_cpu_share=1.0),
+    # The testbed: CPU cores doing float math, gRPC over loopback as the link. Fitted to measured steps of fixed
+    # plans (experiments/results/testbed_calibration.md): op speeds, the link, and copies that keep the cores busy.
+    "testbed": DeviceSpec("testbed (CPU + loopback gRPC)", 4.87e10, 4.87e10, 1.02e9, 20e-6, 100e-6, transfer_cpu_share=1.0),
     "TitanX+PCIe3": DeviceSpec("TitanX (12 GB) + PCIe3 x16", 6e12, 3.36e11, 12e9),
     "V100+PCIe3": DeviceSpec("V100 (16 GB) + PCIe3 x16", 14e12, 9e11, 12e9),
     "H200+PCIe5": DeviceSpec("H200 (141 GB) + PCIe5 x16", 60e12, 4.8e12, 55e9),
