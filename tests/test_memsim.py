@@ -257,10 +257,11 @@ def _replayed(built: examples.Built, device_memory: int):
     from tfmem.ir.devices import Placement
     from tfmem.sim import memsim
     from tfmem.sim.analysis import analyse
+    from tfmem.sim.replay import Replay
 
     ir = load(built.graph)
     analysis = analyse(ir, list(built.fetches), [], costmodel.DEFAULT_DEVICE)
-    replay = memsim._Replay(analysis.eg, Placement(None, None), device_memory, analysis.views)
+    replay = Replay(analysis.eg, Placement(None, None), device_memory, analysis.views)
     replay.run(memsim._typical_schedule(analysis, analysis.expensive.__getitem__, 1))
     return replay
 

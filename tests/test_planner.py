@@ -8,7 +8,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from passes.planner import Option, _greedy
+from passes.plan_cover import Option, _greedy
 
 
 @st.composite
@@ -185,7 +185,7 @@ def test_reachable_floor_is_below_every_plan_the_strategies_find():
 
 def test_a_greedy_mix_reports_the_moves_of_both_strategies():
     """Recompute-then-swap plans are reported as one plan: every recomputation and every swap, with costs."""
-    from passes.planner import _chained_report, single_decisions
+    from passes.plan_report import chained_report, single_decisions
     from tfmem.pipeline import PassReport
     from tfmem.sim import costmodel
 
@@ -193,7 +193,7 @@ def test_a_greedy_mix_reports_the_moves_of_both_strategies():
                             details={"recomputed": [("a:0", 4096, ["a"], 1e-3)]})
     swapped = PassReport("swap_activations", True, nodes_added=2, bytes_moved=8192, notes=("swapped 1 tensor",),
                          details={"swapped": [("b:0", 8192, 1, 2e-3, 0.0)]})
-    mixed = _chained_report([recomputed, swapped])
+    mixed = chained_report([recomputed, swapped])
     assert mixed.name == "recompute, then swap_activations"
     assert mixed.nodes_added == 5 and mixed.bytes_moved == 8192
     decisions = single_decisions(mixed, costmodel.DEFAULT_DEVICE)
@@ -219,17 +219,18 @@ def test_past_its_deadline_the_planner_keeps_the_greedy_plan_and_says_so():
 
 
 def test_a_model_too_large_for_the_solver_keeps_the_greedy_plan_and_says_so(monkeypatch):
+    import passes.plan_cover as plan_cover
     import passes.planner as planner
 
     options = [Option("swap", t, 4, cost, (), None) for t, cost in [("a", 1.0), ("b", 1.0), ("c", 1.5)]]
     profile = type("P", (), {"timeline": ((0.0, 8, 0, "x"), (1.0, 8, 0, "y"))})()
-    monkeypatch.setattr(planner, "_over_budget_segments", lambda *_: ([(0.0, 1.0), (1.0, 2.0)], [4, 4]))
-    monkeypatch.setattr(planner, "_cover", lambda *_: [[(0, 4), (2, 4)], [(1, 4), (2, 4)]])
-    monkeypatch.setattr(planner, "SOLVER_MAX_PAIRS", 3)   # the cover has 4 (option, segment) pairs
+    monkeypatch.setattr(plan_cover, "_over_budget_segments", lambda *_: ([(0.0, 1.0), (1.0, 2.0)], [4, 4]))
+    monkeypatch.setattr(plan_cover, "_cover", lambda *_: [[(0, 4), (2, 4)], [(1, 4), (2, 4)]])
+    monkeypatch.setattr(plan_cover, "SOLVER_MAX_PAIRS", 3)   # the cover has 4 (option, segment) pairs
     plan = planner.Planner().solve(options, profile, target_bytes=4)
     assert plan.status == "heuristic (model too large for the solver)" and plan.solve_s == 0.0
     assert [o.key for o in plan.chosen] == ["c"]
-    monkeypatch.setattr(planner, "SOLVER_MAX_PAIRS", 4)
+    monkeypatch.setattr(plan_cover, "SOLVER_MAX_PAIRS", 4)
     assert planner.Planner().solve(options, profile, target_bytes=4).status == "optimal"
 
 
@@ -238,7 +239,8 @@ def test_swap_options_leave_at_several_gaps_and_may_come_back_just_in_time():
     the op before its reader; choosing the late copies keeps every fetched value."""
     import numpy as np
 
-    from passes.planner import Planner, apply_options, fenced
+    from passes.plan_options import apply_options
+    from passes.planner import Planner, fenced
     from passes.timeline import StepTimeline
     from tests.test_swap_placement import DEVICE, HOST, _placed, _session_run
     from tfmem import examples, load

@@ -16,9 +16,9 @@ from tfmem.ir.devices import Placement
 from tfmem.ir.loading import load
 from tfmem.ir.shared_init import sharing_groups
 from tfmem.pipeline import PassContext
-from tfmem.sim import memsim
 from tfmem.sim.analysis import analyse
 from tfmem.sim.costmodel import DEFAULT_DEVICE
+from tfmem.sim.replay import Replay
 from tfmem.testbed.graph import initializer_names
 
 v1 = tf.compat.v1
@@ -73,7 +73,7 @@ def test_the_simulator_sees_no_first_step_copies_after_the_pass():
     graph = _unshared(built).graph
     assert sharing_groups(load(built.graph)) and not sharing_groups(graph)
     analysis = analyse(graph, list(built.fetches), [], DEFAULT_DEVICE)
-    replay = memsim._Replay(analysis.eg, Placement(None, None), 64 << 20, analysis.views)
+    replay = Replay(analysis.eg, Placement(None, None), 64 << 20, analysis.views)
     assert replay._first_update_copies() == {}
 
 
