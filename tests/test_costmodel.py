@@ -6,13 +6,10 @@ import dataclasses
 
 import tensorflow as tf
 
+from tests.helpers import HOST, MiB, v1
 from tfmem.ir.loading import load
 from tfmem.sim import costmodel
 from tfmem.sim.memsim import simulate
-
-v1 = tf.compat.v1
-HOST = "/job:localhost/replica:0/task:0/device:CPU:1"
-MiB = 1 << 20
 
 
 def _einsum_ir(equation: str, *shapes: tuple[int, ...]):

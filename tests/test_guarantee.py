@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import tfmem
-from experiments import _common
+from tests.helpers import run_on_testbed
 from tfmem import examples
 from tfmem.testbed import DEVICE, HOST
 
@@ -45,6 +45,6 @@ def _refused_or_runs_within(built: examples.Built, budget: int) -> None:
     except tfmem.InfeasibleBudgetError as e:
         assert 0 < e.lower_bound_bytes <= budget
         return
-    run = _common.testbed_run(budget, opt.graph, built, steps=2, step_timeout_s=60)
+    run = run_on_testbed(budget, opt.graph, built, steps=2, step_timeout_s=60)
     assert not run.oom, run.error
     assert run.device_peak_bytes <= budget

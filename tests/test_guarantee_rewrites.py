@@ -14,15 +14,13 @@ from passes.fence_transfers import FENCE_BYTES, MIN_BYTES, FenceTransfers
 from passes.place_persistent import PlacePersistent
 from passes.serialize_scratch import MIN_SCRATCH_BYTES, SerializeScratch
 from passes.swap_activations import SwapActivations
+from tests.helpers import DEVICE, HOST, placed, session_run, train_steps
 from tfmem import examples
 from tfmem.ir.devices import Placement
 from tfmem.ir.loading import load
 from tfmem.ir.verify import SWAP_OUT_ATTR, verify
 from tfmem.pipeline import PassContext
 from tfmem.sim.opmemory import scratch_bytes
-
-DEVICE = "/job:localhost/replica:0/task:0/device:CPU:0"
-HOST = "/job:localhost/replica:0/task:0/device:CPU:1"
 
 
 def _ancestors(graph, name: str) -> set[str]:
@@ -90,11 +88,9 @@ def test_fences_keep_the_simulated_peak_and_the_values(swapped):
     built, ctx, graph = swapped
     new = FenceTransfers().run(graph, ctx).graph
     assert ctx.simulate(new).peak_bytes <= ctx.simulate(graph).peak_bytes * 1.01
-    from tests.test_swap_placement import _placed, _session_run  # the two-device session helpers
-
     fetches = [f for f in built.fetches if ":" in f]
-    before = _session_run(_placed(graph.to_graph_def()), fetches, built.feeds)
-    after = _session_run(_placed(new.to_graph_def()), fetches, built.feeds)
+    before = session_run(placed(graph.to_graph_def()), fetches, built.feeds)
+    after = session_run(placed(new.to_graph_def()), fetches, built.feeds)
     assert all(np.array_equal(a, b) for a, b in zip(before, after, strict=True))
 
 
@@ -137,9 +133,7 @@ def test_large_scratch_kernels_are_totally_ordered_and_values_kept():
     assert result.changed and not unordered_pairs(result.graph)
     verify(result.graph)
     assert not SerializeScratch().run(result.graph, ctx).changed
-    from tests.test_optimize import _train_steps
-
     opt = tfmem.optimize(built.graph, built.fetches, feed_shapes=built.feed_shapes, passes=["serialize_scratch"])
-    assert all(np.array_equal(a, b) for a, b in zip(_train_steps(built.graph, built.fetches, built.feeds),
-                                                     _train_steps(opt.graph, built.fetches, built.feeds, opt.config),
+    assert all(np.array_equal(a, b) for a, b in zip(train_steps(built.graph, built.fetches, built.feeds),
+                                                     train_steps(opt.graph, built.fetches, built.feeds, opt.config),
                                                      strict=True))

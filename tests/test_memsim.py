@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
+from tests.helpers import random_dags
 from tfmem import examples
 from tfmem.ir.execution import ExecutionGraph
 from tfmem.ir.loading import load
@@ -149,14 +149,6 @@ def test_bfc_model_rounding_and_reuse():
     assert bfc.in_use_bytes == 0 and bfc.peak_bytes == 2 << 20
 
 
-@st.composite
-def random_dags(draw, max_nodes: int = 14):
-    n = draw(st.integers(2, max_nodes))
-    preds = [sorted(draw(st.sets(st.integers(0, i - 1), min_size=1, max_size=3))) if i else [] for i in range(n)]
-    sizes = draw(st.lists(st.sampled_from([64, 256, 1024, 4096]), min_size=n, max_size=n))
-    return preds, sizes
-
-
 def _elementwise_dag(preds, sizes) -> tuple[tf.Graph, list[str]]:
     g = tf.Graph()
     with g.as_default():
@@ -174,7 +166,7 @@ def _elementwise_dag(preds, sizes) -> tuple[tf.Graph, list[str]]:
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(random_dags())
+@given(random_dags(max_nodes=14, min_nodes=2, preds=(1, 3), sizes=(64, 256, 1024, 4096)))
 def test_peak_bounds_on_random_dags(dag):
     g, sinks = _elementwise_dag(*dag)
     prof = simulate(g, sinks)

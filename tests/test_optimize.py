@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 import tfmem
+from tests.helpers import train_steps
 from tfmem import examples
 from tfmem.errors import BadInputError, InfeasibleBudgetError, TfmemError
 from tfmem.measure import grappler_peak
@@ -79,17 +80,6 @@ def test_grappler_agrees_roughly_with_the_simulator(small):
     assert 0.5 * sim <= est <= 2.0 * sim
 
 
-def _train_steps(graph: tf.Graph, fetches: list[str], feeds: dict, config=None, steps: int = 3) -> list:
-    """Fetched values over ``steps`` training steps from freshly initialised variables."""
-    from tfmem.testbed import initializer_names
-
-    init = initializer_names(graph.as_graph_def())
-    with tf.compat.v1.Session(graph=graph, config=config) as sess:
-        sess.run(init)
-        return [sess.run([f for f in fetches if ":" in f] + [f for f in fetches if ":" not in f], feeds)[0]
-                for _ in range(steps)]
-
-
 def test_graph_grappler_fails_on_runs_as_the_session_runs_it():
     """Grappler fails on a 3-layer MoE Transformer (acyclic; TF's own topological sort gives up) and the session
     runs the graph as written: optimize plans that graph and hands back a config that keeps Grappler off."""
@@ -103,8 +93,8 @@ def test_graph_grappler_fails_on_runs_as_the_session_runs_it():
     opt = tfmem.optimize(built.graph, fetches, feed_shapes=built.feed_shapes, passes=["partition"])
     assert opt.config.graph_options.rewrite_options.disable_meta_optimizer
     assert any("Grappler" in n and "fails" in n for n in opt.report.notes)
-    assert all(np.array_equal(a, b) for a, b in zip(_train_steps(built.graph, fetches, built.feeds),
-                                                     _train_steps(opt.graph, fetches, built.feeds, opt.config),
+    assert all(np.array_equal(a, b) for a, b in zip(train_steps(built.graph, fetches, built.feeds),
+                                                     train_steps(opt.graph, fetches, built.feeds, opt.config),
                                                      strict=True))
 
 

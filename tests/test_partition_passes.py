@@ -13,24 +13,12 @@ import tfmem
 from passes.limit_parallelism import BARRIER_PREFIX, LimitParallelism
 from passes.ordering import STRATEGIES, OrderingProblem, refine
 from passes.partition import ORDER_ATTR, PARTITION_ATTR, Partition
+from tests.helpers import random_dags, session_run, v1
 from tfmem import examples
 from tfmem.ir.execution import ExecutionGraph
 from tfmem.ir.verify import verify
 from tfmem.pipeline import PassContext
 from tfmem.sim.analysis import order_footprint
-
-v1 = tf.compat.v1
-
-
-def _run(graph: tf.Graph | tf.compat.v1.GraphDef, fetches, feeds):
-    if isinstance(graph, tf.compat.v1.GraphDef):
-        g = tf.Graph()
-        with g.as_default():
-            tf.graph_util.import_graph_def(graph, name="")
-        graph = g
-    config = v1.ConfigProto(inter_op_parallelism_threads=4)
-    with v1.Session(graph=graph, config=config) as sess:
-        return sess.run(fetches, feeds)
 
 
 def _ctx(built, threads=8, budget=None):
@@ -72,8 +60,8 @@ def test_limit_parallelism_serialises_branches_and_keeps_outputs(wide):
     assert barriers and all(n.op == "NoOp" and n.attr_bool("_grappler_do_not_remove") for n in barriers)
     assert not any(PARTITION_ATTR in n.attrs for n in result.graph.nodes)
     verify(result.graph)
-    before = _run(wide.graph, wide.fetches, wide.feeds)
-    after = _run(result.graph.to_graph_def(), wide.fetches, wide.feeds)
+    before = session_run(wide.graph, wide.fetches, wide.feeds)
+    after = session_run(result.graph.to_graph_def(), wide.fetches, wide.feeds)
     assert all(np.array_equal(a, b) for a, b in zip(before, after, strict=True))
     assert ctx.simulate(result.graph).peak_bytes < ctx.simulate(ir).peak_bytes
 
@@ -98,14 +86,6 @@ def test_budget_picks_the_largest_k_that_fits(wide):
     ir = tfmem.load(wide.graph, wide.feed_shapes)
     generous = LimitParallelism().run(Partition().run(ir, _ctx(wide)).graph, _ctx(wide, budget=1 << 40))
     assert not generous.changed  # the unlimited graph already fits: nothing is given up
-
-
-@st.composite
-def random_dags(draw, max_nodes: int = 12):
-    n = draw(st.integers(3, max_nodes))
-    preds = [sorted(draw(st.sets(st.integers(0, i - 1), max_size=2))) if i else [] for i in range(n)]
-    sizes = draw(st.lists(st.sampled_from([256, 4096, 16384]), min_size=n, max_size=n))
-    return preds, sizes
 
 
 def _dag_graph(preds, sizes):
@@ -135,8 +115,8 @@ def test_random_dags_stay_acyclic_equal_and_no_worse(dag, k):
     assert nx.is_directed_acyclic_graph(result.graph.nx)
     if k == "auto":  # the chooser never accepts a worse peak; an explicit k is the user's call
         assert ctx.simulate(result.graph, grappler=False).peak_bytes <= ctx.simulate(ir, grappler=False).peak_bytes
-    before = _run(g, sinks, feeds)
-    after = _run(result.graph.to_graph_def(), sinks, feeds)
+    before = session_run(g, sinks, feeds)
+    after = session_run(result.graph.to_graph_def(), sinks, feeds)
     assert all(np.array_equal(a, b) for a, b in zip(before, after, strict=True))
 
 

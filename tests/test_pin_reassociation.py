@@ -1,6 +1,6 @@
 """pin_reassociation: chains of products and sums round as in the user's graph, whatever passes add around them.
 
-Values are checked in the two-CPU session of ``tests.test_swap_placement`` (``CPU:1`` plays the host); a swap is
+Values are checked in the two-device session of ``tests.helpers`` (``CPU:1`` plays the host); a swap is
 emulated the way the passes make one: a host ``Identity`` marked ``_grappler_do_not_remove`` between an op and
 its reader.
 """
@@ -18,14 +18,12 @@ from tensorflow.core.framework import attr_value_pb2
 
 from passes import LEADING_REWRITES
 from passes.pin_reassociation import PinReassociation
-from tests.test_swap_placement import DEVICE, HOST, _placed, _session_run
+from tests.helpers import DEVICE, HOST, THREADS, placed, session_run, train_steps, v1
 from tfmem import load
 from tfmem.ir.editor import DO_NOT_REMOVE
 from tfmem.ir.graph import GraphIR, OpNode
 from tfmem.pipeline import PassContext
 from tfmem.sim.grappler import runtime_graph_def
-
-v1 = tf.compat.v1
 
 
 def _softmax_gradient_like():
@@ -40,7 +38,7 @@ def _softmax_gradient_like():
         tf.multiply(inner, tf.constant(0.3, name="scale"), name="out")
     rng = np.random.default_rng(0)
     feeds = {"x:0": rng.standard_normal((64, 128), np.float32), "d:0": rng.standard_normal((64, 128), np.float32)}
-    return _placed(g), feeds
+    return placed(g), feeds
 
 
 def _swapped(graph: GraphIR, op: str) -> GraphIR:
@@ -66,17 +64,17 @@ def _pinned(graph: GraphIR, fetches) -> GraphIR:
 
 def test_a_swapped_inner_product_rounds_as_in_the_users_graph():
     gd, feeds = _softmax_gradient_like()
-    vanilla = _session_run(gd, ["out:0"], feeds, init=False)[0]
+    vanilla = session_run(gd, ["out:0"], feeds, init=False)[0]
     runtime = {n.name: [s for s in n.input if not s.startswith("^")] for n in runtime_graph_def(gd, ["out:0"]).node}
     assert runtime["inner"] != ["sub", "softmax"]   # Grappler re-associates: the scale is multiplied in first
     graph = load(gd)
     # The premise: a swap of the inner product keeps it out of Grappler's chain, and the chain rounds otherwise.
-    unpinned = _session_run(_swapped(graph, "inner").to_graph_def(), ["out:0"], feeds, init=False)[0]
+    unpinned = session_run(_swapped(graph, "inner").to_graph_def(), ["out:0"], feeds, init=False)[0]
     assert not np.array_equal(vanilla, unpinned)
     pinned = _pinned(graph, ["out:0"])
     assert pinned["inner"].attr_bool(DO_NOT_REMOVE) and pinned["out"].attr_bool(DO_NOT_REMOVE)
     for swapped_op in ("inner", "sub", "softmax"):
-        after = _session_run(_swapped(pinned, swapped_op).to_graph_def(), ["out:0"], feeds, init=False)[0]
+        after = session_run(_swapped(pinned, swapped_op).to_graph_def(), ["out:0"], feeds, init=False)[0]
         assert np.array_equal(vanilla, after), swapped_op
 
 
@@ -90,7 +88,7 @@ def test_a_graph_without_float_products_is_left_alone():
     with g.as_default():
         a = v1.placeholder(tf.int32, (4,), name="a")
         tf.multiply(a * 3, a, name="out")
-    graph = load(_placed(g))
+    graph = load(placed(g))
     result = PinReassociation().run(graph, PassContext(("out:0",), device=DEVICE))
     assert not result.changed and "no float" in result.report.notes[0]
 
@@ -128,7 +126,7 @@ def _build_chain(leaves, constants, merges):
             terms.append(t)
             ops.append(t.op.name)
         tf.identity(terms[0], name="out")
-    return _placed(g), feeds, ops
+    return placed(g), feeds, ops
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -136,29 +134,14 @@ def _build_chain(leaves, constants, merges):
 def test_random_chains_keep_their_values_whatever_is_swapped(chain):
     leaves, constants, merges, swaps = chain
     gd, feeds, ops = _build_chain(leaves, constants, merges)
-    vanilla = _session_run(gd, ["out:0"], feeds, init=False)[0]
+    vanilla = session_run(gd, ["out:0"], feeds, init=False)[0]
     graph = _pinned(load(gd), ["out:0"])
     for pick in swaps:
         op = ops[pick % len(ops)]
         if f"{op}/host_copy" not in graph:
             graph = _swapped(graph, op)
-    after = _session_run(graph.to_graph_def(), ["out:0"], feeds, init=False)[0]
+    after = session_run(graph.to_graph_def(), ["out:0"], feeds, init=False)[0]
     assert np.array_equal(vanilla, after)
-
-
-def _losses(built, graph_def, config=None, steps=3):
-    """The fetched loss of ``steps`` training steps from the same initial values, in the two-CPU session."""
-    from tfmem.testbed import initializer_names
-
-    g = tf.Graph()
-    with g.as_default():
-        tf.graph_util.import_graph_def(graph_def, name="")
-    session_config = v1.ConfigProto(device_count={"CPU": 2}, inter_op_parallelism_threads=2)
-    if config is not None:
-        session_config.graph_options.CopyFrom(config.graph_options)
-    with v1.Session(graph=g, config=session_config) as sess:
-        sess.run(initializer_names(graph_def))
-        return [sess.run(built.fetches, built.feeds)[0] for _ in range(steps)]
 
 
 def test_an_moe_transformer_with_swapped_activations_trains_as_vanilla():
@@ -166,13 +149,13 @@ def test_an_moe_transformer_with_swapped_activations_trains_as_vanilla():
     softmax's gradient chain, scaled by 1/sqrt(24), was rebuilt in another order around a swap)."""
     import tfmem
     from models import moe_transformer
-    from tests.test_swap_placement import THREADS
 
     built = moe_transformer.build(experts=8, layers=2, d_model=96, heads=4, d_ff=192, seq=64, batch=8)
-    placed = _placed(built.graph)
-    peak = tfmem.simulate(placed, built.fetches, feed_shapes=built.feed_shapes, device=DEVICE, host=HOST,
+    written = placed(built.graph)
+    peak = tfmem.simulate(written, built.fetches, feed_shapes=built.feed_shapes, device=DEVICE, host=HOST,
                           inter_op_threads=THREADS).peak_bytes
-    opt = tfmem.optimize(placed, built.fetches, budget=int(peak * 0.8), feed_shapes=built.feed_shapes,
+    opt = tfmem.optimize(written, built.fetches, budget=int(peak * 0.8), feed_shapes=built.feed_shapes,
                          device=DEVICE, host=HOST, passes=["swap_activations"], inter_op_threads=THREADS)
     assert any(r.name == "pin_reassociation" and r.details.get("rewired") for r in opt.report.passes)
-    assert _losses(built, opt.graph_def, opt.config) == _losses(built, placed)
+    assert (train_steps(opt.graph_def, built.fetches, built.feeds, opt.config)
+            == train_steps(written, built.fetches, built.feeds))

@@ -130,13 +130,7 @@ def test_host_placement_is_continued_by_swapping_where_neither_alone_fits():
     from models import wgan_gp
     from passes import PlacePersistent, SwapActivations
     from passes.planner import Planner, fenced
-    from tests.test_swap_placement import (  # a two-device session
-        DEVICE,
-        HOST,
-        _placed,
-        _session_run,
-        as_optimize_plans,
-    )
+    from tests.helpers import DEVICE, HOST, as_optimize_plans, placed, session_run  # a two-device session
     from tfmem import load
     from tfmem.pipeline import PassContext
 
@@ -151,17 +145,17 @@ def test_host_placement_is_continued_by_swapping_where_neither_alone_fits():
             g = s.run(g, utmost).graph
         return utmost.simulate(fenced(g, utmost)).peak_bytes
 
-    placed, both = peak(PlacePersistent()), peak(PlacePersistent(), SwapActivations())
-    assert both < placed and both < peak(SwapActivations())
-    budget = (both + placed) // 2
+    host_placed, both = peak(PlacePersistent()), peak(PlacePersistent(), SwapActivations())
+    assert both < host_placed and both < peak(SwapActivations())
+    budget = (both + host_placed) // 2
     ctx = PassContext(tuple(built.fetches), budget, DEVICE, HOST, dict(built.feed_shapes or {}))
     found = Planner().single_strategies(graph, ctx, budget)
     assert found is not None
     new, profile, _, label, _ = found
     assert profile.peak_bytes <= budget and label.startswith("place_persistent, then swap_activations")
     fetches = [f for f in built.fetches if ":" in f]
-    before = _session_run(_placed(written.to_graph_def()), fetches, built.feeds)
-    after = _session_run(_placed(new.to_graph_def()), fetches, built.feeds)
+    before = session_run(placed(written.to_graph_def()), fetches, built.feeds)
+    after = session_run(placed(new.to_graph_def()), fetches, built.feeds)
     assert all(np.array_equal(a, b) for a, b in zip(before, after, strict=True))
 
 
@@ -242,7 +236,7 @@ def test_swap_options_leave_at_several_gaps_and_may_come_back_just_in_time():
     from passes.plan_options import apply_options
     from passes.planner import Planner, fenced
     from passes.timeline import StepTimeline
-    from tests.test_swap_placement import DEVICE, HOST, _placed, _session_run
+    from tests.helpers import DEVICE, HOST, placed, session_run
     from tfmem import examples, load
     from tfmem.pipeline import PassContext
 
@@ -273,8 +267,8 @@ def test_swap_options_leave_at_several_gaps_and_may_come_back_just_in_time():
     assert late
     new = fenced(apply_options(graph, late, timeline, HOST, planner.link), ctx)
     fetches = [f for f in built.fetches if ":" in f]
-    before = _session_run(_placed(graph.to_graph_def()), fetches, built.feeds)
-    after = _session_run(_placed(new.to_graph_def()), fetches, built.feeds)
+    before = session_run(placed(graph.to_graph_def()), fetches, built.feeds)
+    after = session_run(placed(new.to_graph_def()), fetches, built.feeds)
     assert all(np.array_equal(a, b) for a, b in zip(before, after, strict=True))
 
 
@@ -297,13 +291,7 @@ def test_every_option_at_once_then_thinned_fits_and_keeps_the_values():
 
     from models import wgan_gp
     from passes.planner import Planner
-    from tests.test_swap_placement import (  # a two-device session
-        DEVICE,
-        HOST,
-        _placed,
-        _session_run,
-        as_optimize_plans,
-    )
+    from tests.helpers import DEVICE, HOST, as_optimize_plans, placed, session_run  # a two-device session
     from tfmem import load
     from tfmem.ir.verify import verify
     from tfmem.pipeline import PassContext
@@ -326,6 +314,6 @@ def test_every_option_at_once_then_thinned_fits_and_keeps_the_values():
     assert thinned.objective_s < plan.objective_s
     verify(new)
     fetches = [f for f in built.fetches if ":" in f]
-    before = _session_run(_placed(written.to_graph_def()), fetches, built.feeds)
-    after = _session_run(_placed(new.to_graph_def()), fetches, built.feeds)
+    before = session_run(placed(written.to_graph_def()), fetches, built.feeds)
+    after = session_run(placed(new.to_graph_def()), fetches, built.feeds)
     assert all(np.array_equal(a, b) for a, b in zip(before, after, strict=True))

@@ -16,13 +16,12 @@ import passes.split_addn as split_addn
 import tfmem
 from models import deepspeech, wgan_gp
 from passes.split_addn import SplitAddN, kernel_order_groups
+from tests.helpers import DEVICE, HOST, THREADS, placed, session_run, v1, values_equal
 from tfmem.ir.editor import DO_NOT_REMOVE
 from tfmem.ir.shapes import annotate
 from tfmem.optimizer import lower_bound_bytes
 from tfmem.pipeline import PassContext
 from tfmem.sim.grappler import runtime_graph_def
-
-v1 = tf.compat.v1
 
 
 def _run(graph_def, fetches, feeds=None, steps=1):
@@ -40,12 +39,6 @@ def _run(graph_def, fetches, feeds=None, steps=1):
         if weights:
             out.append(sess.run([w.replace(":0", "/Read/ReadVariableOp:0") for w in weights]))
         return out
-
-
-def _equal(a, b):
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
-    return a is None and b is None or np.array_equal(a, b)
 
 
 def _sum_graph(values, names, forward_every=0):
@@ -87,7 +80,7 @@ def test_random_sums_are_bit_identical(case):
     gd, feeds = _sum_graph(values, names, forward_every)
     result = _split(gd, ["total:0"], feeds)
     assert result.changed, result.report.notes
-    assert _equal(_run(gd, "total:0", feeds), _run(result.graph.to_graph_def(), "total:0", feeds))
+    assert values_equal(_run(gd, "total:0", feeds), _run(result.graph.to_graph_def(), "total:0", feeds))
 
 
 def test_the_check_fails_for_any_other_order():
@@ -101,9 +94,9 @@ def test_the_check_fails_for_any_other_order():
     node = next(n for n in ir.nodes if n.op == "AddN")
     wrong = ir.replace_nodes(tuple(
         n for m in ir.nodes for n in (split_addn._chain(node, node.inputs) if m.name == "total" else [m])))
-    assert not _equal(_run(gd, "total:0", feeds), _run(wrong.to_graph_def(), "total:0", feeds))
+    assert not values_equal(_run(gd, "total:0", feeds), _run(wrong.to_graph_def(), "total:0", feeds))
     right = _split(gd, ["total:0"], feeds).graph
-    assert _equal(_run(gd, "total:0", feeds), _run(right.to_graph_def(), "total:0", feeds))
+    assert values_equal(_run(gd, "total:0", feeds), _run(right.to_graph_def(), "total:0", feeds))
 
 
 def test_grappler_keeps_the_chain():
@@ -144,20 +137,15 @@ def test_moving_passes_keep_the_sums_grappler_folds_bit_identical():
     """WGAN-GP's gradient penalty has add trees that Grappler folds into sorted AddNs; passes that add control
     edges and host copies stopped that folding, and the step differed by 1 ulp (measured) until optimize fixed
     every sum's order first (split_addn runs before any explicit pass list)."""
-    import sys
-
-    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
-    from test_swap_placement import DEVICE, HOST, THREADS, _placed, _session_run
-
     built = wgan_gp.build(batch=256, data_dim=512, z_dim=128, hidden=1024, layers=3)  # the size that differed
-    gd = _placed(built.graph)
+    gd = placed(built.graph)
     peak = tfmem.simulate(gd, built.fetches, feed_shapes=built.feed_shapes, device=DEVICE, host=HOST,
                           inter_op_threads=THREADS).peak_bytes
     opt = tfmem.optimize(gd, built.fetches, budget=int(peak * 0.7), feed_shapes=built.feed_shapes, device=DEVICE,
                          host=HOST, passes=["partition", "limit_parallelism", "place_persistent"],
                          inter_op_threads=THREADS)
     assert [r.name for r in opt.report.passes][:2] == ["pin_fusions", "split_addn"]
-    assert _equal(_session_run(gd, built.fetches, built.feeds), _session_run(opt.graph_def, built.fetches,
+    assert values_equal(session_run(gd, built.fetches, built.feeds), session_run(opt.graph_def, built.fetches,
                                                                              built.feeds))
 
 
@@ -172,7 +160,7 @@ def test_a_training_step_is_bit_identical_and_needs_less(rnn):
     ir = annotate(gd, rnn.feed_shapes)
     result = SplitAddN().run(ir, ctx)
     assert result.report.details["split"]
-    assert _equal(_run(gd, rnn.fetches, rnn.feeds, steps=2), _run(result.graph.to_graph_def(), rnn.fetches,
+    assert values_equal(_run(gd, rnn.fetches, rnn.feeds, steps=2), _run(result.graph.to_graph_def(), rnn.fetches,
                                                                      rnn.feeds, steps=2))
     before, after = lower_bound_bytes(ir, ctx)[0], lower_bound_bytes(result.graph, ctx)[0]
     assert after < before
@@ -183,5 +171,5 @@ def test_optimize_runs_it_first_and_takes_the_bound_after_it(rnn):
     opt = tfmem.optimize(rnn.graph, rnn.fetches, feed_shapes=rnn.feed_shapes, budget="64MiB")
     split = next(r for r in opt.report.passes if r.name == "split_addn")
     assert split.changed
-    assert _equal(_run(rnn.graph.as_graph_def(), rnn.fetches, rnn.feeds, steps=2),
+    assert values_equal(_run(rnn.graph.as_graph_def(), rnn.fetches, rnn.feeds, steps=2),
                   _run(opt.graph_def, rnn.fetches, rnn.feeds, steps=2))

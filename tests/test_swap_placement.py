@@ -1,7 +1,7 @@
 """swap_activations and place_persistent: structure, identical outputs, budgets, and random graphs.
 
-Values are checked in a local session with two CPU devices: ``CPU:0`` plays the device and ``CPU:1`` the
-host, so every inserted transfer is a real cross-device copy. The testbed test checks the claim itself: a
+Values are checked in the two-device session of ``tests.helpers``, so every inserted transfer is a real
+cross-device copy. The testbed test checks the claim itself: a
 budget vanilla runs out of memory at runs after ``optimize``, under the budget.
 """
 
@@ -29,6 +29,16 @@ from passes.planner import Planner
 from passes.recompute import RECOMPUTE_TAG, Recompute
 from passes.swap_activations import SwapActivations, buffer_root
 from passes.timeline import StepTimeline
+from tests.helpers import (
+    DEVICE,
+    HOST,
+    THREADS,
+    placed,
+    session_run,
+    training_like_dags,
+    training_like_graph,
+    v1,
+)
 from tfmem import examples
 from tfmem.ir.devices import same_device
 from tfmem.ir.editor import DO_NOT_REMOVE
@@ -38,53 +48,16 @@ from tfmem.ir.verify import SWAP_IN_ATTR, SWAP_OUT_ATTR, verify
 from tfmem.optimizer import device_floor_bytes, lower_bound_bytes
 from tfmem.pipeline import PassContext, run_pipeline
 
-v1 = tf.compat.v1
-DEVICE = "/job:localhost/replica:0/task:0/device:CPU:0"
-HOST = "/job:localhost/replica:0/task:0/device:CPU:1"
 MOVING_PASSES = [PlacePersistent(), SwapActivations()]
 
 
-def _session_run(graph_def, fetches, feeds, init=True):
-    g = tf.Graph()
-    with g.as_default():
-        tf.graph_util.import_graph_def(graph_def, name="")
-        init_ops = [op for op in g.get_operations() if op.type in ("AssignVariableOp", "Assign")
-                    and op.name.endswith("/Assign")]
-    config = v1.ConfigProto(device_count={"CPU": 2}, inter_op_parallelism_threads=2)
-    with v1.Session(graph=g, config=config) as sess:
-        if init and init_ops:
-            sess.run(init_ops)
-        return sess.run(fetches, feeds)
-
-
-def _placed(graph, device=DEVICE):
-    gd = graph.as_graph_def() if isinstance(graph, tf.Graph) else graph
-    out = v1.GraphDef()
-    out.CopyFrom(gd)
-    for node in out.node:
-        node.device = node.device or device
-    return out
-
-
-THREADS = 2  # the session's inter-op pool in _session_run
-
-
-def as_optimize_plans(graph, ctx):
-    """``graph`` after the exact rewrites ``optimize`` runs before any pass, for tests that run passes directly.
-
-    Without them a pass's control edges and renamed inputs may change how Grappler fuses kernels and orders
-    a sum's terms, and values round differently (on an AVX2 machine, a WGAN-GP's ``gen_loss`` differed in its
-    last bit after host placement and swapping; on CI's machine it did not)."""
-    return run_pipeline(graph, LEADING_REWRITES, ctx)[0]
-
-
 def _vanilla_peak(built):
-    return tfmem.simulate(_placed(built.graph), built.fetches, feed_shapes=built.feed_shapes,
+    return tfmem.simulate(placed(built.graph), built.fetches, feed_shapes=built.feed_shapes,
                           device=DEVICE, host=HOST, inter_op_threads=THREADS).peak_bytes
 
 
 def _optimize(built, budget, passes=MOVING_PASSES):
-    return tfmem.optimize(_placed(built.graph), built.fetches, budget=budget, feed_shapes=built.feed_shapes,
+    return tfmem.optimize(placed(built.graph), built.fetches, budget=budget, feed_shapes=built.feed_shapes,
                           device=DEVICE, host=HOST, passes=passes, inter_op_threads=THREADS)
 
 
@@ -108,8 +81,8 @@ def test_a_tighter_budget_is_met_with_identical_outputs(case):
     built, peak, opt = case
     assert opt.report.after.peak_bytes <= int(peak * 0.9) < peak
     tensors = [f for f in built.fetches if ":" in f]
-    before = _session_run(_placed(built.graph), tensors, built.feeds)
-    after = _session_run(opt.graph_def, tensors, built.feeds)
+    before = session_run(placed(built.graph), tensors, built.feeds)
+    after = session_run(opt.graph_def, tensors, built.feeds)
     assert all(np.array_equal(a, b) for a, b in zip(before, after, strict=True))
 
 
@@ -141,7 +114,7 @@ def test_inserted_ops_are_marked_and_on_the_host(case):
 
 def test_generous_budget_or_no_host_changes_nothing():
     built = GRAPHS["mlp_adam"]()
-    ir = tfmem.load(_placed(built.graph))
+    ir = tfmem.load(placed(built.graph))
     for ctx in (PassContext(tuple(built.fetches), 1 << 40, DEVICE, HOST),
                 PassContext(tuple(built.fetches), 1 << 10, DEVICE, None),
                 PassContext(tuple(built.fetches), None, DEVICE, HOST)):
@@ -152,7 +125,7 @@ def test_generous_budget_or_no_host_changes_nothing():
 
 def test_swap_in_waits_for_a_trigger_and_reads_the_swap_out():
     built = examples.mlp(batch=2048, dims=(256, 512, 512, 512, 10))  # activations outweigh weights
-    ir = tfmem.load(_placed(built.graph))
+    ir = tfmem.load(placed(built.graph))
     ctx = PassContext(tuple(built.fetches), int(_vanilla_peak(built) * 0.97), DEVICE, HOST, inter_op_threads=THREADS)
     result = SwapActivations().run(ir, ctx)
     assert result.changed and ctx.simulate(result.graph).peak_bytes <= ctx.target_bytes
@@ -168,7 +141,7 @@ def test_swap_in_waits_for_a_trigger_and_reads_the_swap_out():
 
 def test_placement_moves_variables_slots_and_updates_together():
     built = examples.mlp(batch=32, dims=(256, 2048, 2048, 10), optimizer="adam")  # weights and slots dominate
-    ir = tfmem.load(_placed(built.graph))
+    ir = tfmem.load(placed(built.graph))
     ctx = PassContext(tuple(built.fetches), int(_vanilla_peak(built) * 0.5), DEVICE, HOST, inter_op_threads=THREADS)
     result = PlacePersistent().run(ir, ctx)
     host_ops = {n.op for n in result.graph.nodes if same_device(n.device, HOST)}
@@ -198,7 +171,7 @@ def test_placed_experts_have_few_copies_on_the_device_whatever_the_executor_orde
     # 4 experts with Adam, all of them host-resident: 8 weights prefetched forward and backward, 8 gradients.
     # Without the chain, the experts are independent, so e.g. all 8 gradients could sit on the device at once.
     built = examples.moe_layer(experts=4, batch=64, d_model=128, d_ff=256, optimizer="adam")
-    ir = tfmem.load(_placed(built.graph))
+    ir = tfmem.load(placed(built.graph))
     ctx = PassContext(tuple(built.fetches), int(_vanilla_peak(built) * 0.4), DEVICE, HOST, inter_op_threads=THREADS)
     result = PlacePersistent().run(ir, ctx)
     verify(result.graph)
@@ -215,8 +188,8 @@ def test_placed_experts_have_few_copies_on_the_device_whatever_the_executor_orde
     for group in itertools.combinations(stays, TO_HOST_IN_FLIGHT + 1):
         assert any(ordered(a, b) for a, b in itertools.combinations(group, 2)), [s for s, _ in group]
     tensors = [f for f in built.fetches if ":" in f]
-    same = zip(_session_run(_placed(built.graph), tensors, built.feeds),
-               _session_run(result.graph.to_graph_def(), tensors, built.feeds), strict=True)
+    same = zip(session_run(placed(built.graph), tensors, built.feeds),
+               session_run(result.graph.to_graph_def(), tensors, built.feeds), strict=True)
     assert all(np.array_equal(a, b) for a, b in same)
 
 
@@ -228,7 +201,7 @@ def test_a_small_copy_read_late_does_not_unchain_the_large_ones():
     from models import moe_transformer
 
     built = moe_transformer.build(experts=4, layers=1, d_model=128, d_ff=256, seq=32, batch=8)
-    ir = tfmem.load(_placed(built.graph), built.feed_shapes)
+    ir = tfmem.load(placed(built.graph), built.feed_shapes)
     ctx = PassContext(tuple(built.fetches), 1, DEVICE, HOST, dict(built.feed_shapes), inter_op_threads=THREADS)
     ir, _ = run_pipeline(ir, [p for p in LEADING_REWRITES if p.name in ("share_constants", "unshare_initial_values")],
                          ctx)
@@ -272,7 +245,7 @@ def test_one_long_lived_copy_holds_only_its_own_place_in_the_chain():
                 h = tf.add(h, copy, name=f"h{i}") if i % 2 else tf.multiply(h, copy, name=f"h{i}")
                 made.append(h)
             tf.add(h, g.get_tensor_by_name("copy0:0"), name="out")
-    gd = _placed(g)
+    gd = placed(g)
     for node in gd.node:
         if node.name.startswith("copy"):
             node.attr[PREFETCH_TAG].b = True
@@ -291,7 +264,7 @@ def _stay_bytes(graph, start):
 
 def test_gpu_and_cpu_device_strings():
     built = examples.mlp(batch=256, dims=(256, 1024, 1024, 10))
-    ir = tfmem.load(_placed(built.graph, "/GPU:0"))
+    ir = tfmem.load(placed(built.graph, "/GPU:0"))
     peak = PassContext(tuple(built.fetches), None, "/GPU:0", "/CPU:0").simulate(ir).peak_bytes
     ctx = PassContext(tuple(built.fetches), int(peak * 0.7), "/GPU:0", "/CPU:0")
     graph = ir
@@ -314,39 +287,11 @@ def test_report_lists_what_moved(case):
         assert "solver" in " ".join(planner.notes) and "Planner decisions" in text
 
 
-@st.composite
-def training_like_dags(draw, max_layers: int = 6):
-    """A forward chain whose activations a backward chain reads again, plus random skip reads."""
-    layers = draw(st.integers(2, max_layers))
-    sizes = draw(st.lists(st.sampled_from([4096, 16384, 65536]), min_size=layers, max_size=layers))
-    skips = draw(st.lists(st.integers(0, layers - 1), max_size=3))
-    return layers, sizes, skips
-
-
-def _training_like_graph(layers, sizes, skips):
-    g = tf.Graph()
-    with g.as_default():
-        x = v1.placeholder(tf.float32, (max(sizes),), name="x")
-        acts = []
-        h = x
-        for i, size in enumerate(sizes):
-            h = tf.math.sin(h[:size] * float(i + 2) if i == 0 else tf.tile(h[:1], [size]) + x[:size], name=f"f{i}")
-            acts.append(h)
-        back = tf.reduce_sum(h)
-        for i in reversed(range(layers)):
-            back = tf.reduce_sum(tf.math.cos(acts[i] * back), name=f"b{i}")
-        for s in skips:
-            back = back + tf.reduce_sum(acts[s])
-        out = tf.identity(back, name="out")
-    feeds = {"x:0": np.random.default_rng(layers).standard_normal(max(sizes)).astype(np.float32)}
-    return g, [out.name], feeds
-
-
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(training_like_dags(), st.sampled_from([0.6, 0.8, 0.95]))
 def test_random_graphs_keep_values_and_never_raise_the_peak(dag, fraction):
-    g, fetches, feeds = _training_like_graph(*dag)
-    gd = _placed(g)
+    g, fetches, feeds = training_like_graph(*dag)
+    gd = placed(g)
     shapes = {"x:0": feeds["x:0"].shape}
     ctx = PassContext(tuple(fetches), None, DEVICE, HOST, shapes)
     ir = tfmem.load(gd, shapes)
@@ -358,8 +303,8 @@ def test_random_graphs_keep_values_and_never_raise_the_peak(dag, fraction):
         verify(result.graph)
         assert ctx.simulate(result.graph).peak_bytes <= ctx.simulate(graph).peak_bytes
         graph = result.graph
-    before = _session_run(gd, fetches, feeds, init=False)
-    after = _session_run(graph.to_graph_def(), fetches, feeds, init=False)
+    before = session_run(gd, fetches, feeds, init=False)
+    after = session_run(graph.to_graph_def(), fetches, feeds, init=False)
     assert np.array_equal(before[0], after[0])
 
 
@@ -368,7 +313,7 @@ def test_a_budget_below_the_lower_bound_is_refused_before_planning():
     ctx = PassContext(tuple(built.fetches), device=DEVICE, host=HOST, feed_shapes=built.feed_shapes,
                       inter_op_threads=THREADS)
     # The bounds optimize uses: after the rewrites it runs before anything else.
-    leading, _ = run_pipeline(annotate(_placed(built.graph), built.feed_shapes), LEADING_REWRITES, ctx)
+    leading, _ = run_pipeline(annotate(placed(built.graph), built.feed_shapes), LEADING_REWRITES, ctx)
     bound, _ = lower_bound_bytes(leading, ctx)
     with pytest.raises(tfmem.InfeasibleBudgetError) as err:
         _optimize(built, bound + 2 * 2**20, passes="auto")   # less the safety margin: below the bound
@@ -381,7 +326,7 @@ def test_views_of_fed_batches_are_never_moved():
     # x[t] of an unrolled RNN is a view of the fed x, which stays on the device all step: swapping it out frees
     # nothing and its swap-in adds a copy (the planner once swapped 24 such slices and missed its budget).
     built = examples.unrolled_rnn(steps=8, batch=256, hidden=256, inputs=256)
-    ir = tfmem.load(_placed(built.graph))
+    ir = tfmem.load(placed(built.graph))
     slices = [n.name for n in ir.nodes if n.op == "StridedSlice" and n.inputs[0].node == "x"]
     assert slices and all(str(buffer_root(ir, TensorRef(s, 0))) == "x:0" for s in slices)
     ctx = PassContext(tuple(built.fetches), int(_vanilla_peak(built) * 0.8), DEVICE, HOST, inter_op_threads=THREADS)
@@ -408,7 +353,7 @@ def test_a_tensor_read_late_through_a_reshape_is_freed_and_the_view_rebuilt(stra
         with tf.control_dependencies([h]):                 # the view's reader runs at the end
             late = tf.reduce_sum(view)
         tf.add(late, tf.reduce_sum(h), name="out")
-    graph_def = _placed(g)
+    graph_def = placed(g)
     ir = tfmem.load(graph_def)
     roomy = PassContext(("out",), None, DEVICE, HOST, inter_op_threads=1)
     peak = roomy.simulate(ir).peak_bytes
@@ -422,8 +367,8 @@ def test_a_tensor_read_late_through_a_reshape_is_freed_and_the_view_rebuilt(stra
     assert not same_device(rebuilt[0].device, HOST)        # the view is made on the device
     verify(result.graph)
     feeds = {"x:0": np.random.default_rng(0).standard_normal((512, 512)).astype(np.float32) / 30}
-    before = _session_run(graph_def, ["out:0"], feeds, init=False)
-    after = _session_run(result.graph.to_graph_def(), ["out:0"], feeds, init=False)
+    before = session_run(graph_def, ["out:0"], feeds, init=False)
+    after = session_run(result.graph.to_graph_def(), ["out:0"], feeds, init=False)
     assert np.array_equal(before[0], after[0])
 
 
@@ -441,7 +386,7 @@ def test_recompute_with_a_cost_limit_rebuilds_only_tensors_under_it():
         with tf.control_dependencies([h]):
             late = tf.reduce_sum(cheap) + tf.reduce_sum(dear)
         tf.add(late, tf.reduce_sum(h), name="out")
-    ir = tfmem.load(_placed(g))
+    ir = tfmem.load(placed(g))
     peak = PassContext(("out",), None, DEVICE, HOST, inter_op_threads=1).simulate(ir).peak_bytes
     ctx = PassContext(("out",), peak - 2**21, DEVICE, HOST, inter_op_threads=1)
 
