@@ -105,12 +105,12 @@ def test_auto_falls_back_on_single_strategies_when_its_plans_miss_the_allocator_
     built = examples.mlp(batch=1024, dims=(512, 2048, 2048, 2048, 10), optimizer="momentum")
     real_fit, pipelines = optimizer._fit, []
 
-    def planner_plans_miss_the_layout(ir, pipeline, base, target, bound, budget, before, notes):
+    def planner_plans_miss_the_layout(ir, pipeline, base, target, bound, budget, before, notes, layout_check=True):
         pipelines.append([p.name for p in pipeline])
         if "planner" in pipelines[-1]:  # as if each of its plans had failed the replay: refuse with that note
             notes.append("a plan for 1 B does not fit the device allocator's chunks")
             return optimizer._Fitted(ir, [], before, base, target, fits=False, layout_refused=True)
-        return real_fit(ir, pipeline, base, target, bound, budget, before, notes)
+        return real_fit(ir, pipeline, base, target, bound, budget, before, notes, layout_check)
 
     monkeypatch.setattr(optimizer, "_fit", planner_plans_miss_the_layout)
     peak = tfmem.simulate(built.graph, built.fetches, device="/CPU:0").peak_bytes
