@@ -61,6 +61,7 @@ class FenceTransfers:
 
     name: ClassVar[str] = "fence_transfers"
     budget_independent: ClassVar[bool] = True
+    peak_non_increasing: ClassVar[bool] = False
 
     def run(self, graph: GraphIR, ctx: PassContext) -> PassResult:
         if ctx.host is None:

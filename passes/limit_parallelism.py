@@ -66,6 +66,7 @@ class LimitParallelism:
 
     name: ClassVar[str] = "limit_parallelism"
     budget_independent: ClassVar[bool] = False
+    peak_non_increasing: ClassVar[bool] = True
     k: int | str = "auto"
 
     def __post_init__(self) -> None:

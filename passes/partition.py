@@ -40,6 +40,7 @@ class Partition:
 
     name: ClassVar[str] = "partition"
     budget_independent: ClassVar[bool] = True
+    peak_non_increasing: ClassVar[bool] = True
     slack: float = 0.0       # how far above the order's one-thread peak a partition's worst case may go
     search_evals: int = 200  # most orders the local search around the peak scores (fewer on large graphs)
 

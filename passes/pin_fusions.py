@@ -51,6 +51,7 @@ class PinFusions:
 
     name: ClassVar[str] = "pin_fusions"
     budget_independent: ClassVar[bool] = True
+    peak_non_increasing: ClassVar[bool] = False
 
     def run(self, graph: GraphIR, ctx: PassContext) -> PassResult:
         in_frames = find_regions(graph)

@@ -73,6 +73,7 @@ class PinReassociation:
     name: ClassVar[str] = "pin_reassociation"
     # It does not depend on the budget: optimize runs it once, before planning and before the lower bound.
     budget_independent: ClassVar[bool] = True
+    peak_non_increasing: ClassVar[bool] = False
 
     def run(self, graph: GraphIR, ctx: PassContext) -> PassResult:
         in_frames = find_regions(graph)

@@ -90,6 +90,7 @@ class PlacePersistent:
 
     name: ClassVar[str] = "place_persistent"
     budget_independent: ClassVar[bool] = False
+    peak_non_increasing: ClassVar[bool] = True
     min_bytes: int = 64 * 1024
     overshoot: float = 1.25
     link: costmodel.DeviceSpec = field(default=costmodel.DEFAULT_DEVICE)

@@ -83,6 +83,7 @@ class Recompute:
 
     name: ClassVar[str] = "recompute"
     budget_independent: ClassVar[bool] = False
+    peak_non_increasing: ClassVar[bool] = True
     min_bytes: int = 64 * 1024
     max_chain: int = 4                 # at most this many ops cloned per tensor
     max_rounds: int = 12

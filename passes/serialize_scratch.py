@@ -48,6 +48,7 @@ class SerializeScratch:
 
     name: ClassVar[str] = "serialize_scratch"
     budget_independent: ClassVar[bool] = True
+    peak_non_increasing: ClassVar[bool] = False
 
     def run(self, graph: GraphIR, ctx: PassContext) -> PassResult:
         placement = Placement(ctx.device, ctx.host)

@@ -59,6 +59,7 @@ class ShareConstants:
     name: ClassVar[str] = "share_constants"
     # It does not depend on the budget: optimize runs it once, before planning and before the lower bound.
     budget_independent: ClassVar[bool] = True
+    peak_non_increasing: ClassVar[bool] = False
 
     def run(self, graph: GraphIR, ctx: PassContext) -> PassResult:
         kept = frozenset(_kept_nodes(graph, ctx))

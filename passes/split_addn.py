@@ -78,6 +78,7 @@ class SplitAddN:
     name: ClassVar[str] = "split_addn"
     # It does not depend on the budget: optimize runs it once, before planning and before the lower bound.
     budget_independent: ClassVar[bool] = True
+    peak_non_increasing: ClassVar[bool] = False
 
     def run(self, graph: GraphIR, ctx: PassContext) -> PassResult:
         if not any(node.op in SUM_OPS for node in graph.nodes):

@@ -112,6 +112,7 @@ class SwapActivations:
 
     name: ClassVar[str] = "swap_activations"
     budget_independent: ClassVar[bool] = False
+    peak_non_increasing: ClassVar[bool] = True
     min_bytes: int = 64 * 1024          # below this a transfer's latency costs more than the bytes are worth
     max_rounds: int = 12                # simulate, swap a batch, re-simulate: the peak moves as tensors leave
     overshoot: float = 1.25             # swap this many times the excess per round (the peak moves)

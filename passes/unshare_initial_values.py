@@ -71,6 +71,7 @@ class UnshareInitialValues:
     name: ClassVar[str] = "unshare_initial_values"
     # It does not depend on the budget: optimize runs it once, before planning and before the lower bound.
     budget_independent: ClassVar[bool] = True
+    peak_non_increasing: ClassVar[bool] = False
 
     def run(self, graph: GraphIR, ctx: PassContext) -> PassResult:
         step = ExecutionGraph.build(graph, ctx.fetches, ctx.feed_shapes).needed

@@ -87,6 +87,8 @@ class Pass(Protocol):
 
     name: ClassVar[str]
     budget_independent: ClassVar[bool]
+    peak_non_increasing: ClassVar[bool]
+    """True when the output never simulates (``ctx.simulate``) a higher device peak than the input graph."""
 
     def run(self, graph: GraphIR, ctx: PassContext) -> PassResult: ...
 
