@@ -74,6 +74,9 @@ class LimitParallelism:
             raise BadInputError(f"limit_parallelism: k must be a positive int or 'auto', got {self.k!r}")
 
     def run(self, graph: GraphIR, ctx: PassContext) -> PassResult:
+        if any(n.name.startswith(BARRIER_PREFIX) for n in graph.nodes):
+            # Limited already: partitioning the limited graph again would stack a second set of barriers.
+            return PassResult(strip_tags(graph), False, PassReport.empty(self.name, "limited already: nothing to do"))
         if not any(PARTITION_ATTR in n.attrs for n in graph.nodes):
             graph = Partition().run(graph, ctx).graph
         untagged = strip_tags(graph)
