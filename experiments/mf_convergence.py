@@ -49,8 +49,8 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from experiments._machine import _spin, machine_info, spin_seconds, versions, wait_for_quiet
-from experiments._mf_report import _load, markdown, markdown_study, markdown_throughput, plot
+from experiments._machine import machine_info, spin_seconds, versions, wait_for_quiet
+from experiments._mf_report import format_load, markdown, markdown_study, markdown_throughput, plot
 from models.mf import Ratings, init_factors, parallel_sgd, rmse, sgd_serial_numba, synthetic_ratings
 from orion_par import DistArray
 
@@ -175,7 +175,7 @@ def _throughput(p: Problem, repeats: int, quiet_gate_s: float = 0.0, warm: bool 
     share seen before each is recorded.  ``warm``: each timed epoch directly follows an untimed one of the same
     method (both cores awake and busy, as in training); those first epochs' times are kept as ``cold``."""
     n = p.data.keys.shape[0]
-    _spin(10)
+    spin_seconds(1, 10)   # compile the spin kernel before timing
     times: dict[str, list[float]] = {"serial": [], "orion_par_1w": [], "orion_par_2w": [], "spin_1t": [], "spin_2t": [],
                                      "halves_1t": [], "halves_2t": []}
     halves = _Halves(p)
@@ -324,7 +324,7 @@ def _shuffle_study(data: Ratings, cfg: dict[str, Any], lr: float, init: float) -
                                     and np.array_equal(p.H, final_2w[1])))
         pb = Problem(c, _shuffled(data, 10_000 + s))  # set B: other orders, the serial-vs-serial yardstick
         serial_b.append(_curve(pb, f"serial lr={lr} order B{s}", pb.serial_epoch)["rmse"])
-        print(f"shuffle study lr {lr}: order {s + 1}/{c['shuffles']} done, load {_load(os.getloadavg())}", flush=True)
+        print(f"shuffle study lr {lr}: order {s + 1}/{c['shuffles']} done, load {format_load(os.getloadavg())}", flush=True)
     ser, par, ser_b = np.array(serial), np.array(orion), np.array(serial_b)
     mean_s, mean_p, mean_b = ser.mean(axis=0), par.mean(axis=0), ser_b.mean(axis=0)
     gap_means = np.abs(mean_p - mean_s)[1:] / mean_s[1:]
