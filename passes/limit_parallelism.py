@@ -107,6 +107,15 @@ class LimitParallelism:
         if chosen is None or chosen.graph is None or chosen.profile is None:
             note = f"no k beats the unlimited graph (peak {format_bytes(base.peak_bytes)}, {threads} threads)"
             return PassResult(untagged, False, PassReport(self.name, notes=(note, tried_note)))
+        if self.k == "auto":
+            # Candidates are judged as written (one Grappler run per k would dominate); the one kept must also
+            # not raise the peak as the session runs it, after Grappler's rewrites (tests/test_pass_contract.py).
+            session_peak = ctx.simulate(untagged, inter_op_threads=threads).peak_bytes
+            limited_peak = ctx.simulate(chosen.graph, inter_op_threads=threads).peak_bytes
+            if limited_peak > session_peak:
+                note = (f"k={chosen.k} would raise the peak the session runs (after Grappler's rewrites) from "
+                        f"{format_bytes(session_peak)} to {format_bytes(limited_peak)}: not limited")
+                return PassResult(untagged, False, PassReport(self.name, notes=(note, tried_note)))
         notes = (
             f"k={chosen.k} of {len(parts)} partitions in flight ({threads} inter-op threads)",
             f"simulated peak {format_bytes(base.peak_bytes)} -> {format_bytes(chosen.profile.peak_bytes)} "

@@ -24,6 +24,7 @@ from typing import ClassVar
 from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.framework import op_def_registry
 
+from passes.greedy import descend
 from passes.swap_activations import (
     GapSplit,
     Split,
@@ -86,7 +87,7 @@ class Recompute:
     peak_non_increasing: ClassVar[bool] = True
     min_bytes: int = 64 * 1024
     max_chain: int = 4                 # at most this many ops cloned per tensor
-    max_rounds: int = 12
+    max_rounds: int = 12               # simulations of batches (``passes.greedy.descend``)
     overshoot: float = 1.25
     cost_device: costmodel.DeviceSpec = field(default=costmodel.DEFAULT_DEVICE)
     # Only tensors that cost at most this many seconds of recomputation per byte freed (None: any); the planner
@@ -101,30 +102,11 @@ class Recompute:
         profile = ctx.simulate(graph)
         if profile.peak_bytes <= target_bytes:
             return PassResult(graph, False, PassReport.empty(self.name, "already within the budget"))
-        start_peak, current, done = profile.peak_bytes, graph, []
-        tried: set[TensorRef] = set()
-        for _ in range(self.max_rounds):
-            timeline = StepTimeline.build(current, ctx.fetches, profile, ctx.feed_shapes)
-            plans = sorted(self.candidates(current, ctx, timeline, profile, tried), key=lambda p: -p.score)
-            if self.max_s_per_byte is not None:
-                plans = [p for p in plans if p.total_s <= self.max_s_per_byte * p.nbytes]
-            batch, covered = [], 0
-            for p in plans:
-                if covered >= (profile.peak_bytes - target_bytes) * self.overshoot:
-                    break
-                batch.append(p)
-                covered += p.nbytes
-            if not batch:
-                break
-            tried.update(p.tensor for p in batch)
-            trial = apply_recompute(current, batch)
-            trial_profile = ctx.simulate(trial)
-            if trial_profile.peak_bytes >= profile.peak_bytes:
-                continue
-            current, profile = trial, trial_profile
-            done.extend(batch)
-            if profile.peak_bytes <= target_bytes:
-                break
+        start_peak = profile.peak_bytes
+        current, profile, done = descend(
+            graph, profile, target_bytes,
+            pick=lambda g, prof, excess, tried: self._pick(g, ctx, prof, excess, tried),  # type: ignore[arg-type]
+            apply=apply_recompute, simulate=ctx.simulate, max_simulations=self.max_rounds)
         if not done:
             return PassResult(graph, False, PassReport.empty(
                 self.name, f"no idle activation at the peak is cheap to recompute (peak {format_bytes(start_peak)})"))
@@ -141,6 +123,21 @@ class Recompute:
         return PassResult(current, True, PassReport(self.name, True, nodes_added=added,
                                                     control_edges_added=sum(len(p.groups) for p in done),
                                                     notes=notes, details=details))
+
+    def _pick(self, graph: GraphIR, ctx: PassContext, profile: MemoryProfile, excess: int,
+              exclude: set[TensorRef]) -> list[RecomputePlan]:
+        """The best-scoring plans, not in ``exclude``, that cover ``excess`` (``overshoot`` times)."""
+        timeline = StepTimeline.build(graph, ctx.fetches, profile, ctx.feed_shapes)
+        plans = sorted(self.candidates(graph, ctx, timeline, profile, exclude), key=lambda p: -p.score)
+        if self.max_s_per_byte is not None:
+            plans = [p for p in plans if p.total_s <= self.max_s_per_byte * p.nbytes]
+        batch, covered = [], 0
+        for p in plans:
+            if covered >= excess * self.overshoot:
+                break
+            batch.append(p)
+            covered += p.nbytes
+        return batch
 
     def candidates(self, graph: GraphIR, ctx: PassContext, timeline: StepTimeline, profile: MemoryProfile,
                    exclude: set[TensorRef]) -> list[RecomputePlan]:
@@ -207,7 +204,7 @@ class Recompute:
         return tuple(chain) if visit(producer, 0) else None
 
 
-def apply_recompute(graph: GraphIR, plans: list[RecomputePlan]) -> GraphIR:
+def apply_recompute(graph: GraphIR, plans: Sequence[RecomputePlan]) -> GraphIR:
     """Clone each plan's chain once per reader group and point those readers at the clone."""
     editor = GraphEditor(graph)
     for plan in plans:

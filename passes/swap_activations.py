@@ -38,6 +38,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from passes.greedy import descend
 from passes.timeline import StepTimeline
 from passes.transfer import (
     Prefetch,
@@ -114,7 +115,7 @@ class SwapActivations:
     budget_independent: ClassVar[bool] = False
     peak_non_increasing: ClassVar[bool] = True
     min_bytes: int = 64 * 1024          # below this a transfer's latency costs more than the bytes are worth
-    max_rounds: int = 12                # simulate, swap a batch, re-simulate: the peak moves as tensors leave
+    max_rounds: int = 12                # simulations of batches (``passes.greedy.descend``)
     overshoot: float = 1.25             # swap this many times the excess per round (the peak moves)
     link: costmodel.DeviceSpec = field(default=costmodel.DEFAULT_DEVICE)
 
@@ -129,22 +130,12 @@ class SwapActivations:
         if profile.peak_bytes <= target_bytes:
             return PassResult(graph, False, PassReport.empty(self.name, "already within the budget"))
         start_peak = profile.peak_bytes
-        done: list[SwapCandidate] = []
-        current = graph
-        tried: set[TensorRef] = set()
-        for _ in range(self.max_rounds):
-            batch = self._pick(current, ctx, profile, profile.peak_bytes - target_bytes, tried)
-            if not batch:
-                break
-            tried.update(c.tensor for c in batch)
-            trial = apply_swaps(current, batch, ctx.host)
-            trial_profile = ctx.simulate(trial)
-            if trial_profile.peak_bytes >= profile.peak_bytes:
-                continue  # this batch does not lower the peak: keep the graph as it was, try others
-            current, profile = trial, trial_profile
-            done.extend(batch)
-            if profile.peak_bytes <= target_bytes:
-                break
+        host = ctx.host
+        current, profile, done = descend(
+            graph, profile, target_bytes,
+            pick=lambda g, prof, excess, tried: self._pick(g, ctx, prof, excess, tried),  # type: ignore[arg-type]
+            apply=lambda g, batch: apply_swaps(g, batch, host), simulate=ctx.simulate,
+            max_simulations=self.max_rounds)
         if not done:
             return PassResult(graph, False, PassReport.empty(
                 self.name, f"no idle activation at the peak could be swapped (peak {format_bytes(start_peak)})"))
@@ -314,7 +305,7 @@ def peak_rank(timeline: StepTimeline, profile: MemoryProfile) -> int:
     return max(started, default=0)
 
 
-def apply_swaps(graph: GraphIR, batch: list[SwapCandidate], host: str) -> GraphIR:
+def apply_swaps(graph: GraphIR, batch: Sequence[SwapCandidate], host: str) -> GraphIR:
     """Swap each candidate's tensor out to ``host`` and back in for its late readers (one swap-in per group)."""
     editor = GraphEditor(graph)
     for c in batch:

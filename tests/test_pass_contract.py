@@ -54,21 +54,9 @@ GRAPHS: dict[str, Callable[[], examples.Built]] = {
     "moe": lambda: examples.moe_layer(experts=4, batch=128, d_model=64, d_ff=128, optimizer="momentum"),
 }
 
-_RESWAPS = ("not idempotent: a second run swaps tensors the first run swapped already (readers_through_aliases "
-            "sees through the host swap-out and swap-in Identities to the late device readers, so a swapped tensor "
-            "is still an idle device activation) and adds a second swap-out/swap-in pair for them")
-# (pass, graph) -> why it fails today; each is expected to fail (strict), so a fix shows up as XPASS. Which graphs
-# show a pass's fault depends on the simulated schedule, so on the cost model: with the one before 23eed29,
-# swap_activations failed on moe and not on convnet.
-KNOWN_FAILURES: dict[tuple[str, str], str] = {
-    ("limit_parallelism", "rnn"): "the target is out of reach, so it takes the lowest bound (k=1): simulated as it "
-                                  "judges (grappler=False) the peak falls, as optimize simulates it (after "
-                                  "Grappler's rewrites) it rises from 1085184 to 1216256 bytes",
-    ("swap_activations", "rnn"): _RESWAPS + " (4 of the 5 weight-gradient partials; peak 1084416 -> 921856 bytes)",
-    ("swap_activations", "convnet"): _RESWAPS + " (Relu:0 and two ReluGrads; peak 27544832 -> 27422464 bytes)",
-    ("recompute", "convnet"): "not idempotent: a second run recomputes Relu:0 again, which the first run "
-                              "recomputed already (peak 27544832 -> 27544576 bytes)",
-}
+# (pass, graph) -> why it fails, for a pass that cannot keep its contract yet: each is expected to fail
+# (strict), so a fix shows up as XPASS. None today.
+KNOWN_FAILURES: dict[tuple[str, str], str] = {}
 
 
 @dataclasses.dataclass(frozen=True)

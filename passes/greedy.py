@@ -1,0 +1,52 @@
+"""The greedy descent that ``swap_activations`` and ``recompute`` share: move a batch of candidates, re-simulate,
+keep the move only if the peak falls, until the target is met or no candidate lowers the peak.
+
+A candidate that did not lower the peak is not tried again until a move is kept (the graph, and with it the
+peak, has changed since). So unless its count of simulations runs out first, the descent stops at a fixed point:
+run again on its own output, it finds the same candidates, none of which lowers the peak, and changes nothing
+(tests/test_pass_contract.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from typing import Protocol, TypeVar
+
+from tfmem.ir.graph import GraphIR
+from tfmem.sim.profile import MemoryProfile
+
+
+class Candidate(Protocol):
+    @property
+    def tensor(self) -> Hashable: ...
+
+
+C = TypeVar("C", bound=Candidate)
+
+
+def descend(graph: GraphIR, profile: MemoryProfile, target_bytes: int,
+            pick: Callable[[GraphIR, MemoryProfile, int, set[Hashable]], Sequence[C]],
+            apply: Callable[[GraphIR, Sequence[C]], GraphIR], simulate: Callable[[GraphIR], MemoryProfile],
+            max_simulations: int) -> tuple[GraphIR, MemoryProfile, list[C]]:
+    """Lower ``graph``'s simulated peak towards ``target_bytes``; returns the graph, its profile and the moves kept.
+
+    ``pick(graph, profile, excess, tried)`` chooses the next batch among candidates not in ``tried``; each batch
+    costs one simulation, at most ``max_simulations`` in all (a count, so the result is the same on any machine).
+    """
+    kept: list[C] = []
+    tried: set[Hashable] = set()
+    for _ in range(max_simulations):
+        batch = pick(graph, profile, profile.peak_bytes - target_bytes, tried)
+        if not batch:
+            break
+        tried.update(c.tensor for c in batch)
+        trial = apply(graph, batch)
+        trial_profile = simulate(trial)
+        if trial_profile.peak_bytes >= profile.peak_bytes:
+            continue  # this batch does not lower the peak: keep the graph as it was, try others
+        graph, profile = trial, trial_profile
+        kept.extend(batch)
+        tried.clear()   # the peak moved: a candidate that did not help before may help now
+        if profile.peak_bytes <= target_bytes:
+            break
+    return graph, profile, kept
