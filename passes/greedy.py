@@ -20,6 +20,9 @@ class Candidate(Protocol):
     @property
     def tensor(self) -> Hashable: ...
 
+    @property
+    def nbytes(self) -> int: ...
+
 
 C = TypeVar("C", bound=Candidate)
 
@@ -50,3 +53,16 @@ def descend(graph: GraphIR, profile: MemoryProfile, target_bytes: int,
         if profile.peak_bytes <= target_bytes:
             break
     return graph, profile, kept
+
+
+def take_batch(candidates: Sequence[C], excess: int, overshoot: float) -> list[C]:
+    """The first of ``candidates`` (best first) whose bytes together cover ``overshoot`` times ``excess``: the peak
+    moves as tensors leave, so a batch frees somewhat more than the excess it was picked for."""
+    batch: list[C] = []
+    covered = 0
+    for c in candidates:
+        if covered >= excess * overshoot:
+            break
+        batch.append(c)
+        covered += c.nbytes
+    return batch

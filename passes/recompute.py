@@ -24,7 +24,7 @@ from typing import ClassVar
 from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.framework import op_def_registry
 
-from passes.greedy import descend
+from passes.greedy import descend, take_batch
 from passes.swap_activations import (
     GapSplit,
     Split,
@@ -131,13 +131,7 @@ class Recompute:
         plans = sorted(self.candidates(graph, ctx, timeline, profile, exclude), key=lambda p: -p.score)
         if self.max_s_per_byte is not None:
             plans = [p for p in plans if p.total_s <= self.max_s_per_byte * p.nbytes]
-        batch, covered = [], 0
-        for p in plans:
-            if covered >= excess * self.overshoot:
-                break
-            batch.append(p)
-            covered += p.nbytes
-        return batch
+        return take_batch(plans, excess, self.overshoot)
 
     def candidates(self, graph: GraphIR, ctx: PassContext, timeline: StepTimeline, profile: MemoryProfile,
                    exclude: set[TensorRef]) -> list[RecomputePlan]:

@@ -38,7 +38,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from passes.greedy import descend
+from passes.greedy import descend, take_batch
 from passes.timeline import StepTimeline
 from passes.transfer import (
     Prefetch,
@@ -145,13 +145,7 @@ class SwapActivations:
               exclude: set[TensorRef]) -> list[SwapCandidate]:
         timeline = StepTimeline.build(graph, ctx.fetches, profile, ctx.feed_shapes)
         candidates = sorted(self._candidates(graph, ctx, timeline, profile, exclude), key=lambda c: -c.score)
-        batch, covered = [], 0
-        for c in candidates:
-            if covered >= excess * self.overshoot:
-                break
-            batch.append(c)
-            covered += c.nbytes
-        return batch
+        return take_batch(candidates, excess, self.overshoot)
 
     def _candidates(self, graph: GraphIR, ctx: PassContext, timeline: StepTimeline,
                     profile: MemoryProfile, exclude: set[TensorRef]) -> list[SwapCandidate]:
