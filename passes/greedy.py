@@ -1,10 +1,10 @@
 """The greedy descent that ``swap_activations`` and ``recompute`` share: move a batch of candidates, re-simulate,
 keep the move only if the peak falls, until the target is met or no candidate lowers the peak.
 
-A candidate that did not lower the peak is not tried again until a move is kept (the graph, and with it the
-peak, has changed since). So unless its count of simulations runs out first, the descent stops at a fixed point:
-run again on its own output, it finds the same candidates, none of which lowers the peak, and changes nothing
-(tests/test_pass_contract.py).
+Each sweep tries every candidate once, best first; when a sweep has kept a move, the next sweep tries them all
+again (the graph, and with it the peak, has changed). So unless its count of simulations runs out first, the
+descent stops at a fixed point, a sweep that keeps nothing: run again on its own output, it finds the same
+candidates, none of which lowers the peak, and changes nothing (tests/test_pass_contract.py).
 """
 
 from __future__ import annotations
@@ -38,10 +38,16 @@ def descend(graph: GraphIR, profile: MemoryProfile, target_bytes: int,
     """
     kept: list[C] = []
     tried: set[Hashable] = set()
+    kept_since_sweep = False   # whether this sweep over the candidates has kept a move
     for _ in range(max_simulations):
         batch = pick(graph, profile, profile.peak_bytes - target_bytes, tried)
         if not batch:
-            break
+            if not kept_since_sweep:
+                break   # a whole sweep kept nothing: a fixed point
+            # Every candidate was tried once; the graph has changed since some were, so sweep again.
+            tried.clear()
+            kept_since_sweep = False
+            continue
         tried.update(c.tensor for c in batch)
         trial = apply(graph, batch)
         trial_profile = simulate(trial)
@@ -49,7 +55,7 @@ def descend(graph: GraphIR, profile: MemoryProfile, target_bytes: int,
             continue  # this batch does not lower the peak: keep the graph as it was, try others
         graph, profile = trial, trial_profile
         kept.extend(batch)
-        tried.clear()   # the peak moved: a candidate that did not help before may help now
+        kept_since_sweep = True
         if profile.peak_bytes <= target_bytes:
             break
     return graph, profile, kept
