@@ -45,8 +45,13 @@ def copy_share(link: costmodel.DeviceSpec) -> float:
 
 
 # Above this many (option, over-target segment) pairs CBC is not asked and the greedy plan is used: writing and
-# presolving the model alone outlast the planner's deadline (experiments/results/planner_large_graph.md).
+# presolving the model alone take minutes (experiments/results/planner_large_graph.md).
 SOLVER_MAX_PAIRS = 1_000_000
+# CBC's branch-and-bound nodes per solve (PuLP's ``maxNodes``), on one thread: a deterministic bound, where a
+# time limit would give another plan on a busier machine.
+SOLVER_NODES = 2000
+# Covers ``_greedy``'s leave-one-out search computes at most (each a few milliseconds to a tenth of a second).
+GREEDY_COVERS = 40
 
 
 @dataclass(frozen=True)
@@ -64,29 +69,29 @@ class Option:
 @dataclass(frozen=True)
 class PlanResult:
     chosen: tuple[Option, ...]
-    status: str          # "optimal", "heuristic (solver timed out | no solver time left | model too large for the
-    #                      solver)", "heuristic" (no solver asked for), "infeasible"
-    solve_s: float
+    status: str          # "optimal", "best of N nodes", "heuristic (model too large for the solver)",
+    #                      "heuristic" (no solver asked for), "infeasible"
+    solve_s: float       # CBC's time, for reports only
     objective_s: float
     heuristic_objective_s: float
     follow_ups: int = 0   # rounds planned on the applied plan's simulation (``Planner._follow_up``)
+    solver_calls: int = 0   # CBC runs behind this plan
 
 
-def solve_cover(options: Sequence[Option], profile: MemoryProfile, target_bytes: int, time_limit_s: float,
-                use_solver: bool = True) -> PlanResult:
+def solve_cover(options: Sequence[Option], profile: MemoryProfile, target_bytes: int,
+                solver_nodes: int = SOLVER_NODES, use_solver: bool = True) -> PlanResult:
     """Choose options that cover every over-target moment of ``profile`` at the least cost: CBC from the greedy
-    plan, or the greedy plan alone without ``use_solver``, under a second of ``time_limit_s``, or when the model
-    has more than ``SOLVER_MAX_PAIRS`` (option, segment) pairs."""
+    plan for at most ``solver_nodes`` nodes, or the greedy plan alone without ``use_solver``, with no nodes, or
+    when the model has more than ``SOLVER_MAX_PAIRS`` (option, segment) pairs."""
     segments, excess = _over_budget_segments(profile, options, target_bytes)
     cover = _cover(options, segments)
     greedy = _greedy(options, cover, excess)
     heuristic_cost = sum(options[i].cost_s for i in greedy)
     feasible = all(sum(b for _, b in row) >= need for row, need in zip(cover, excess, strict=True))
     too_large = sum(len(row) for row in cover) > SOLVER_MAX_PAIRS
-    if not use_solver or not excess or time_limit_s < 1.0 or too_large:
+    if not use_solver or not excess or solver_nodes < 1 or too_large:
         status = "infeasible" if not feasible else (
-            "heuristic" if not (use_solver and excess) else
-            "heuristic (model too large for the solver)" if too_large else "heuristic (no solver time left)")
+            "heuristic (model too large for the solver)" if too_large and use_solver and excess else "heuristic")
         return PlanResult(tuple(options[i] for i in greedy), status, 0.0, heuristic_cost, heuristic_cost)
     if not feasible:
         return PlanResult(tuple(options[i] for i in greedy), "infeasible", 0.0, heuristic_cost, heuristic_cost)
@@ -107,17 +112,19 @@ def solve_cover(options: Sequence[Option], profile: MemoryProfile, target_bytes:
         var.setInitialValue(1 if i in chosen_greedy else 0)
     with warnings.catch_warnings():  # PuLP 3.3 deprecates its bundled CBC; it is still the one installed
         warnings.simplefilter("ignore", DeprecationWarning)
-        solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, warmStart=True)
+        solver = pulp.PULP_CBC_CMD(msg=False, warmStart=True, threads=1, maxNodes=solver_nodes)
     started = time.perf_counter()
     problem.solve(solver)
     elapsed = time.perf_counter() - started
-    status = pulp.LpStatus[problem.status]
-    if status != "Optimal":  # CBC stopped at its time limit without proving optimality
-        return PlanResult(tuple(options[i] for i in greedy), "heuristic (solver timed out)", elapsed,
-                          heuristic_cost, heuristic_cost)
     picked = [i for i, var in enumerate(x) if (var.value() or 0) > 0.5]
     cost = sum(options[i].cost_s for i in picked)
-    return PlanResult(tuple(options[i] for i in picked), "optimal", elapsed, cost, heuristic_cost)
+    found = pulp.LpStatus[problem.status] == "Optimal"   # PuLP's word for "has a solution", proven or not
+    if not found or cost >= heuristic_cost or not _covers(picked, _option_arrays(cover), np.array(excess)):
+        return PlanResult(tuple(options[i] for i in greedy), f"heuristic (CBC found nothing better in "
+                          f"{solver_nodes} nodes)", elapsed, heuristic_cost, heuristic_cost, solver_calls=1)
+    proven = problem.sol_status == pulp.LpSolutionOptimal
+    status = "optimal" if proven else f"best CBC found in {solver_nodes} nodes"
+    return PlanResult(tuple(options[i] for i in picked), status, elapsed, cost, heuristic_cost, solver_calls=1)
 
 
 
@@ -227,12 +234,12 @@ def _cover(options: Sequence[Option], segments: list[tuple[float, float]]) -> li
 
 
 def _greedy(options: Sequence[Option], cover: list[list[tuple[int, int]]], excess: list[int],
-            time_limit_s: float = 2.0) -> list[int]:
+            covers: int = GREEDY_COVERS) -> list[int]:
     """The fallback plan: the cheapest of a greedy cover and its variants that each leave one of its picks out.
 
     The plain greedy (``_greedy_cover``) commits early to options that look cheap per byte; leaving each pick
     out in turn (costliest first) and covering again finds a cheaper plan where one exists nearby. The search
-    repeats from any cheaper plan it finds, within ``time_limit_s``.
+    repeats from any cheaper plan it finds, for at most ``covers`` covers computed.
 
     Examples
     --------
@@ -242,18 +249,16 @@ def _greedy(options: Sequence[Option], cover: list[list[tuple[int, int]]], exces
     """
     by_option = _option_arrays(cover)
     need = np.array(excess, dtype=np.int64)
-    deadline = time.perf_counter() + time_limit_s
 
     def cost(picks: list[int]) -> float:
         return sum(options[i].cost_s for i in picks)
 
     best = _greedy_cover(options, by_option, need)
     improved = True
-    while improved and time.perf_counter() < deadline:
+    while improved and covers > 0:
         improved = False
-        for left_out in sorted(best, key=lambda i: -options[i].cost_s):
-            if time.perf_counter() >= deadline:
-                break
+        for left_out in sorted(best, key=lambda i: (-options[i].cost_s, i))[:covers]:
+            covers -= 1
             alternative = _greedy_cover(options, by_option, need, exclude={left_out})
             if cost(alternative) < cost(best) - 1e-12 and _covers(alternative, by_option, need):
                 best, improved = alternative, True

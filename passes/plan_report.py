@@ -35,31 +35,23 @@ def solved_report(name: str, before: GraphIR, after: GraphIR, start: MemoryProfi
         "decisions": [{"kind": o.kind, "tensor": o.key, "bytes": o.nbytes, "cost_s": o.cost_s} for o in final.chosen],
         "solver_status": final.status, "solve_s": sum(p.solve_s for p in plans), "follow_ups": final.follow_ups,
         "objective_s": final.objective_s, "heuristic_objective_s": final.heuristic_objective_s,
-        "order": label,
+        "order": label, "solver_calls": final.solver_calls,
     }
     return PassReport(name, True, nodes_added=len(after) - len(before), notes=notes, details=details,
                       bytes_moved=sum(o.nbytes for o in final.chosen if o.kind != "recompute"))
 
 
 def strategy_report(name: str, before: GraphIR, after: GraphIR, start: MemoryProfile, end: MemoryProfile,
-                   single: PassReport, solved: list[PlanResult], label: str, target_bytes: int,
-                   link: costmodel.DeviceSpec) -> PassReport:
-    """The report of a plan one strategy made alone: its decisions, and what the solver said meanwhile."""
+                   single: PassReport, label: str, target_bytes: int, link: costmodel.DeviceSpec) -> PassReport:
+    """The report of a plan strategies made greedily (``tfmem.search``), under the planner's name: its decisions."""
     decisions = single_decisions(single, link)
     met = "meets" if end.peak_bytes <= target_bytes else "still above"
-    final = solved[-1] if solved else None
-    solver = (f"solver {final.status} in {sum(p.solve_s for p in solved):.1f} s (its plan not kept)" if final
-              else "solver not run")
     overhead = sum(d["cost_s"] for d in decisions)  # type: ignore[misc]
-    notes = (f"plan: {label}; {len(decisions)} decisions; {solver}; estimated overhead {overhead * 1e3:.1f} ms "
-             "per step", f"simulated peak {format_bytes(start.peak_bytes)} -> {format_bytes(end.peak_bytes)}, "
-             f"{met} the budget")
+    notes = (f"plan: {label}; {len(decisions)} decisions; estimated overhead {overhead * 1e3:.1f} ms per step",
+             f"simulated peak {format_bytes(start.peak_bytes)} -> {format_bytes(end.peak_bytes)}, {met} the budget")
     details: dict[str, object] = {
-        "decisions": decisions, "order": label, "solver_status": final.status if final else "not run",
-        "solve_s": sum(p.solve_s for p in solved), "plan_overhead_s": overhead,
-        # the solved model's figures (its plan was not kept), for comparing the solver with the greedy
-        "objective_s": final.objective_s if final else None,
-        "heuristic_objective_s": final.heuristic_objective_s if final else None,
+        "decisions": decisions, "order": label, "solver_status": "not run", "solve_s": 0.0,
+        "plan_overhead_s": overhead, "objective_s": None, "heuristic_objective_s": None, "solver_calls": 0,
     }
     return PassReport(name, True, nodes_added=len(after) - len(before), notes=notes, details=details,
                       bytes_moved=single.bytes_moved)

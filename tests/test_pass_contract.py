@@ -1,7 +1,8 @@
 """The contract every registered pass keeps, checked on small real graphs for each pass in ``passes.PASSES``.
 
 Each pass gets a graph ``optimize`` would give it: a final rewrite (``fence_transfers``) the output of the single
-strategies applied in turn (``ALTERNATIVE_PIPELINE``: their copies to host are not fenced yet), another pass of
+strategies applied in turn (``STRATEGIES_IN_TURN``, as the budget search chains them: their copies to host are
+not fenced yet), another pass of
 ``DEFAULT_PASSES`` the output of the passes before it there, any other pass the output of ``LEADING_REWRITES``;
 all at a target below the simulated peak after ``LEADING_REWRITES``, with a device and a host. Its output must
 
@@ -35,8 +36,8 @@ from tfmem import examples
 from tfmem.ir.editor import DO_NOT_REMOVE
 from tfmem.ir.graph import GraphIR
 from tfmem.ir.verify import verify
-from tfmem.optimizer import ALTERNATIVE_PIPELINE
 from tfmem.pipeline import Pass, PassContext, PassReport, PassResult, run_pipeline
+from tfmem.search import MIXED_AFTER
 from tfmem.testbed import initializer_names
 
 STEPS = 2          # training steps compared: the second one's loss reads every update of the first
@@ -102,11 +103,14 @@ def case(name: str) -> Case:
     for p in DEFAULT_PASSES:
         inputs[p.name] = graph
         graph = p.run(graph, ctx).graph
-    # The planner fences the copies of the plans it makes; the strategies applied in turn (optimize's alternative
-    # when the planner's plans miss the allocator's layout) leave theirs to the final rewrites.
-    alternative = run_pipeline(leading, [PASSES[n] for n in ALTERNATIVE_PIPELINE], ctx)[0]
+    # The planner fences the copies of the plans it makes; the strategies applied in turn (one of the budget
+    # search's attempts, tfmem.search.MIXED_AFTER) leave theirs to the final rewrites.
+    alternative = run_pipeline(leading, [PASSES[n] for n in STRATEGIES_IN_TURN], ctx)[0]
     inputs.update({p.name: alternative for p in FINAL_REWRITES})
     return Case(built, ctx, fetched(gd, built), inputs)
+
+
+STRATEGIES_IN_TURN = ("place_persistent", *MIXED_AFTER["place_persistent"])
 
 
 def check_contract(p: Pass, c: Case) -> dict[str, Any]:

@@ -100,25 +100,26 @@ def test_greedy_with_several_ways_per_tensor_takes_one_each_and_still_covers():
     assert sum(ratios) / len(ratios) <= 1.05
 
 
-def test_single_strategies_fit_the_budget_or_says_none():
+def test_the_search_tries_each_strategy_alone_and_none_fits_an_impossible_target():
+    from passes import FINAL_REWRITES
     from passes.planner import Planner
     from tfmem import examples, load
     from tfmem.pipeline import PassContext
+    from tfmem.search import Search
     from tfmem.testbed import DEVICE, HOST
 
     built = examples.mlp(batch=256, dims=(256, 1024, 1024, 1024, 10))
     graph = load(built.graph, built.feed_shapes)
     roomy = PassContext(tuple(built.fetches), None, DEVICE, HOST, dict(built.feed_shapes))
-    peak = roomy.simulate(graph).peak_bytes
-    budget = int(peak * 0.85)
-    ctx = PassContext(tuple(built.fetches), budget, DEVICE, HOST, dict(built.feed_shapes))
-    found = Planner().single_strategies(graph, ctx, budget)
-    assert found is not None
-    new, profile, plans, label, _ = found
-    assert profile.peak_bytes <= budget and plans == [] and "alone" in label
-    assert ctx.simulate(new).peak_bytes == profile.peak_bytes
-    impossible = PassContext(tuple(built.fetches), 1, DEVICE, HOST, dict(built.feed_shapes))
-    assert Planner().single_strategies(graph, impossible, 1) is None
+    before = roomy.simulate(graph)
+    budget = int(before.peak_bytes * 0.85)
+    search = Search(graph, [Planner(), *FINAL_REWRITES], roomy, before)
+    candidates = search.plan_at(budget)
+    alone = [c for c in candidates if c.label.endswith(" alone") and c.peak_bytes <= budget]
+    assert alone, [(c.label, c.peak_bytes) for c in candidates]
+    assert all(roomy.simulate(c.ir).peak_bytes == c.peak_bytes for c in alone)
+    assert [a.label for a in search.log.attempts] == [c.label for c in candidates]
+    assert not any(c.peak_bytes <= 1 for c in search.plan_at(1))
 
 
 def test_host_placement_is_continued_by_swapping_where_neither_alone_fits():
@@ -128,11 +129,12 @@ def test_host_placement_is_continued_by_swapping_where_neither_alone_fits():
     import numpy as np
 
     from models import wgan_gp
-    from passes import PlacePersistent, SwapActivations
+    from passes import FINAL_REWRITES, PlacePersistent, SwapActivations
     from passes.planner import Planner, fenced
     from tests.helpers import DEVICE, HOST, as_optimize_plans, placed, session_run  # a two-device session
     from tfmem import load
     from tfmem.pipeline import PassContext
+    from tfmem.search import Search
 
     built = wgan_gp.build(batch=128, data_dim=64, hidden=256, layers=3)
     written = load(built.graph, built.feed_shapes)
@@ -148,11 +150,10 @@ def test_host_placement_is_continued_by_swapping_where_neither_alone_fits():
     host_placed, both = peak(PlacePersistent()), peak(PlacePersistent(), SwapActivations())
     assert both < host_placed and both < peak(SwapActivations())
     budget = (both + host_placed) // 2
-    ctx = PassContext(tuple(built.fetches), budget, DEVICE, HOST, dict(built.feed_shapes or {}))
-    found = Planner().single_strategies(graph, ctx, budget)
-    assert found is not None
-    new, profile, _, label, _ = found
-    assert profile.peak_bytes <= budget and label.startswith("place_persistent, then swap_activations")
+    search = Search(graph, [Planner(), *FINAL_REWRITES], utmost, utmost.simulate(graph))
+    found = next(c for c in search.plan_at(budget) if c.label.startswith("place_persistent, then swap_activations"))
+    assert found.peak_bytes <= budget
+    new = found.ir
     fetches = [f for f in built.fetches if ":" in f]
     before = session_run(placed(written.to_graph_def()), fetches, built.feeds)
     after = session_run(placed(new.to_graph_def()), fetches, built.feeds)
@@ -195,8 +196,8 @@ def test_a_greedy_mix_reports_the_moves_of_both_strategies():
     assert all(d["cost_s"] > 0 for d in decisions)
 
 
-def test_past_its_deadline_the_planner_keeps_the_greedy_plan_and_says_so():
-    """With no time left before the deadline CBC is not asked; the plan still fits and the status says why."""
+def test_with_no_solver_nodes_the_planner_keeps_the_greedy_plan_and_says_so():
+    """CBC's work is bounded by a node count (never by time); with none, CBC is not run and the greedy plan stands."""
     from passes.planner import Planner
     from tfmem import examples, load
     from tfmem.pipeline import PassContext
@@ -207,9 +208,11 @@ def test_past_its_deadline_the_planner_keeps_the_greedy_plan_and_says_so():
     peak = PassContext(tuple(built.fetches), None, DEVICE, HOST, dict(built.feed_shapes)).simulate(graph).peak_bytes
     ctx = PassContext(tuple(built.fetches), int(peak * 0.85), DEVICE, HOST, dict(built.feed_shapes))
     profile = ctx.simulate(graph)
-    _, _, plans, _ = Planner(deadline_s=0.0)._plan(graph, profile, ctx, deadline=0.0)
-    assert plans and plans[0].status == "heuristic (no solver time left)" and plans[0].solve_s == 0.0
+    _, _, plans, _ = Planner(solver_nodes=0)._plan(graph, profile, ctx)
+    assert plans and plans[0].status == "heuristic" and plans[0].solve_s == 0.0 and plans[-1].solver_calls == 0
     assert plans[0].chosen and plans[0].objective_s == plans[0].heuristic_objective_s
+    _, _, plans, _ = Planner()._plan(graph, profile, ctx)
+    assert plans[-1].solver_calls >= 1
 
 
 def test_a_model_too_large_for_the_solver_keeps_the_greedy_plan_and_says_so(monkeypatch):
@@ -302,16 +305,18 @@ def test_every_option_at_once_then_thinned_fits_and_keeps_the_values():
     utmost = PassContext(tuple(built.fetches), 1, DEVICE, HOST, shapes)
     graph = as_optimize_plans(written, utmost)
     profile = utmost.simulate(graph)
-    everything = Planner()._everything_then_thin(graph, utmost, profile, 1)
+    everything = Planner().everything_then_thin(graph, utmost)
     assert everything is not None
-    low, low_profile, (plan,), label = everything
-    assert low_profile.peak_bytes < profile.peak_bytes / 2 and "(0 of " in label
+    low_profile, plan = utmost.simulate(everything.graph), everything.report.details
+    assert low_profile.peak_bytes < profile.peak_bytes / 2 and "(0 of " in str(plan["order"])
     budget = (low_profile.peak_bytes + profile.peak_bytes) // 2
     ctx = PassContext(tuple(built.fetches), budget, DEVICE, HOST, shapes)
-    new, new_profile, (thinned,), _ = Planner()._everything_then_thin(graph, ctx, profile, budget)
-    assert new_profile.peak_bytes <= budget and new_profile.peak_bytes == ctx.simulate(new).peak_bytes
-    assert 0 < len(thinned.chosen) < len(plan.chosen)
-    assert thinned.objective_s < plan.objective_s
+    thinned = Planner().everything_then_thin(graph, ctx)
+    assert thinned is not None
+    new = thinned.graph
+    assert ctx.simulate(new).peak_bytes <= budget
+    assert 0 < len(thinned.report.details["decisions"]) < len(plan["decisions"])
+    assert thinned.report.details["objective_s"] < plan["objective_s"]
     verify(new)
     fetches = [f for f in built.fetches if ":" in f]
     before = session_run(placed(written.to_graph_def()), fetches, built.feeds)

@@ -15,7 +15,6 @@ from tensorflow.core.framework import graph_pb2
 from tensorflow.core.protobuf import config_pb2
 
 from passes import DEFAULT_PASSES, FINAL_REWRITES, LEADING_REWRITES, PASSES
-from passes.planner import COMPARE_SINGLE_MAX_OPS
 from tfmem.errors import BadInputError, InfeasibleBudgetError
 from tfmem.gcpause import without_gc_pauses
 from tfmem.ir.devices import DEFAULT_DEVICE, same_device, with_default_device
@@ -23,9 +22,9 @@ from tfmem.ir.execution import ExecutionGraph, parse_fetches
 from tfmem.ir.graph import GraphIR
 from tfmem.ir.loading import GraphSource, load
 from tfmem.ir.shapes import FeedShapes
-from tfmem.ir.tags import strip_tags
-from tfmem.pipeline import Pass, PassContext, PassReport, run_pipeline
+from tfmem.pipeline import Pass, PassContext, run_pipeline
 from tfmem.report import Report
+from tfmem.search import Candidate, Search, SearchLog
 from tfmem.sim.bounds import fed_layout_floor, largest_working_set
 from tfmem.sim.grappler import grappler_rejects
 from tfmem.sim.profile import MemoryProfile
@@ -41,19 +40,9 @@ SAFETY_MARGIN_MIN_BYTES = 4 * 2**20
 # A plan's allocator-layout replay must serve every request on a device this share and 4 MiB smaller than the
 # budget (``layout_room``): near its cap the testbed lays tensors out a few MiB worse (tests/test_guarantee.py).
 CAPACITY_SLACK = 0.02
-# What passes="auto" falls back on when every plan of the planner fits in total but not in the allocator's layout.
-ALTERNATIVE_PIPELINE = ("partition", "limit_parallelism", "place_persistent", "swap_activations", "recompute")
 # In that replay a request of half the device or more must also leave this much in its free chunk: where it lands
 # depends on every tensor placed before it (``BFCAllocator.large_request_fits``; tests/test_guarantee.py, the U-Net).
 LARGE_REQUEST_MARGIN = 4 * 2**20
-# After a layout refusal, passes="auto" also plans each strategy alone (up to COMPARE_SINGLE_MAX_OPS ops) and keeps
-# the quickest fitting plan: a replan for less can be slower than one strategy (tests/test_optimize.py, _quickest).
-SINGLE_STRATEGY_PIPELINES = (
-    ("partition", "limit_parallelism", "swap_activations"),
-    ("partition", "limit_parallelism", "recompute"),
-)
-CAPACITY_RETRIES = 6   # replans after layout refusals; each costs one planner run
-REFINE_STEPS = 3   # plans between the last target the layout refused and the first it took (``_refined``)
 
 
 def target_bytes_for(budget_bytes: int) -> int:
@@ -170,7 +159,6 @@ def optimize(
                        inter_op_threads=inter_op_threads, grappler=faithful, session_config=config)
     before = base.simulate(ir)  # the budget does not change the unoptimized graph's peak
     pipeline = resolve_passes(passes)
-    auto = passes == "auto"
     if pipeline:
         # Any rewrite may change how Grappler fuses kernels, orders the graph's sums and associates its chains of
         # products (renamed inputs, clones and control edges block its folding): pin all three first, so results
@@ -193,25 +181,20 @@ def optimize(
         feeds_floor, _ = fed_layout_floor(ExecutionGraph.build(ir, ctx.fetches, ctx.feed_shapes))
         if bound > max_target or feeds_floor > layout_room(budget_bytes):
             raise _infeasible(ir, ctx, budget_bytes, before, unplanned=True)
-    fit = _fit(ir, pipeline, base, max_target, bound, budget_bytes, before, notes, layout_check)
-    layout_refused = fit.layout_refused
-    if auto and budget_bytes is not None and not fit.fits and fit.layout_refused:
-        # The planner's plans fit in total but not in the allocator's layout; the single strategies applied in
-        # turn lay memory out differently (tests/test_optimize.py). Not tried when the planner's plans miss in
-        # total: there this fallback's plans can be accepted and still run out of memory.
-        alternative = [PASSES[n] for n in ALTERNATIVE_PIPELINE] + list(FINAL_REWRITES)
-        alt_notes: list[str] = []
-        alt = _fit(ir, alternative, base, max_target, bound, budget_bytes, before, alt_notes, layout_check)
-        if alt.fits:
-            notes = [*alt_notes, "the planner's plans fit in total but not in the device allocator's chunks; "
-                     + ", ".join(ALTERNATIVE_PIPELINE) + " applied in turn did"]
-            fit = alt
-    if (auto and fit.fits and layout_refused and budget_bytes is not None and max_target is not None
-            and len(ir) <= COMPARE_SINGLE_MAX_OPS):
-        fit, notes = _quickest(ir, fit, notes, base, max_target, bound, budget_bytes, before)
-    new_ir, after, ctx = fit.ir, fit.after, fit.ctx
-    reports = leading_reports + fit.reports
-    report = Report(budget_bytes, before, after, reports)
+    search = Search(ir, pipeline, base, before)
+    first = None
+    if budget_bytes is not None and max_target is not None:
+        room = layout_room(budget_bytes)
+        first = min(max_target, room)   # the layout replay never needs less than the plan's total
+        if layout_check:   # replayed with the search's context, so its simulations are counted
+            search.fits_layout = lambda c: _fits_layout(search.base, c, room)
+            search.layout_step = lambda c: _layout_step(search.base, c, room, budget_bytes)
+    chosen, fits = search.run(max_target, first, bound)
+    notes.extend(search.notes)
+    new_ir, after = chosen.ir, chosen.profile
+    ctx = dataclasses.replace(base, target_bytes=chosen.target_bytes)
+    reports = leading_reports + list(chosen.reports)
+    report = Report(budget_bytes, before, after, reports, search=search.log)
     if grappler_off:
         report.notes.append("TensorFlow's graph optimizer (Grappler) fails on this graph, so a session runs it as "
                             "written; run the result with Optimized.config, which turns Grappler off, for identical "
@@ -221,12 +204,13 @@ def optimize(
         report.notes.append(f"simulated as written, without Grappler's rewrites ({len(ir)} ops; "
                             "pass grappler=True to simulate what the session runs, slower on large graphs)")
     if budget_bytes is not None:
-        report.notes.append(f"planned for {format_bytes(fit.target_bytes or 0)}: the budget less a safety margin "
+        report.notes.append(f"planned for {format_bytes(chosen.target_bytes or 0)}: the budget less a safety margin "
                             "for allocator rounding, fragmentation and executor order")
-    if not fit.fits:
+    report.notes.append(search.log.summary())
+    if not fits:
         assert budget_bytes is not None and max_target is not None
         raise _infeasible(new_ir, ctx, budget_bytes, after, fragmented=after.peak_bytes <= max_target,
-                          reachable=_reachable_floor(reports))
+                          reachable=chosen.floor_bytes, search=search.log)
     graph_def = new_ir.to_graph_def()
     tf_graph = tf.Graph()
     with tf_graph.as_default():
@@ -234,133 +218,30 @@ def optimize(
     return Optimized(tf_graph, graph_def, config, report, new_ir)
 
 
-@dataclass
-class _Fitted:
-    """What ``_fit`` found: the graph and its simulation, and whether it passed both checks of the budget."""
-
-    ir: GraphIR
-    reports: list[PassReport]
-    after: MemoryProfile
-    ctx: PassContext
-    target_bytes: int | None  # what the plan kept aimed for
-    fits: bool  # within the highest target in total and, replayed, in the allocator's layout
-    layout_refused: bool = False  # some plan fitted in total but not in the allocator's layout
-
-
 def layout_room(budget_bytes: int) -> int:
     """The device size a plan's allocator-layout replay must fit in (``CAPACITY_SLACK`` and 4 MiB less)."""
     return max(budget_bytes - int(budget_bytes * CAPACITY_SLACK) - SAFETY_MARGIN_MIN_BYTES, 1)
 
 
-def _fit(ir: GraphIR, pipeline: Sequence[Pass], base: PassContext, max_target: int | None, bound: int,
-         budget_bytes: int | None, before: MemoryProfile, notes: list[str], layout_check: bool = True) -> _Fitted:
-    """Run ``pipeline`` so that the result fits ``max_target`` in total and ``budget_bytes`` in the allocator's
-    layout (the second check skipped without ``layout_check``).
+def _fits_layout(base: PassContext, candidate: Candidate, room: int) -> bool:
+    """Whether the session's graph (after Grappler) serves every request on a device of ``room`` bytes.
 
-    A plan that fits in total but not in the layout is planned again for less (why is appended to ``notes``), by
-    what its layout needed beyond the room, down to the lower bound ``bound``, for at most ``CAPACITY_RETRIES``
-    replans; once a plan fits after a refusal, up to ``REFINE_STEPS`` more bisect back up toward the refused
-    target (``_refined``). On failure the plan to report is returned (one that fitted in total if any did), with
-    ``fits`` False."""
-    if budget_bytes is None or max_target is None:
-        return _Fitted(*_planned(ir, pipeline, base, max_target, before), max_target, fits=True)
-    room = layout_room(budget_bytes)
-    target_bytes = min(max_target, room)  # the layout replay never needs less than the plan's total
-    best: _Fitted | None = None
-    layout_refused = False
-    refused_for: int | None = None   # the last target whose plan fitted in total but not in the layout
-    for _ in range(CAPACITY_RETRIES + 1):
-        tried = _Fitted(*_planned(ir, pipeline, base, target_bytes, before), target_bytes, fits=False)
-        new_ir, after, ctx = tried.ir, tried.after, tried.ctx
-        if after.peak_bytes > max_target:
-            # Missed in total. Not planned again for less: a plan asked for less than the planner reaches can
-            # measure far above its simulation (tests/test_guarantee.py, the unrolled RNN at 36 MiB).
-            best = best or tried  # a plan that fitted in total, if an earlier try made one
-            break
-        # The plan fits in total; check it against the device's real layout, where each request needs one free
-        # chunk and a nearly full BFC hands out whole chunks. Replayed on ``room`` (``layout_room``), no request
-        # may go unserved; otherwise plan again for less.
-        # This check is the guarantee, so it always replays what the session runs, after Grappler's rewrites,
-        # even on graphs large enough to plan as written (an as-written replay of a deep ResNet fits rooms that
-        # its session overruns).
-        if not layout_check or _fits_layout(tried, room):
-            tried.fits, tried.layout_refused = True, layout_refused
-            if refused_for is not None:
-                return _refined(ir, pipeline, base, max_target, before, room, tried, refused_for)
-            return tried
-        layout_refused, best, refused_for = True, tried, target_bytes  # it fits in total: what a refusal should report
-        # How much the layout adds on top of this plan's total predicts how much less the next plan must need
-        # (stepping a fixed 5% at a time takes more replans).
-        needed = smallest_fitting_device(dataclasses.replace(ctx, grappler=True), new_ir, room,
-                                         room + budget_bytes // 2)
-        step = budget_bytes // 20 if needed is None else max(budget_bytes // 50, needed - room)
-        lower = max(target_bytes - step, bound)
-        floor = _reachable_floor(tried.reports)
-        if floor is not None and lower < floor < target_bytes:
-            # Not past the planner's reachable floor in one step: asked for less, it makes the same plan as for its
-            # floor, and the targets in between, where a plan may fit the layout, would go untried.
-            lower = floor
-        notes.append(f"a plan for {format_bytes(target_bytes)} (peak {format_bytes(after.peak_bytes)}) does not fit the "
-                     f"device allocator's chunks with {format_bytes(budget_bytes - room)} to spare"
-                     + ("" if needed is None else f" (its layout needs a {format_bytes(needed)} device)")
-                     + f"; planned again for {format_bytes(lower)}")
-        if target_bytes <= bound:  # no plan can go lower
-            break
-        target_bytes = lower
-    assert best is not None
-    best.layout_refused = layout_refused
-    return best
-
-
-def _quickest(ir: GraphIR, fit: _Fitted, notes: list[str], base: PassContext, max_target: int, bound: int,
-              budget_bytes: int, before: MemoryProfile) -> tuple[_Fitted, list[str]]:
-    """``fit`` (the planner's plan) or the plan of one of ``SINGLE_STRATEGY_PIPELINES``, whichever fits (in total
-    and in the layout) at the least estimated step time; with the notes of the plan kept.
-
-    ``optimize`` asks only after a layout refusal, and only once the planner's plan fits: where it misses, a
-    strategy alone can be accepted and still run out of memory (see the ``ALTERNATIVE_PIPELINE`` fallback there).
+    This check is the guarantee, so it always replays what the session runs, after Grappler's rewrites, even on
+    graphs large enough to plan as written (an as-written replay of a deep ResNet fits rooms its session overruns).
     """
-    for names in SINGLE_STRATEGY_PIPELINES:
-        single_notes: list[str] = []
-        single = _fit(ir, [PASSES[n] for n in names] + list(FINAL_REWRITES), base, max_target, bound, budget_bytes,
-                      before, single_notes)
-        if single.fits and single.after.estimated_step_s < fit.after.estimated_step_s:
-            notes = [*single_notes, f"{names[-1]} alone (after {', '.join(names[:-1])}) made a plan estimated "
-                     f"quicker than the planner's ({single.after.estimated_step_s * 1e3:.1f} vs "
-                     f"{fit.after.estimated_step_s * 1e3:.1f} ms a step), and it was kept"]
-            fit = single
-    return fit, notes
+    ctx = dataclasses.replace(base, target_bytes=candidate.target_bytes, grappler=True)
+    return layout_failures(ctx, candidate.ir, room) == 0
 
 
-def _refined(ir: GraphIR, pipeline: Sequence[Pass], base: PassContext, max_target: int, before: MemoryProfile,
-             room: int, fitted: _Fitted, refused_for: int) -> _Fitted:
-    """Plans between the target that fitted the layout and the one refused, bisecting; the quickest wins.
-
-    The step down after a layout refusal is what the refused plan's layout needed, which overshoots when a
-    different plan would lay out better, and a plan for much less can be much slower. Each of ``REFINE_STEPS``
-    tries goes halfway: up from a target whose plan fitted the layout, down from one whose plan did not
-    (``tests/test_optimize.py::test_after_a_layout_refusal_plans_in_between_are_tried_and_the_quickest_kept``).
-    """
-    assert fitted.target_bytes is not None
-    best, low, high = fitted, fitted.target_bytes, refused_for
-    for _ in range(REFINE_STEPS):
-        if high - low < 2 * 2**20:
-            break
-        middle = (low + high) // 2
-        tried = _Fitted(*_planned(ir, pipeline, base, middle, before), middle, fits=False)
-        if tried.after.peak_bytes <= max_target and _fits_layout(tried, room):
-            low = middle
-            if tried.after.estimated_step_s < best.after.estimated_step_s:
-                tried.fits, tried.layout_refused = True, True
-                best = tried
-        else:
-            high = middle
-    return best
-
-
-def _fits_layout(fitted: _Fitted, room: int) -> bool:
-    """Whether the session's graph (after Grappler) serves every request on a device of ``room`` bytes."""
-    return layout_failures(dataclasses.replace(fitted.ctx, grappler=True), fitted.ir, room) == 0
+def _layout_step(base: PassContext, candidate: Candidate, room: int, budget_bytes: int) -> tuple[int, str]:
+    """How much lower to plan after the layout refused ``candidate``, and the reason for the note: what its
+    layout needed beyond the room (stepping a fixed 5% at a time takes more replans), at least 2% of the budget."""
+    ctx = dataclasses.replace(base, target_bytes=candidate.target_bytes, grappler=True)
+    needed = smallest_fitting_device(ctx, candidate.ir, room, room + budget_bytes // 2)
+    if needed is None:
+        return budget_bytes // 20, ""
+    return (max(budget_bytes // 50, needed - room),
+            f" with {format_bytes(budget_bytes - room)} to spare (its layout needs a {format_bytes(needed)} device)")
 
 
 def layout_failures(ctx: PassContext, graph: GraphIR, device_memory: int) -> int:
@@ -374,15 +255,6 @@ def layout_failures(ctx: PassContext, graph: GraphIR, device_memory: int) -> int
     return max(ctx.simulate(graph, device_memory=device_memory, large_request_margin=LARGE_REQUEST_MARGIN,
                             inter_op_threads=threads).allocation_failures
                for threads in sorted({ctx.threads, 1}))
-
-
-def _planned(ir: GraphIR, pipeline: Sequence[Pass], base: PassContext, target_bytes: int | None, before: MemoryProfile,
-             ) -> tuple[GraphIR, list[PassReport], MemoryProfile, PassContext]:
-    """``pipeline`` run for ``target_bytes``: the graph (tags stripped), the reports, its simulation and the context."""
-    ctx = dataclasses.replace(base, target_bytes=target_bytes)
-    new_ir, reports = run_pipeline(ir, pipeline, ctx)
-    new_ir = strip_tags(new_ir)
-    return new_ir, reports, ctx.simulate(new_ir) if any(r.changed for r in reports) else before, ctx
 
 
 def smallest_fitting_device(ctx: PassContext, graph: GraphIR, low: int, high: int) -> int | None:
@@ -421,15 +293,9 @@ def device_floor_bytes(ir: GraphIR, ctx: PassContext) -> tuple[int, str]:
     return (layout, why) if layout > working else (working, f"working set of {op}")
 
 
-def _reachable_floor(reports: Sequence[PassReport]) -> int | None:
-    """The planner's floor: the lowest peak every option it had, taken at once, could reach on its order."""
-    floors = [r.details["reachable_floor_bytes"] for r in reports if "reachable_floor_bytes" in r.details]
-    return int(floors[-1]) if floors else None  # type: ignore[call-overload]
-
-
 def _infeasible(ir: GraphIR, ctx: PassContext, budget: int, after: MemoryProfile,
                 fragmented: bool = False, unplanned: bool = False, reachable: int | None = None,
-                ) -> InfeasibleBudgetError:
+                search: SearchLog | None = None) -> InfeasibleBudgetError:
     bound, where = device_floor_bytes(ir, ctx)
     # The planner's reachable floor is said, not reported as the bound: it holds for its moves on one order, and
     # a plan made for another budget, on another order, can go below it.
@@ -447,7 +313,8 @@ def _infeasible(ir: GraphIR, ctx: PassContext, budget: int, after: MemoryProfile
         f"largest live: {top}. "
         + ("The best plan fits in total but not in the device allocator's chunks with a safe margin. "
            if fragmented else "")
-        + "Give a larger budget, or enable more passes (passes='auto').",
+        + "Give a larger budget, or enable more passes (passes='auto')."
+        + (f" ({search.summary()})" if search is not None else ""),
         budget_bytes=budget, best_peak_bytes=after.peak_bytes, lower_bound_bytes=bound,
         live_at_peak=after.live_at_peak[:10],
     )

@@ -10,11 +10,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from tfmem.pipeline import PassReport
 from tfmem.sim.profile import MemoryProfile
 from tfmem.units import format_bytes
+
+if TYPE_CHECKING:
+    from tfmem.search import SearchLog
 
 SIMULATOR = "simulator"
 GRAPPLER = "Grappler estimate"
@@ -55,6 +58,7 @@ class Report:
     passes: list[PassReport]
     figures: list[Figure] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    search: SearchLog | None = None   # every plan the budget search tried (tfmem.search)
 
     def add(self, label: str, before: float | None, after: float | None, instrument: str,
             unit: str = "bytes") -> None:
@@ -72,7 +76,7 @@ class Report:
         return core + self.figures
 
     def to_markdown(self) -> str:
-        """A markdown summary: a figures table, then one line per pass and the notes."""
+        """A markdown summary: a figures table, one line per pass, the budget search's attempts and the notes."""
         budget = format_bytes(self.budget_bytes) if self.budget_bytes is not None else "none"
         lines = [f"### tfmem report (device budget: {budget})", "", "| figure | before | after | instrument |",
                  "|---|---:|---:|---|"]
@@ -95,6 +99,9 @@ class Report:
                 for d in sorted(decisions, key=lambda d: -d["bytes"])[:10]:
                     lines.append(f"- {d['kind']} `{d['tensor']}` {format_bytes(d['bytes'])}, "
                                  f"est. {d['cost_s'] * 1e3:.2f} ms")
+        if self.search is not None and self.search.attempts:
+            lines += ["", f"**Budget search** ({self.search.summary().removeprefix('search: ')})", ""]
+            lines += [f"{i}. {a.line()}" for i, a in enumerate(self.search.attempts, 1)]
         top = self.after.live_at_peak[:5]
         if top:
             lines += ["", f"**Largest tensors live at the device peak after** (at `{self.after.peak_unit}`)", ""]

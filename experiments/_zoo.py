@@ -1,0 +1,108 @@
+"""Training steps of model-zoo networks nobody here wrote: TF-Slim's ResNet-50 v1 and tf_keras' MobileNetV2.
+
+Each is one TF1 graph-mode step (forward, softmax cross-entropy averaged over the batch, Momentum update) with
+batch norm in training mode. Batch norm is built unfused: the fused kernel's reserve-space outputs have no
+static shape on CPU, which ``tfmem.load`` cannot plan for yet (issue 32). ``pip install --no-deps
+tf-slim==1.1.0 tf-keras==2.21.0`` provides the zoos; ``available()`` says whether they are installed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import sys
+import warnings
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import tensorflow as tf
+
+from tfmem.examples import Built
+
+v1 = tf.compat.v1
+
+
+def available() -> bool:
+    """Whether tf_slim and tf_keras are installed."""
+    return all(importlib.util.find_spec(m) is not None for m in ("tf_slim", "tf_keras"))
+
+
+def _step(build_logits: Callable[[tf.Tensor], tf.Tensor], batch: int, size: int, classes: int) -> Built:
+    graph = tf.Graph()
+    rng = np.random.default_rng(0)
+    feeds = {"images:0": rng.standard_normal((batch, size, size, 3)).astype(np.float32),
+             "labels:0": rng.integers(0, classes, batch).astype(np.int32)}
+    with graph.as_default():
+        v1.set_random_seed(1234)
+        images = v1.placeholder(tf.float32, (batch, size, size, 3), name="images")
+        labels = v1.placeholder(tf.int32, (batch,), name="labels")
+        logits = tf.reshape(build_logits(images), (batch, classes))
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits),
+                              name="loss")
+        updates = v1.get_collection(v1.GraphKeys.UPDATE_OPS)   # batch norm's moving averages
+        with tf.control_dependencies(updates):
+            train = v1.train.MomentumOptimizer(0.01, 0.9).minimize(loss, name="train")
+        params = sum(int(np.prod(v.shape)) for v in v1.trainable_variables())
+    return Built(graph, ["loss:0", train.name], feeds, params)
+
+
+def _legacy_layers_alias() -> None:
+    """TensorFlow 2.21 loads ``tf.compat.v1.layers``' batch norm (TF-Slim's unfused one) from
+    ``tf_keras.legacy_tf_layers``, which tf_keras 2.21 ships as ``tf_keras.src.legacy_tf_layers`` only."""
+    import tf_keras.src.legacy_tf_layers as legacy
+
+    sys.modules.setdefault("tf_keras.legacy_tf_layers", legacy)
+    importlib.import_module("tf_keras.src.legacy_tf_layers.normalization")
+    sys.modules.setdefault("tf_keras.legacy_tf_layers.normalization", legacy.normalization)
+
+
+def slim_resnet50(batch: int = 8, size: int = 64, classes: int = 100) -> Built:
+    """TF-Slim's ``resnet_v1_50`` (about 9,600 ops as a training step)."""
+    import tf_slim as slim
+    from tf_slim.nets import resnet_v1
+
+    _legacy_layers_alias()
+
+    def logits(images: tf.Tensor) -> tf.Tensor:
+        with slim.arg_scope(resnet_v1.resnet_arg_scope()), slim.arg_scope([slim.batch_norm], fused=False):
+            out, _ = resnet_v1.resnet_v1_50(images, num_classes=classes, is_training=True)
+        return out
+
+    return _step(logits, batch, size, classes)
+
+
+@contextlib.contextmanager
+def _unfused_keras_batch_norm() -> Iterator[None]:
+    """tf_keras' BatchNormalization built with ``fused=False`` while the block runs."""
+    from tf_keras.src.layers.normalization.batch_normalization import BatchNormalizationBase
+
+    original = BatchNormalizationBase.__init__
+
+    def init(self: object, *args: object, **kwargs: object) -> None:
+        kwargs["fused"] = False
+        original(self, *args, **kwargs)
+
+    BatchNormalizationBase.__init__ = init   # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        BatchNormalizationBase.__init__ = original   # type: ignore[method-assign]
+
+
+def keras_mobilenet_v2(batch: int = 16, size: int = 96, classes: int = 100) -> Built:
+    """tf_keras' ``applications.MobileNetV2`` (``weights=None``; about 5,000 ops as a training step)."""
+    import tf_keras
+
+    def logits(images: tf.Tensor) -> tf.Tensor:
+        with _unfused_keras_batch_norm(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)   # set_learning_phase is deprecated, and the TF1 way
+            tf_keras.backend.set_learning_phase(1)   # batch norm in training mode, for this graph
+            model = tf_keras.applications.MobileNetV2(input_tensor=images, weights=None, classes=classes,
+                                                      classifier_activation=None)
+        out = model.output
+        for update in model.updates:   # batch norm's moving averages, where _step collects them
+            v1.add_to_collection(v1.GraphKeys.UPDATE_OPS, update)
+        return out
+
+    return _step(logits, batch, size, classes)
