@@ -69,8 +69,8 @@ class Option:
 @dataclass(frozen=True)
 class PlanResult:
     chosen: tuple[Option, ...]
-    status: str          # "optimal", "best of N nodes", "heuristic (model too large for the solver)",
-    #                      "heuristic" (no solver asked for), "infeasible"
+    status: str          # "optimal", "best of N CBC nodes", "heuristic (CBC found no plan in N nodes | model too
+    #                      large for the solver)", "heuristic" (no solver asked for), "infeasible"
     solve_s: float       # CBC's time, for reports only
     objective_s: float
     heuristic_objective_s: float
@@ -119,13 +119,14 @@ def solve_cover(options: Sequence[Option], profile: MemoryProfile, target_bytes:
     picked = [i for i, var in enumerate(x) if (var.value() or 0) > 0.5]
     cost = sum(options[i].cost_s for i in picked)
     found = pulp.LpStatus[problem.status] == "Optimal"   # PuLP's word for "has a solution", proven or not
-    if not found or cost >= heuristic_cost or not _covers(picked, _option_arrays(cover), np.array(excess)):
-        return PlanResult(tuple(options[i] for i in greedy), f"heuristic (CBC found nothing better in "
-                          f"{solver_nodes} nodes)", elapsed, heuristic_cost, heuristic_cost, solver_calls=1)
+    if not found or not _covers(picked, _option_arrays(cover), np.array(excess, dtype=np.int64)):
+        return PlanResult(tuple(options[i] for i in greedy), f"heuristic (CBC found no plan in {solver_nodes} nodes)",
+                          elapsed, heuristic_cost, heuristic_cost, solver_calls=1)
+    if cost >= heuristic_cost:   # the greedy plan is as cheap: keep it (CBC may return another of equal cost)
+        picked, cost = greedy, heuristic_cost
     proven = problem.sol_status == pulp.LpSolutionOptimal
-    status = "optimal" if proven else f"best CBC found in {solver_nodes} nodes"
+    status = "optimal" if proven else f"best of {solver_nodes} CBC nodes"
     return PlanResult(tuple(options[i] for i in picked), status, elapsed, cost, heuristic_cost, solver_calls=1)
-
 
 
 def reachable_floor(profile: MemoryProfile, options: Sequence[Option],

@@ -47,7 +47,8 @@ class InfeasibleBudgetError(TfmemError):
     """No plan tfmem can build fits the budget.
 
     Carries ``budget_bytes``, ``best_peak_bytes``, ``lower_bound_bytes`` and ``live_at_peak`` (the largest
-    tensors live at the best plan's peak) so callers can decide what to change. ``lower_bound_bytes`` is a
+    tensors live at the best plan's peak) so callers can decide what to change, and ``search``, the budget
+    search's log (``tfmem.search.SearchLog``; None when nothing was planned). ``lower_bound_bytes`` is a
     device size no plan fits below: the largest single-op working set, or what the fed tensors need in TF's
     allocator (``tfmem.sim.bounds.fed_layout_floor``), whichever is higher.
     """
@@ -60,8 +61,10 @@ class InfeasibleBudgetError(TfmemError):
         best_peak_bytes: int,
         lower_bound_bytes: int,
         live_at_peak: Sequence[object] = (),
+        search: object | None = None,
     ) -> None:
         super().__init__(message)
+        self.search = search
         self.budget_bytes = budget_bytes
         self.best_peak_bytes = best_peak_bytes
         self.lower_bound_bytes = lower_bound_bytes

@@ -316,5 +316,5 @@ def _infeasible(ir: GraphIR, ctx: PassContext, budget: int, after: MemoryProfile
         + "Give a larger budget, or enable more passes (passes='auto')."
         + (f" ({search.summary()})" if search is not None else ""),
         budget_bytes=budget, best_peak_bytes=after.peak_bytes, lower_bound_bytes=bound,
-        live_at_peak=after.live_at_peak[:10],
+        live_at_peak=after.live_at_peak[:10], search=search,
     )

@@ -47,6 +47,7 @@ from tfmem.ir.ops import (
 )
 from tfmem.ir.shapes import FeedShapes, annotate
 from tfmem.ir.shared_init import sharing_groups
+from tfmem.ir.tags import strip_tags
 from tfmem.sim import costmodel
 from tfmem.sim.analysis import Analysis, analyse, step_time_estimate, transfers_into, units_in
 from tfmem.sim.executor_folding import fold_like_executor
@@ -116,7 +117,11 @@ def simulate(
                        tuple(sorted((k, tuple(v)) for k, v in (feed_shapes or {}).items())))
         ir = _RUNTIME.get(graph, runtime_key) if isinstance(graph, GraphIR) else None
         if ir is None:
-            placed = with_default_device(to_graph_def(graph), device or DEFAULT_DEVICE)
+            # The session never sees the passes' tags (``tfmem.ir.tags``), and a tag can keep Grappler's common-
+            # subgraph elimination from merging two ops: rewrite the untagged graph, so that every tagging of one
+            # program gets the one answer, and the cache here and Grappler's (by bytes) serve them all.
+            source = strip_tags(graph) if isinstance(graph, GraphIR) else graph
+            placed = with_default_device(to_graph_def(source), device or DEFAULT_DEVICE)
             ir = fold_like_executor(annotate(runtime_graph_def(placed, fetch_names, config), feed_shapes),
                                     fetch_names)
             if isinstance(graph, GraphIR):
@@ -131,7 +136,10 @@ def simulate(
     key = (tuple(fetch_names), tuple(sorted(feed_names)), device, host,
            None if order is None else tuple(order), inter_op_threads, cost_device, cores, device_memory,
            large_request_margin)
-    cached = _PROFILES.get(ir, key) if not grappler else None
+    if grappler:   # keyed by the graph given: the variables it shares and holds idle come from it
+        cached = _GRAPPLER_PROFILES.get(graph, (runtime_key, key)) if isinstance(graph, GraphIR) else None
+    else:
+        cached = _PROFILES.get(ir, key)
     if cached is not None:
         return cached
     analysis = analyse(ir, fetch_names, feed_names, cost_device)
@@ -181,6 +189,8 @@ def simulate(
     profile = dataclasses.replace(profile, estimated_step_s=step)
     if not grappler:
         _PROFILES.put(ir, key, profile)
+    elif isinstance(graph, GraphIR):
+        _GRAPPLER_PROFILES.put(graph, (runtime_key, key), profile)
     return profile
 
 
@@ -232,8 +242,11 @@ def _typical_schedule(analysis: Analysis, expensive: Callable[[str], bool], thre
 
 # Recent simulations of graphs as written (not Grappler's rewrite of them), keyed by the other arguments.
 _PROFILES: GraphCache[MemoryProfile] = GraphCache(kept=8)
-# Grappler's rewrites of recent graph objects (annotated), keyed by fetches, device, config and feed shapes.
-_RUNTIME: GraphCache[GraphIR] = GraphCache(kept=4, same_object=True)
+# Grappler's rewrites of recent graphs (annotated), keyed by fetches, device, config and feed shapes; tags aside,
+# as they are stripped before the rewrite.
+_RUNTIME: GraphCache[GraphIR] = GraphCache(kept=4)
+# Recent simulations after Grappler's rewrites, keyed by the graph given and the other arguments.
+_GRAPPLER_PROFILES: GraphCache[MemoryProfile] = GraphCache(kept=8)
 # Variables sharing an initial buffer (``tfmem.ir.shared_init``) of recent graph objects: a layout check replays one
 # plan on several device sizes and in two thread orders.
 _SHARING: GraphCache[dict[Hashable, list[str]]] = GraphCache(kept=4, same_object=True)
