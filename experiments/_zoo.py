@@ -38,11 +38,12 @@ def _step(build_logits: Callable[[tf.Tensor], tf.Tensor], batch: int, size: int,
         images = v1.placeholder(tf.float32, (batch, size, size, 3), name="images")
         labels = v1.placeholder(tf.int32, (batch,), name="labels")
         logits = tf.reshape(build_logits(images), (batch, classes))
-        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits),
-                              name="loss")
-        updates = v1.get_collection(v1.GraphKeys.UPDATE_OPS)   # batch norm's moving averages
-        with tf.control_dependencies(updates):
-            train = v1.train.MomentumOptimizer(0.01, 0.9).minimize(loss, name="train")
+        mean = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+        # Batch norm's moving averages update before the loss is read, as TF-Slim's create_train_op has it (the
+        # control edges on the loss alone, not on every gradient op).
+        with tf.control_dependencies(v1.get_collection(v1.GraphKeys.UPDATE_OPS)):
+            loss = tf.identity(mean, name="loss")
+        train = v1.train.MomentumOptimizer(0.01, 0.9).minimize(loss, name="train")
         params = sum(int(np.prod(v.shape)) for v in v1.trainable_variables())
     return Built(graph, ["loss:0", train.name], feeds, params)
 
