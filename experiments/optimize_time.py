@@ -12,7 +12,7 @@ tf_keras' MobileNetV2 (``experiments/_zoo.py``).
 
     python -m experiments.optimize_time                    # every graph, 3 repeats
     python -m experiments.optimize_time --graph resnet50-slim --repeats 1
-    python -m experiments.optimize_time --tiny             # the small MLP at 0.5x, once: a smoke run
+    python -m experiments.optimize_time --tiny             # the MLP at 0.5x, once: a smoke run
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from tfmem.testbed import DEVICE, HOST
 
 # name -> builder; the zoo graphs only where their packages are installed
 GRAPHS: dict[str, Callable[[], Built]] = {
-    "mlp-small": lambda: examples.mlp(batch=256, dims=(256, 1024, 1024, 1024, 10)),
+    "mlp": lambda: examples.mlp(batch=1024, dims=(512, 2048, 2048, 2048, 10), optimizer="momentum"),
     "convnet": lambda: examples.residual_convnet(batch=8, size=32, channels=32, blocks=3),
     "unet": lambda: examples.unet(batch=4, size=64, channels=16, levels=3),
     "moe-transformer": lambda: moe_transformer.build(experts=4, layers=2, d_model=64, d_ff=128, heads=2, seq=32,
@@ -116,11 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--graph", action="append", choices=sorted(GRAPHS), help="only these graphs (repeatable)")
     parser.add_argument("--fractions", default="0.7,0.5,0.35", help="budgets as fractions of vanilla's peak")
     parser.add_argument("--repeats", type=int, default=3, help="optimize calls per budget; the table gives the median")
-    parser.add_argument("--tiny", action="store_true", help="the small MLP at 0.5x, once")
+    parser.add_argument("--tiny", action="store_true", help="the MLP at 0.5x, once")
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args(argv)
     if args.tiny:
-        names, fractions, repeats = ["mlp-small"], [0.5], 1
+        names, fractions, repeats = ["mlp"], [0.5], 1
     else:
         names = args.graph or [n for n in GRAPHS if n not in ZOO or _zoo.available()]
         fractions, repeats = [float(f) for f in args.fractions.split(",")], max(1, args.repeats)

@@ -10,6 +10,7 @@ from experiments import (
     _planner_report,
     moe_placement,
     optimize_speed,
+    optimize_time,
     partition_parallelism,
     peak_variance,
     planner,
@@ -41,9 +42,20 @@ def test_optimize_speed_tiny(tmp_path):
     assert data["nodes"] > 1000 and data["optimize_s"] > 0
 
 
+@pytest.mark.testbed
+def test_optimize_time_tiny(tmp_path):
+    assert optimize_time.main(["--tiny", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "optimize_time_tiny.json").read_text())
+    (row,) = data["rows"]
+    assert row["accepted"] and row["median_s"] > 0 and row["identical_repeats"]
+    assert row["attempts"] == len(row["search"]) >= 1 and row["simulations"] > 0
+    assert row["plan_peak_bytes"] <= row["budget_bytes"] < row["vanilla_peak_bytes"]
+    assert "| mlp |" in (tmp_path / "optimize_time_tiny.md").read_text()
+
+
 def test_run_all_finds_the_experiments():
     names = run_all.experiment_names()
-    assert {"partition_parallelism", "optimize_speed"} <= set(names) and "run_all" not in names
+    assert {"partition_parallelism", "optimize_speed", "optimize_time"} <= set(names) and "run_all" not in names
 
 
 @pytest.mark.testbed

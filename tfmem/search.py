@@ -37,6 +37,7 @@ calls it made and the time it took; ``optimize``'s report lists them.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -56,6 +57,8 @@ from tfmem.sim.memsim import simulate
 from tfmem.sim.profile import MemoryProfile
 from tfmem.units import format_bytes
 
+# Each attempt is logged as it ends (INFO), for progress on long searches: logging.basicConfig(level=logging.INFO).
+_log = logging.getLogger(__name__)
 # Up to this many ops, a plan the model makes that fits is also compared with each strategy alone, and a plan
 # that misses with the plainer options' plan: each re-simulates the graph at every step (seconds on graphs this
 # size, minutes on 20,000 ops).
@@ -411,5 +414,7 @@ class Search:
         simulations = self.counter.calls - sims
         self.log.simulations += simulations
         self.log.solver_calls += solver_calls
-        self.log.attempts.append(Attempt(label, target, candidate.peak_bytes, candidate.estimated_step_s, outcome,
-                                         time.perf_counter() - started, simulations, solver_calls))
+        attempt = Attempt(label, target, candidate.peak_bytes, candidate.estimated_step_s, outcome,
+                          time.perf_counter() - started, simulations, solver_calls)
+        self.log.attempts.append(attempt)
+        _log.info("%s", attempt.line())
