@@ -10,8 +10,8 @@ At one target (``Search.plan_at``) the passes before the planner run once, then 
 3. ``<strategy> alone``: swap_activations, recompute and place_persistent, each applied greedily and
    re-simulated at every step (one that falls short continued by ``MIXED_AFTER``), and ``recompute where
    cheaper than copying, then swap_activations``; when 1 and 2 miss, and also when they fit on graphs of up to
-   ``COMPARE_SINGLE_MAX_OPS`` ops (a greedy mix can be quicker than the model's plan:
-   experiments/results/planner_strategies.md).
+   ``COMPARE_SINGLE_MAX_OPS`` ops with an estimated step more than ``COMPARE_MIN_GAIN`` slower than before
+   planning (a greedy mix can be quicker than the model's plan: experiments/results/planner_strategies.md).
 4. ``every option, then the dearest given back``: when nothing fits yet.
 5. ``large ops one at a time, then solve``: when nothing fits yet (ops that run side by side add their working
    sets).
@@ -63,6 +63,9 @@ _log = logging.getLogger(__name__)
 # that misses with the plainer options' plan: each re-simulates the graph at every step (seconds on graphs this
 # size, minutes on 20,000 ops).
 COMPARE_SINGLE_MAX_OPS = 10_000
+# A fitting plan is compared only when it is estimated this much slower than the graph before planning: no
+# comparison can gain more than the plan's overhead, and each costs several simulations.
+COMPARE_MIN_GAIN = 0.03
 # A strategy that frees memory but not enough is continued by these, in turn, until the plan fits: after host
 # placement what is over is activations (tests/test_planner.py, host placement continued by swapping).
 MIXED_AFTER = {"swap_activations": ("recompute",), "recompute": ("swap_activations",),
@@ -306,7 +309,10 @@ class Search:
             return made
         if not fits() and small and (self.planner.gaps > 1 or self.planner.just_in_time):
             solved("solve, plainer options", dataclasses.replace(self.planner, gaps=1, just_in_time=False), start)
-        if small or not fits():
+        # A fitting plan within COMPARE_MIN_GAIN of the unplanned step leaves no comparison more to gain.
+        slack = min((c.estimated_step_s for c in made if c.peak_bytes <= target_bytes), default=float("inf"))
+        worth = slack > start_profile.estimated_step_s * (1 + COMPARE_MIN_GAIN)
+        if (small and worth) or not fits():
             for label, result in self._strategies(start, start_profile, ctx):
                 add(label, result)
         if not fits():
@@ -320,7 +326,9 @@ class Search:
             repaired = self._repair(lowest, ctx)
             if repaired is not None:
                 add(f"greedy repair of '{lowest.label}'", repaired)
-        return made
+        # The planner's floor holds for the order all of them started from: every candidate carries the lowest.
+        floor = min((c.floor_bytes for c in made if c.floor_bytes is not None), default=None)
+        return [dataclasses.replace(c, floor_bytes=floor) for c in made]
 
     def _strategies(self, start: GraphIR, start_profile: MemoryProfile, ctx: PassContext,
                     ) -> list[tuple[str, PassResult]]:
