@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tfmem.search import Candidate, CountingSimulator, Search
+from tfmem.search import Candidate, Search
 
 MiB = 2**20
 
@@ -30,7 +30,6 @@ class ScriptedSearch(Search):
     tried: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.counter = CountingSimulator()
         self.prefix, self.planner, self.suffix = [], None, []
 
     def plan_at(self, target_bytes):

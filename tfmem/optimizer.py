@@ -186,9 +186,9 @@ def optimize(
     if budget_bytes is not None and max_target is not None:
         room = layout_room(budget_bytes)
         first = min(max_target, room)   # the layout replay never needs less than the plan's total
-        if layout_check:   # replayed with the search's context, so its simulations are counted
-            search.fits_layout = lambda c: _fits_layout(search.base, c, room)
-            search.layout_step = lambda c: _layout_step(search.base, c, room, budget_bytes)
+        if layout_check:
+            search.fits_layout = lambda c: _fits_layout(base, c, room)
+            search.layout_step = lambda c: _layout_step(base, c, room, budget_bytes)
     chosen, fits = search.run(max_target, first, bound)
     notes.extend(search.notes)
     new_ir, after = chosen.ir, chosen.profile

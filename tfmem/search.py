@@ -23,8 +23,8 @@ The rule (``choose``): of the candidates within the target, the least estimated 
 attempt on a tie); when none is, the lowest peak. Across targets (``Search.run``): the first is the budget
 less the safety margin. Candidates within the highest target are replayed on the device allocator's layout,
 quickest first, at most ``LAYOUT_CHECKS`` per target; the first that fits is accepted. When candidates fit in
-total but none fits the layout, the next target is lower by what the quickest one's layout needed (``replan
-for less after a layout refusal``, at most ``CAPACITY_RETRIES`` times), and once a plan is accepted after a
+total but none fits the layout, the next target is lower by the least that one of the refused plans' layouts
+needed (``replan for less after a layout refusal``, at most ``CAPACITY_RETRIES`` times), and once a plan is accepted after a
 refusal, ``REFINE_STEPS`` targets in between are tried, bisecting, and the quickest accepted plan kept. When
 nothing fits in total, the search stops and the budget is refused.
 
@@ -41,7 +41,6 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from passes.place_persistent import PlacePersistent
 from passes.plan_cover import copy_share
@@ -53,7 +52,7 @@ from passes.swap_activations import SwapActivations
 from tfmem.ir.graph import GraphIR
 from tfmem.ir.tags import strip_tags
 from tfmem.pipeline import Pass, PassContext, PassReport, PassResult, run_pipeline
-from tfmem.sim.memsim import simulate
+from tfmem.sim import grappler, memsim
 from tfmem.sim.profile import MemoryProfile
 from tfmem.units import format_bytes
 
@@ -106,7 +105,8 @@ class Attempt:
     estimated_step_s: float | None
     outcome: str
     time_s: float             # for the report only: no decision reads it
-    simulations: int
+    simulations: int          # computed, not answered from a cache
+    grappler_rewrites: int    # of which this many ran Grappler on a graph not seen before
     solver_calls: int
 
     def line(self) -> str:
@@ -114,7 +114,7 @@ class Attempt:
         peak = f", peak {format_bytes(self.peak_bytes)}" if self.peak_bytes is not None else ""
         step = f", {self.estimated_step_s * 1e3:.1f} ms/step" if self.estimated_step_s is not None else ""
         return (f"{self.label}{at}: {self.outcome}{peak}{step} ({self.simulations} simulations, "
-                f"{self.solver_calls} solver calls, {self.time_s:.1f} s)")
+                f"{self.grappler_rewrites} Grappler rewrites, {self.solver_calls} solver calls, {self.time_s:.1f} s)")
 
 
 @dataclass
@@ -123,25 +123,20 @@ class SearchLog:
 
     attempts: list[Attempt] = field(default_factory=list)
     simulations: int = 0
+    grappler_rewrites: int = 0
     solver_calls: int = 0
     replans: int = 0          # targets planned for after the first
     layout_checks: int = 0
 
     def summary(self) -> str:
-        return (f"search: {len(self.attempts)} attempts, {self.replans} replans, {self.simulations} simulations, "
-                f"{self.solver_calls} solver calls, {self.layout_checks} layout replays")
+        return (f"search: {len(self.attempts)} attempts, {self.replans} replans, {self.simulations} simulations "
+                f"({self.grappler_rewrites} Grappler rewrites), {self.solver_calls} solver calls, "
+                f"{self.layout_checks} layout replays")
 
 
-class CountingSimulator:
-    """``tfmem.sim.memsim.simulate`` (or ``inner``), counting its calls: the search's unit of work."""
-
-    def __init__(self, inner: Callable[..., MemoryProfile] | None = None) -> None:
-        self.inner = inner or simulate
-        self.calls = 0
-
-    def __call__(self, *args: Any, **kwargs: Any) -> MemoryProfile:
-        self.calls += 1
-        return self.inner(*args, **kwargs)
+def work_done() -> tuple[int, int]:
+    """Simulations computed (cache hits aside) and Grappler rewrites run so far in this process."""
+    return memsim.WORK["simulations"], grappler.WORK["rewrites"]
 
 
 def choose(candidates: Sequence[Candidate], target_bytes: int) -> Candidate:
@@ -192,8 +187,6 @@ class Search:
     notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.counter = CountingSimulator(self.base.simulator)
-        self.base = dataclasses.replace(self.base, simulator=self.counter)
         self.prefix, self.planner, self.suffix = _split(self.pipeline)
 
     # -- across targets ------------------------------------------------------------------------------------------
@@ -223,7 +216,9 @@ class Search:
                 return accepted, True
             refused, refused_for = in_total[0], target
             assert self.layout_step is not None
-            step, why = self.layout_step(refused)
+            # The smallest step any refused plan needs: a larger one skips targets where that plan, or one like
+            # it, would fit the layout (a greedy plan's layout can need far more room than the solved plan's).
+            step, why = min((self.layout_step(c) for c in in_total[:LAYOUT_CHECKS]), key=lambda s: s[0])
             lower = max(target - step, bound)
             floor = refused.floor_bytes
             if floor is not None and lower < floor < target:
@@ -243,7 +238,7 @@ class Search:
         if self.fits_layout is None:
             return in_total[0]
         for candidate in in_total[:LAYOUT_CHECKS]:
-            started, sims = time.perf_counter(), self.counter.calls
+            started, sims = time.perf_counter(), work_done()
             self.log.layout_checks += 1
             fits = self.fits_layout(candidate)
             self._record(candidate.label + ", allocator layout replay", candidate.target_bytes, candidate,
@@ -280,7 +275,7 @@ class Search:
     def plan_at(self, target_bytes: int | None) -> list[Candidate]:
         """Every attempt at one target, in order (see the module docstring)."""
         ctx = dataclasses.replace(self.base, target_bytes=target_bytes)
-        started, sims = time.perf_counter(), self.counter.calls
+        started, sims = time.perf_counter(), work_done()
         start, prefix_reports = run_pipeline(self.ir, self.prefix, ctx)
         if self.planner is None or target_bytes is None:
             planner = [self.planner] if self.planner is not None else []
@@ -295,9 +290,11 @@ class Search:
 
         def add(label: str, result: PassResult, floor: int | None = None) -> None:
             nonlocal started, sims
+            # which attempt made the plan, and its time (experiments read both from the planner's report)
+            result.report.details.update(attempt=label, planner_s=time.perf_counter() - started)
             made.append(self._candidate(label, ctx, result.graph, (*prefix_reports, result.report), started, sims,
                                         floor))
-            started, sims = time.perf_counter(), self.counter.calls
+            started, sims = time.perf_counter(), work_done()
 
         def solved(label: str, planner: Planner, graph: GraphIR) -> None:
             result = planner.run(graph, ctx)
@@ -403,7 +400,7 @@ class Search:
         return ctx.simulate(finished).peak_bytes
 
     def _candidate(self, label: str, ctx: PassContext, planned: GraphIR, reports: Sequence[PassReport],
-                   started: float, sims: int, floor: int | None = None) -> Candidate:
+                   started: float, sims: tuple[int, int], floor: int | None = None) -> Candidate:
         """A candidate from the planner's output: the passes after it applied, tags stripped, simulated; logged."""
         finished, suffix_reports = run_pipeline(planned, self.suffix, ctx)
         finished = strip_tags(finished)
@@ -418,11 +415,13 @@ class Search:
         return candidate
 
     def _record(self, label: str, target: int | None, candidate: Candidate, outcome: str, started: float,
-                sims: int, solver_calls: int) -> None:
-        simulations = self.counter.calls - sims
+                work: tuple[int, int], solver_calls: int) -> None:
+        now = work_done()
+        simulations, rewrites = now[0] - work[0], now[1] - work[1]
         self.log.simulations += simulations
+        self.log.grappler_rewrites += rewrites
         self.log.solver_calls += solver_calls
         attempt = Attempt(label, target, candidate.peak_bytes, candidate.estimated_step_s, outcome,
-                          time.perf_counter() - started, simulations, solver_calls)
+                          time.perf_counter() - started, simulations, rewrites, solver_calls)
         self.log.attempts.append(attempt)
         _log.info("%s", attempt.line())

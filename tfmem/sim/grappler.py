@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Iterable
 
 from tensorflow.core.framework import graph_pb2, node_def_pb2
@@ -28,6 +28,8 @@ _log = logging.getLogger(__name__)
 # copies): optimize asks for one graph's rewrite several times, and each costs seconds on a large graph.
 _ANSWERS: OrderedDict[bytes, graph_pb2.GraphDef | None] = OrderedDict()
 _ANSWERS_KEPT = 4
+# Grappler rewrites run in this process (seconds each on large graphs): the budget search reports them.
+WORK: Counter[str] = Counter()
 
 
 def _cluster() -> gcluster.Cluster:
@@ -101,6 +103,7 @@ def _optimized(graph_def: graph_pb2.GraphDef, fetches: Iterable[str],
 
 def _run_grappler(graph_def: graph_pb2.GraphDef, fetches: list[str],
                   config: config_pb2.ConfigProto) -> graph_pb2.GraphDef | None:
+    WORK["rewrites"] += 1
     meta = meta_graph_pb2.MetaGraphDef()
     meta.graph_def.CopyFrom(graph_def)
     keep = meta.collection_def["train_op"].node_list.value

@@ -32,6 +32,7 @@ Examples
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 from collections.abc import Callable, Hashable, Iterable, Sequence
@@ -142,6 +143,7 @@ def simulate(
         cached = _PROFILES.get(ir, key)
     if cached is not None:
         return cached
+    WORK["simulations"] += 1
     analysis = analyse(ir, fetch_names, feed_names, cost_device)
     eg, durations, expensive = analysis.eg, analysis.durations, analysis.expensive
     placement = Placement(device, host)
@@ -240,6 +242,8 @@ def _typical_schedule(analysis: Analysis, expensive: Callable[[str], bool], thre
     return ranked[len(ranked) // 2]
 
 
+# Simulations computed in this process (not answered from a cache): the budget search reports its work in them.
+WORK: collections.Counter[str] = collections.Counter()
 # Recent simulations of graphs as written (not Grappler's rewrite of them), keyed by the other arguments.
 _PROFILES: GraphCache[MemoryProfile] = GraphCache(kept=8)
 # Grappler's rewrites of recent graphs (annotated), keyed by fetches, device, config and feed shapes; tags aside,
