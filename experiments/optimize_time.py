@@ -2,8 +2,8 @@
 
 Per graph, vanilla's peak is measured on an uncapped testbed; then ``optimize`` plans for ``--fractions`` of it
 (default 0.7, 0.5 and 0.35), ``--repeats`` times each. The table gives the median time, whether the budget was
-accepted, and the budget search's counts (``tfmem.search.SearchLog``): attempts, replans, simulations, CBC runs
-and allocator-layout replays; and whether every repeat returned the same GraphDef bytes (the search is bounded
+accepted, and the budget search's counts (``tfmem.search.SearchLog``): attempts, replans, simulations (and
+Grappler rewrites among them), CBC runs and allocator-layout replays; and whether every repeat returned the same GraphDef bytes (the search is bounded
 by counts, so it must). Results are written after every graph.
 
 Graphs: the project's examples and models, an unrolled RNN of about 20,000 ops (simulated as written), and,
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import statistics
 import time
@@ -81,7 +82,9 @@ def measure(name: str, built: Built, fractions: list[float], repeats: int) -> li
             "budget_bytes": budget, "times_s": [round(t, 2) for t in times], "median_s": statistics.median(times),
             "accepted": accepted, "plan_peak_bytes": peak, "identical_repeats": len(set(digests)) == 1,
             "attempts": len(log.attempts) if log else None, "replans": log.replans if log else None,
-            "simulations": log.simulations if log else None, "solver_calls": log.solver_calls if log else None,
+            "simulations": log.simulations if log else None,
+            "grappler_rewrites": log.grappler_rewrites if log else None,
+            "solver_calls": log.solver_calls if log else None,
             "layout_checks": log.layout_checks if log else None,
             "search": [a.line() for a in log.attempts] if log else [],
         })
@@ -91,23 +94,25 @@ def measure(name: str, built: Built, fractions: list[float], repeats: int) -> li
 
 
 def markdown(result: dict[str, Any]) -> str:
+    runs = sorted({(r.get("date", "?"), r.get("command", "?")) for r in result["rows"]})
     lines = ["# How long optimize takes", "",
-             f"Command: `{result['command']}` ({result['date']}, {result['machine']['cpus']} CPUs, load average "
-             f"{result['load_average']['1m']} at the end). Budgets are fractions of vanilla's peak measured on the "
+             "Commands: " + "; ".join(f"`{c}` ({d})" for d, c in runs) + f" ({result['machine']['cpus']} CPUs, "
+             f"load average {result['load_average']['1m']} at the end of the last). Budgets are fractions of "
+             "vanilla's peak measured on the "
              "testbed; times are the median of the repeats (all of them in the JSON); counts are the search's "
              "(`tfmem.search.SearchLog`), the same on every repeat.", "",
-             "| graph | ops | budget | optimize (median) | outcome | attempts | replans | simulations | "
-             "solver calls | layout replays | same GraphDef every repeat |",
-             "|---|---:|---|---:|---|---:|---:|---:|---:|---:|---|"]
+             "| graph | ops | budget | optimize (median) | repeats | outcome | attempts | replans | simulations "
+             "(Grappler rewrites) | solver calls | layout replays | same GraphDef every repeat |",
+             "|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---|"]
     for r in result["rows"]:
         if "error" in r:
-            lines.append(f"| {r['graph']} | | | | {r['error']} | | | | | | |")
+            lines.append(f"| {r['graph']} | | | | | {r['error']} | | | | | | |")
             continue
         lines.append(
             f"| {r['graph']} | {r['ops']} | {r['fraction']:.2f}x ({r['budget_bytes'] / 2**20:.1f} MiB) | "
-            f"{r['median_s']:.1f} s | {'accepted' if r['accepted'] else 'refused'} | {r['attempts']} | "
-            f"{r['replans']} | {r['simulations']} | {r['solver_calls']} | {r['layout_checks']} | "
-            f"{'yes' if r['identical_repeats'] else 'NO'} |")
+            f"{r['median_s']:.1f} s | {len(r['times_s'])} | {'accepted' if r['accepted'] else 'refused'} | "
+            f"{r['attempts']} | {r['replans']} | {r['simulations']} ({r['grappler_rewrites']}) | {r['solver_calls']} | "
+            f"{r['layout_checks']} | {'yes' if r['identical_repeats'] else 'NO'} |")
     return "\n".join(lines) + "\n"
 
 
@@ -125,9 +130,16 @@ def main(argv: list[str] | None = None) -> int:
         names = args.graph or [n for n in GRAPHS if n not in ZOO or _zoo.available()]
         fractions, repeats = [float(f) for f in args.fractions.split(",")], max(1, args.repeats)
     name = "optimize_time_tiny" if args.tiny else "optimize_time"
+    run = provenance(argv)
     rows: list[dict[str, Any]] = []
+    previous = Path(args.out) / f"{name}.json"
+    if args.graph and previous.exists():
+        # a run of some graphs replaces their rows; the others keep theirs (each row says its command and date)
+        rows = [r for r in json.loads(previous.read_text())["rows"] if r["graph"] not in names]
     for graph in names:
-        rows += measure(graph, GRAPHS[graph](), fractions, repeats)
+        rows += [{**r, "command": run["command"], "date": run["date"]}
+                 for r in measure(graph, GRAPHS[graph](), fractions, repeats)]
+        rows.sort(key=lambda r: list(GRAPHS).index(r["graph"]))
         result = provenance(argv, load_average=load_average(), rows=rows)
         paths = write(name, result, markdown(result), Path(args.out))
     print(f"wrote {paths[0]} and {paths[1]}")

@@ -18,7 +18,7 @@ Three tables (issue 5), written to experiments/results/planner.{json,md}:
                                              # only table 2, at 0.9x, 0.8x and 0.7x each vanilla peak
     python -m experiments.planner --held-out # only table 1, on models the planner was not developed on
     python -m experiments.planner --held-out --graph WGAN   # ... on the held-out graphs named WGAN...
-    python -m experiments.planner --held-out-at ResNet-20=56,53 --repeat 2
+    python -m experiments.planner --held-out-at ResNet-20=56,53 --held-out-at MoE=14 --repeat 2
                                              # table 1's rows for chosen budgets of one held-out graph, each
                                              # optimized and run again --repeat times (planner_heldout_at.*)
 """
@@ -301,9 +301,9 @@ def main(argv: list[str] | None = None) -> int:
                              "(writes planner_heldout.*)")
     parser.add_argument("--graph", help="with --held-out: only the held-out graphs whose name starts with this "
                                         "(their rows of planner_heldout.* are replaced, the others kept)")
-    parser.add_argument("--held-out-at", metavar="GRAPH=MIBS",
+    parser.add_argument("--held-out-at", metavar="GRAPH=MIBS", action="append",
                         help="only these budgets (MiB, comma-separated) of the held-out graph whose name starts "
-                             "with GRAPH, e.g. ResNet-20=56,53 (writes planner_heldout_at.*)")
+                             "with GRAPH, e.g. ResNet-20=56,53; repeatable (writes planner_heldout_at.*)")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each --held-out-at budget")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the strategies table")
     parser.add_argument("--out", default=str(RESULTS))
@@ -328,23 +328,23 @@ def main(argv: list[str] | None = None) -> int:
         print("wrote", *paths)
         return 0
     if args.held_out_at is not None:
-        chosen = _held_out_at(args.held_out_at)
-        if chosen is None:
-            names = ", ".join(n.split()[0] for n in held_out_builders())
-            parser.error(f"--held-out-at takes GRAPH=MIB[,MIB...] with GRAPH one of {names}, "
-                         f"got {args.held_out_at!r}")
-        name, budgets = chosen
-        built = held_out_builders()[name]()
-        rows = [_guarantee_row(built, int(b * MiB), args.steps, fraction=None)
-                for b in tqdm(budgets, desc=name, unit="budget") for _ in range(args.repeat)]
-        md = "\n".join([f"# Budget planner on {name}: chosen budgets", "",
+        chosen = [_held_out_at(spec) for spec in args.held_out_at]
+        for spec, parsed in zip(args.held_out_at, chosen, strict=True):
+            if parsed is None:
+                names = ", ".join(n.split()[0] for n in held_out_builders())
+                parser.error(f"--held-out-at takes GRAPH=MIB[,MIB...] with GRAPH one of {names}, got {spec!r}")
+        rows = []
+        for name, budgets in (c for c in chosen if c is not None):
+            built = held_out_builders()[name]()
+            rows += [{"graph": name, **_guarantee_row(built, int(b * MiB), args.steps, fraction=None)}
+                     for b in tqdm(budgets, desc=name, unit="budget") for _ in range(args.repeat)]
+        md = "\n".join(["# Budget planner on held-out graphs: chosen budgets", "",
                         f"Command: `{provenance(argv)['command']}`. Each budget optimized and, where accepted, run "
                         "in a testbed of exactly that budget, once per repeat. Memory: testbed allocator (measured).",
-                        "", "| budget | accepted | measured peak | OOM | simulated peak | lower bound | best peak |",
-                        "|---:|---|---:|---|---:|---:|---:|",
-                        *(at_row(r) for r in rows)]) + "\n"
-        paths = write("planner_heldout_at", {"provenance": provenance(argv), "graph": name, "rows": rows}, md,
-                      Path(args.out))
+                        "", "| graph | budget | accepted | measured peak | OOM | simulated peak | lower bound | "
+                        "best peak |", "|---|---:|---|---:|---|---:|---:|---:|",
+                        *(f"| {r['graph']} " + at_row(r) for r in rows)]) + "\n"
+        paths = write("planner_heldout_at", {"provenance": provenance(argv), "rows": rows}, md, Path(args.out))
         print(md)
         print("wrote", *paths)
         return 0
