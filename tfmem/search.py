@@ -39,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from passes.place_persistent import PlacePersistent
@@ -328,9 +328,10 @@ class Search:
         return [dataclasses.replace(c, floor_bytes=floor) for c in made]
 
     def _strategies(self, start: GraphIR, start_profile: MemoryProfile, ctx: PassContext,
-                    ) -> list[tuple[str, PassResult]]:
+                    ) -> Iterator[tuple[str, PassResult]]:
         """Each allowed strategy alone (continued by ``MIXED_AFTER`` when short), and cheap recomputation then
-        swapping; as planner-named results whose reports list what was moved."""
+        swapping; as planner-named results whose reports list what was moved. A generator, so that each
+        attempt's work is logged as its own."""
         assert self.planner is not None and ctx.target_bytes is not None
         link = self.planner.link
         passes: dict[str, Pass] = {"swap_activations": SwapActivations(link=link), "recompute": Recompute(),
@@ -339,7 +340,6 @@ class Search:
         kinds = [allowed[k] for k in self.planner.kinds if k in allowed]
         if ctx.host is None:
             kinds = [k for k in kinds if k == "recompute"]
-        out: list[tuple[str, PassResult]] = []
         for kind in kinds:
             chain = [kind, *(k for k in MIXED_AFTER[kind] if k in kinds)] if ctx.host is not None else [kind]
             graph, reports = start, list[PassReport]()
@@ -353,16 +353,15 @@ class Search:
                 if self._peak(graph, ctx) <= ctx.target_bytes:
                     break
             if reports:
-                out.append((", then ".join(r.name for r in reports) + (" alone" if len(reports) == 1 else ""),
-                            self._as_planner(start, start_profile, graph, reports, ctx)))
+                yield (", then ".join(r.name for r in reports) + (" alone" if len(reports) == 1 else ""),
+                       self._as_planner(start, start_profile, graph, reports, ctx))
         if ctx.host is not None and {"swap_activations", "recompute"} <= set(kinds):
             swap_s_per_byte = 2 * copy_share(link) / link.link_bandwidth   # out and back
             cheap = Recompute(cost_device=link, max_s_per_byte=swap_s_per_byte).run(start, ctx)
             rest = SwapActivations(link=link).run(cheap.graph, ctx) if cheap.changed else cheap
             if cheap.changed and rest.changed:
-                out.append(("recompute where cheaper than copying, then swap_activations",
-                            self._as_planner(start, start_profile, rest.graph, [cheap.report, rest.report], ctx)))
-        return out
+                yield ("recompute where cheaper than copying, then swap_activations",
+                       self._as_planner(start, start_profile, rest.graph, [cheap.report, rest.report], ctx))
 
     def _repair(self, lowest: Candidate, ctx: PassContext) -> PassResult | None:
         """``lowest``'s plan continued by each strategy in turn while it is over the target; None if none moved."""
