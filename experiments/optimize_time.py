@@ -100,7 +100,8 @@ def markdown(result: dict[str, Any]) -> str:
              f"load average {result['load_average']['1m']} at the end of the last). Budgets are fractions of "
              "vanilla's peak measured on the "
              "testbed; times are the median of the repeats (all of them in the JSON); counts are the search's "
-             "(`tfmem.search.SearchLog`), the same on every repeat.", "",
+             "(`tfmem.search.SearchLog`), the same on every repeat; \"refused unplanned\": the lower bound alone "
+             "exceeds the budget less its margin, so nothing was tried.", "",
              "| graph | ops | budget | optimize (median) | repeats | outcome | attempts | replans | simulations "
              "(Grappler rewrites) | solver calls | layout replays | same GraphDef every repeat |",
              "|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---|"]
@@ -108,11 +109,14 @@ def markdown(result: dict[str, Any]) -> str:
         if "error" in r:
             lines.append(f"| {r['graph']} | | | | | {r['error']} | | | | | | |")
             continue
+        outcome = "accepted" if r["accepted"] else "refused" if r["attempts"] is not None else "refused unplanned"
+        counts = ("- | - | - | - | -" if r["attempts"] is None else
+                  f"{r['attempts']} | {r['replans']} | {r['simulations']} ({r['grappler_rewrites']}) | "
+                  f"{r['solver_calls']} | {r['layout_checks']}")
         lines.append(
             f"| {r['graph']} | {r['ops']} | {r['fraction']:.2f}x ({r['budget_bytes'] / 2**20:.1f} MiB) | "
-            f"{r['median_s']:.1f} s | {len(r['times_s'])} | {'accepted' if r['accepted'] else 'refused'} | "
-            f"{r['attempts']} | {r['replans']} | {r['simulations']} ({r['grappler_rewrites']}) | {r['solver_calls']} | "
-            f"{r['layout_checks']} | {'yes' if r['identical_repeats'] else 'NO'} |")
+            f"{r['median_s']:.1f} s | {len(r['times_s'])} | {outcome} | {counts} | "
+            f"{'yes' if r['identical_repeats'] else 'NO'} |")
     return "\n".join(lines) + "\n"
 
 
