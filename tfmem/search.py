@@ -21,8 +21,9 @@ A pass list without the planner has one attempt: ``the passes as given``.
 
 The rule (``choose``): of the candidates within the target, the least estimated step time (the earlier
 attempt on a tie); when none is, the lowest peak. Across targets (``Search.run``): the first is the budget
-less the safety margin. Candidates within the highest target are replayed on the device allocator's layout,
-quickest first, at most ``LAYOUT_CHECKS`` per target; the first that fits is accepted. When candidates fit in
+less the safety margin. Candidates within the highest target are replayed on the device allocator's layout
+(``layout_order``: those within the current target quickest first, then the others lowest first), at most
+``LAYOUT_CHECKS`` per target; the first that fits is accepted. When candidates fit in
 total but none fits the layout, the next target is lower by the least that one of the refused plans' layouts
 needed (``replan for less after a layout refusal``, at most ``CAPACITY_RETRIES`` times), and once a plan is accepted after a
 refusal, ``REFINE_STEPS`` targets in between are tried, bisecting, and the quickest accepted plan kept. When
@@ -71,7 +72,7 @@ MIXED_AFTER = {"swap_activations": ("recompute",), "recompute": ("swap_activatio
                "place_persistent": ("swap_activations", "recompute")}
 CAPACITY_RETRIES = 6   # replans for less after layout refusals
 REFINE_STEPS = 3       # targets tried between the last one the layout refused and the first it took
-LAYOUT_CHECKS = 3      # candidates replayed on the allocator's layout per target, quickest first
+LAYOUT_CHECKS = 3      # candidates replayed on the allocator's layout per target (``layout_order``)
 
 
 @dataclass(frozen=True)
@@ -156,9 +157,21 @@ def choose(candidates: Sequence[Candidate], target_bytes: int) -> Candidate:
     return min(candidates, key=lambda c: c.peak_bytes)
 
 
-def quickest_first(candidates: Sequence[Candidate], limit_bytes: int) -> list[Candidate]:
-    """The candidates within ``limit_bytes``, quickest first (attempt order on ties)."""
-    return sorted((c for c in candidates if c.peak_bytes <= limit_bytes), key=lambda c: c.estimated_step_s)
+def layout_order(candidates: Sequence[Candidate], target_bytes: int, limit_bytes: int) -> list[Candidate]:
+    """The candidates within ``limit_bytes`` in the order their layouts are replayed: those within the target
+    planned for, quickest first, then the others, lowest peak first (attempt order on ties).
+
+    After a layout refusal the target is lower, and the plans that meet it are the point of planning again: a
+    quicker plan above it was refused already, or is like one that was (tests/test_guarantee_rewrites.py).
+
+    >>> from types import SimpleNamespace as N
+    >>> c = [N(label=l, peak_bytes=p, estimated_step_s=s) for l, p, s in [("a", 9, 1.0), ("b", 7, 3.0), ("c", 6, 2.0)]]
+    >>> [x.label for x in layout_order(c, 7, 9)]
+    ['c', 'b', 'a']
+    """
+    within = sorted((c for c in candidates if c.peak_bytes <= target_bytes), key=lambda c: c.estimated_step_s)
+    over = sorted((c for c in candidates if target_bytes < c.peak_bytes <= limit_bytes), key=lambda c: c.peak_bytes)
+    return within + over
 
 
 def _split(pipeline: Sequence[Pass]) -> tuple[list[Pass], Planner | None, list[Pass]]:
@@ -198,13 +211,13 @@ class Search:
         if max_target is None or first_target is None:
             return choose(self.plan_at(None), 0), True
         target = first_target
-        refused: Candidate | None = None    # the quickest candidate the layout refused, for the report
+        refused: Candidate | None = None    # the first candidate the layout refused, for the report
         refused_for: int | None = None      # the last target whose candidates fit in total but not in the layout
         for replan in range(CAPACITY_RETRIES + 1):
             if replan:
                 self.log.replans += 1
             candidates = self.plan_at(target)
-            in_total = quickest_first(candidates, max_target)
+            in_total = layout_order(candidates, target, max_target)
             if not in_total:
                 # Missed in total. Not planned again for less: a plan asked for less than the planner reaches can
                 # measure far above its simulation (tests/test_guarantee.py, the unrolled RNN at 36 MiB).
@@ -234,7 +247,7 @@ class Search:
         return refused, False
 
     def _first_fitting_layout(self, in_total: Sequence[Candidate]) -> Candidate | None:
-        """The quickest of ``in_total`` that fits the allocator's layout (at most ``LAYOUT_CHECKS`` replayed)."""
+        """The first of ``in_total`` that fits the allocator's layout (at most ``LAYOUT_CHECKS`` replayed)."""
         if self.fits_layout is None:
             return in_total[0]
         for candidate in in_total[:LAYOUT_CHECKS]:
@@ -261,7 +274,7 @@ class Search:
                 break
             middle = (low + high) // 2
             self.log.replans += 1
-            found = self._first_fitting_layout(quickest_first(self.plan_at(middle), max_target))
+            found = self._first_fitting_layout(layout_order(self.plan_at(middle), middle, max_target))
             if found is None:
                 high = middle
                 continue
