@@ -23,15 +23,15 @@ The rule (``choose``): of the candidates within the target, the least estimated 
 attempt on a tie); when none is, the lowest peak. Across targets (``Search.run``): the first is the budget
 less the safety margin. Candidates within the highest target are replayed on the device allocator's layout
 (``layout_order``: those within the current target quickest first, then the others lowest first), at most
-``LAYOUT_CHECKS`` per target; the first that fits is accepted. When candidates fit in
-total but none fits the layout, the next target is lower by the least that one of the refused plans' layouts
-needed (``replan for less after a layout refusal``, at most ``CAPACITY_RETRIES`` times), and once a plan is accepted after a
-refusal, ``REFINE_STEPS`` targets in between are tried, bisecting, and the quickest accepted plan kept. When
-nothing fits in total, the search stops and the budget is refused.
+``LAYOUT_CHECKS`` per target; the first that fits is accepted. When candidates fit in total but none fits the
+layout, the next target is lower by the least that one of the refused plans' layouts needed (``replan for less
+after a layout refusal``, at most ``CAPACITY_RETRIES`` times), and once a plan is accepted after a refusal,
+``REFINE_STEPS`` targets in between are tried, bisecting, and the quickest accepted plan kept. When nothing fits
+in total, the search stops and the budget is refused.
 
 Every bound is a count (attempts, replans, simulations inside the passes, CBC's branch-and-bound nodes), never
-elapsed time, so the same graph, budget and options give the same plan on any machine and under any load
-(``tests/test_search.py``). ``SearchLog`` records each attempt with its outcome, the simulations and solver
+elapsed time, so the same graph, budget and options give the same plan under any load (``tests/test_search.py``);
+the machine's core count is an input, as TF sizes its thread pools by it. ``SearchLog`` records each attempt with its outcome, the simulations and solver
 calls it made and the time it took; ``optimize``'s report lists them.
 """
 
