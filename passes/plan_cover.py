@@ -85,7 +85,8 @@ def solve_cover(options: Sequence[Option], profile: MemoryProfile, target_bytes:
     when the model has more than ``SOLVER_MAX_PAIRS`` (option, segment) pairs."""
     segments, excess = _over_budget_segments(profile, options, target_bytes)
     cover = _cover(options, segments)
-    greedy = _greedy(options, cover, excess)
+    by_option = _option_arrays(cover)
+    greedy = _greedy(options, by_option, excess)
     heuristic_cost = sum(options[i].cost_s for i in greedy)
     feasible = all(sum(b for _, b in row) >= need for row, need in zip(cover, excess, strict=True))
     too_large = sum(len(row) for row in cover) > SOLVER_MAX_PAIRS
@@ -119,7 +120,7 @@ def solve_cover(options: Sequence[Option], profile: MemoryProfile, target_bytes:
     picked = [i for i, var in enumerate(x) if (var.value() or 0) > 0.5]
     cost = sum(options[i].cost_s for i in picked)
     found = pulp.LpStatus[problem.status] == "Optimal"   # PuLP's word for "has a solution", proven or not
-    if not found or not _covers(picked, _option_arrays(cover), np.array(excess, dtype=np.int64)):
+    if not found or not _covers(picked, by_option, np.array(excess, dtype=np.int64)):
         return PlanResult(tuple(options[i] for i in greedy), f"heuristic (CBC found no plan in {solver_nodes} nodes)",
                           elapsed, heuristic_cost, heuristic_cost, solver_calls=1)
     if cost >= heuristic_cost:   # the greedy plan is as cheap: keep it (CBC may return another of equal cost)
@@ -234,7 +235,7 @@ def _cover(options: Sequence[Option], segments: list[tuple[float, float]]) -> li
     return [sorted(r.items()) for r in rows]
 
 
-def _greedy(options: Sequence[Option], cover: list[list[tuple[int, int]]], excess: list[int],
+def _greedy(options: Sequence[Option], by_option: dict[int, tuple[np.ndarray, np.ndarray]], excess: list[int],
             covers: int = GREEDY_COVERS) -> list[int]:
     """The fallback plan: the cheapest of a greedy cover and its variants that each leave one of its picks out.
 
@@ -245,10 +246,9 @@ def _greedy(options: Sequence[Option], cover: list[list[tuple[int, int]]], exces
     Examples
     --------
     >>> opts = [Option("swap", t, n, cost, (), None) for t, n, cost in [("a", 4, 1.0), ("b", 4, 1.0), ("c", 8, 1.5)]]
-    >>> _greedy(opts, cover=[[(0, 4), (2, 8)], [(1, 4), (2, 8)]], excess=[4, 4])   # c covers both at once
+    >>> _greedy(opts, _option_arrays([[(0, 4), (2, 8)], [(1, 4), (2, 8)]]), excess=[4, 4])   # c covers both at once
     [2]
     """
-    by_option = _option_arrays(cover)
     need = np.array(excess, dtype=np.int64)
 
     def cost(picks: list[int]) -> float:

@@ -8,7 +8,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from passes.plan_cover import Option, _greedy
+from passes.plan_cover import Option, _greedy, _option_arrays
 
 
 @st.composite
@@ -34,7 +34,7 @@ def _covers(chosen, cover, excess):
 @given(covering_problems())
 def test_greedy_covers_whenever_possible_and_keeps_nothing_redundant(problem):
     options, cover, excess = problem
-    chosen = set(_greedy(options, cover, excess))
+    chosen = set(_greedy(options, _option_arrays(cover), excess))
     everything = set(range(len(options)))
     assert _covers(chosen, cover, excess) == _covers(everything, cover, excess)
     if _covers(chosen, cover, excess):
@@ -46,7 +46,7 @@ def test_greedy_covers_whenever_possible_and_keeps_nothing_redundant(problem):
 def test_greedy_prefers_one_option_that_covers_two_segments_over_two_cheaper_ones():
     options = [Option("swap", t, 4, cost, (), None) for t, cost in [("a", 1.0), ("b", 1.0), ("c", 1.5)]]
     cover = [[(0, 4), (2, 4)], [(1, 4), (2, 4)]]
-    assert _greedy(options, cover, [4, 4]) == [2]
+    assert _greedy(options, _option_arrays(cover), [4, 4]) == [2]
 
 
 def test_greedy_is_near_the_exact_optimum_on_small_problems():
@@ -65,7 +65,7 @@ def test_greedy_is_near_the_exact_optimum_on_small_problems():
         best = min(sum(options[i].cost_s for i in subset)
                    for k in range(n + 1) for subset in itertools.combinations(range(n), k)
                    if _covers(set(subset), cover, excess))
-        greedy = sum(options[i].cost_s for i in _greedy(options, cover, excess))
+        greedy = sum(options[i].cost_s for i in _greedy(options, _option_arrays(cover), excess))
         ratios.append(greedy / best)
     assert ratios and sum(ratios) / len(ratios) <= 1.10
 
@@ -90,7 +90,7 @@ def test_greedy_with_several_ways_per_tensor_takes_one_each_and_still_covers():
         if not costs:
             continue
         feasible += 1
-        chosen = _greedy(options, cover, excess)
+        chosen = _greedy(options, _option_arrays(cover), excess)
         assert len({keys[i] for i in chosen}) == len(chosen)
         if not _covers(set(chosen), cover, excess):
             missed += 1

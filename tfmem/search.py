@@ -141,8 +141,8 @@ def work_done() -> tuple[int, int]:
 
 
 def choose(candidates: Sequence[Candidate], target_bytes: int) -> Candidate:
-    """The candidate to keep at one target: of those within it, the least estimated step time (the earlier on a
-    tie); when none is, the lowest peak (the earlier on a tie).
+    """The candidate to keep at one target: the first in ``layout_order`` with no limit (of those within the
+    target, the least estimated step time; when none is, the lowest peak; the earlier attempt on a tie).
 
     >>> from types import SimpleNamespace as N
     >>> c = [N(label=l, peak_bytes=p, estimated_step_s=s) for l, p, s in [("a", 9, 1.0), ("b", 8, 2.0), ("c", 7, 1.5)]]
@@ -151,10 +151,7 @@ def choose(candidates: Sequence[Candidate], target_bytes: int) -> Candidate:
     >>> choose(c, 9).label
     'a'
     """
-    within = [c for c in candidates if c.peak_bytes <= target_bytes]
-    if within:
-        return min(within, key=lambda c: c.estimated_step_s)
-    return min(candidates, key=lambda c: c.peak_bytes)
+    return layout_order(candidates, target_bytes, max(c.peak_bytes for c in candidates))[0]
 
 
 def layout_order(candidates: Sequence[Candidate], target_bytes: int, limit_bytes: int) -> list[Candidate]:
