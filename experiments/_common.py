@@ -45,8 +45,8 @@ def write(name: str, result: dict[str, Any], markdown: str, out_dir: Path = RESU
 def testbed_run(budget: int, graph: Any, built: Any, steps: int, step_timeout_s: float = 120.0) -> Any:
     """Run ``graph`` (fetches and feeds from ``built``) on a fresh testbed capped at ``budget``.
 
-    A device server that crashes (TF's gRPC receive path can crash instead of raising out-of-memory) or a step
-    that exceeds ``step_timeout_s`` is a failed run: ``oom=True`` with the reason in ``error``, never hidden.
+    A device server that crashes or a phase past its time limit is a failed run (``ending`` ``"crash"`` or
+    ``"timeout"``, the reason in ``error``), never hidden and never called an out-of-memory.
     """
     from tfmem.errors import TestbedError
     from tfmem.testbed import RunResult, Testbed
@@ -54,9 +54,8 @@ def testbed_run(budget: int, graph: Any, built: Any, steps: int, step_timeout_s:
     try:
         with Testbed(budget, step_timeout_s=step_timeout_s) as tb:
             return tb.run(graph, built.fetches, built.feeds, steps=steps)
-    except TestbedError as e:
-        return RunResult(oom=True, error=f"testbed failure: {str(e).splitlines()[0][:200]}", device_peak_bytes=None,
-                         host_peak_bytes=None, step_time_s=None)
+    except TestbedError as e:   # a timeout or a crash: ``ending`` says which, never an OOM
+        return RunResult.failed(e)
 
 
 # --- shared by the per-model tables (peak_memory, baselines) ---------------------------------------------------
@@ -126,15 +125,14 @@ def budget_at(peak_bytes: int, fraction: float) -> int:
 
 
 def run_on(tb: Any, graph: Any, built: Any, steps: int, config: Any = None) -> Any:
-    """``tb.run`` that records a crashed server or a TF error as a failed run (``oom=True``, ``error`` set)."""
+    """``tb.run`` that records a timeout, a crashed server or a TF error as a failed run (``ending``, ``error``)."""
     from tfmem.errors import TestbedError
     from tfmem.testbed import RunResult
 
     try:
         return tb.run(graph, list(built.fetches), built.feeds, steps=steps, config=config)
-    except TestbedError as e:
-        return RunResult(oom=True, error=f"testbed failure: {str(e).splitlines()[0][:200]}", device_peak_bytes=None,
-                         host_peak_bytes=None, step_time_s=None)
+    except TestbedError as e:   # a timeout or a crash: ``ending`` says which, never an OOM
+        return RunResult.failed(e)
 
 
 def outputs_equal(reference: Any, run: Any) -> bool | None:
@@ -164,7 +162,7 @@ def max_relative_difference(reference: Any, run: Any) -> float | None:
 def run_record(run: Any, reference: Any) -> dict[str, Any]:
     """One testbed run as JSON: OOM, error, measured peaks, step time, its ratio to ``reference``'s, same outputs."""
     ratio = (run.step_time_s / reference.step_time_s) if run.step_time_s and reference.step_time_s else None
-    return {"oom": run.oom, "error": run.error, "peak_bytes": run.device_peak_bytes,
+    return {"ending": run.ending, "oom": run.oom, "error": run.error, "peak_bytes": run.device_peak_bytes,
             "host_peak_bytes": run.host_peak_bytes, "step_s": run.step_time_s, "step_vs_vanilla": ratio,
             "outputs_equal_vanilla": outputs_equal(reference, run),
             "max_relative_difference": max_relative_difference(reference, run)}
@@ -176,9 +174,15 @@ def fmt_run(r: dict[str, Any] | None) -> str:
 
     if not r:
         return "-"
-    if r.get("error") and "testbed failure" in str(r["error"]):
-        return "failed"
+    if failed_run(r):
+        return str(r.get("ending") or "failed")
     return "OOM" if r["oom"] else format_bytes(r["peak_bytes"])
+
+
+def failed_run(r: dict[str, Any]) -> bool:
+    """Whether a ``run_record`` is a run that neither ran nor ran out of memory (timeout, crash, TF error); older
+    results files said so in ``error``."""
+    return r.get("ending") in ("timeout", "crash", "failed") or "testbed failure" in str(r.get("error"))
 
 
 def fmt_same(r: dict[str, Any]) -> str:

@@ -85,7 +85,7 @@ def run_model(name: str, built: Any, fraction: float, steps: int, progress: Any,
     roomy: dict[str, Any] = {}
     with Testbed(ROOMY, step_timeout_s=120.0) as tb:
         vanilla = run_on(tb, built.graph, built, steps)
-        if vanilla.oom:
+        if not vanilla.ran:
             return {"error": f"vanilla failed on a {ROOMY} testbed: {vanilla.error}"}
         for label, mode in TF_SETTINGS.items():
             if mode == _RC.DEFAULT_MEM_OPT or roomy_settings:

@@ -38,6 +38,7 @@ from experiments._common import (
     RESULTS,
     budget_at,
     code_state,
+    failed_run,
     fmt_run,
     fmt_same,
     fraction_for,
@@ -87,7 +88,7 @@ def run_model(name: str, built: Any, fraction: float, steps: int, progress: Any)
     start = time.perf_counter()
     with Testbed(ROOMY, step_timeout_s=120.0) as tb:
         vanilla = run_on(tb, built.graph, built, steps)
-    if vanilla.oom:
+    if not vanilla.ran:
         return {"error": f"vanilla failed on a {ROOMY} testbed: {vanilla.error}"}
     budget = budget_at(vanilla.device_peak_bytes, fraction)
     model: dict[str, Any] = {"nodes": len(built.graph.as_graph_def().node), "fraction": fraction,
@@ -227,8 +228,8 @@ def observations(models: dict[str, Any]) -> list[str]:
     """Rows that break a promise: accepted by tfmem but out of memory, or fetching values other than vanilla's."""
     ran = [(f"{n} {label}", r) for n, m in models.items() for label, r in m.get("rows", {}).items()
            if label != "vanilla" and "refused" not in r]
-    broke = [name for name, r in ran if r.get("oom") and "testbed failure" not in str(r.get("error"))]
-    failed = [f"{name} ({str(r['error'])[:120]})" for name, r in ran if "testbed failure" in str(r.get("error"))]
+    broke = [name for name, r in ran if r.get("oom") and not failed_run(r)]
+    failed = [f"{name} ({str(r['error'])[:120]})" for name, r in ran if failed_run(r)]
     differ = [f"{n} {label} ({r['max_relative_difference']:.1e})" for n, m in models.items()
               for label, r in m.get("rows", {}).items() if r.get("outputs_equal_vanilla") is False]
     fits = [n for n, m in models.items() if m.get("rows") and not m["rows"]["vanilla"].get("oom")]

@@ -106,7 +106,7 @@ def smallest_cap(graph: object, built: examples.Built, low_mib: int, high_mib: i
         run = testbed_run(cap * MiB, graph, built, steps)
         runs.append({"cap_mib": cap, "oom": run.oom, "measured_peak_bytes": run.device_peak_bytes,
                      "error": run.error})
-        return not run.oom
+        return run.ran
 
     high = high_mib
     while not runs_at(high):

@@ -144,14 +144,13 @@ def training_like_graph(layers: int, sizes: Sequence[int], skips: Sequence[int])
 
 def run_on_testbed(budget: int, graph: tf.Graph | Any, built: Any, steps: int, step_timeout_s: float = 120.0) -> Any:
     """Run ``graph`` (fetches and feeds from ``built``) on a fresh testbed capped at ``budget``: a
-    ``tfmem.testbed.RunResult``. A device server that crashes or a step past ``step_timeout_s`` is a failed run,
-    ``oom=True`` with the reason in ``error``."""
+    ``tfmem.testbed.RunResult``. A device server that crashes or a phase past its time limit is a failed run
+    (``ending`` ``"crash"`` or ``"timeout"``, the reason in ``error``)."""
     from tfmem.errors import TestbedError
     from tfmem.testbed import RunResult, Testbed
 
     try:
         with Testbed(budget, step_timeout_s=step_timeout_s) as tb:
             return tb.run(graph, built.fetches, built.feeds, steps=steps)
-    except TestbedError as e:
-        return RunResult(oom=True, error=f"testbed failure: {str(e).splitlines()[0][:200]}", device_peak_bytes=None,
-                         host_peak_bytes=None, step_time_s=None)
+    except TestbedError as e:   # a timeout or a crash: ``ending`` says which, never an OOM
+        return RunResult.failed(e)

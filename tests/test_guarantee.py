@@ -59,7 +59,7 @@ def _refused_or_runs_within(built: examples.Built, budget: int, fallback: int | 
             assert 0 < e.lower_bound_bytes <= b
             continue
         run = run_on_testbed(b, opt.graph, built, steps=2, step_timeout_s=60)
-        assert not run.oom, run.error
+        assert run.ran, run.error
         assert run.device_peak_bytes <= b
         return
     pytest.fail(f"every budget tried below vanilla's simulated {vanilla / MiB:.1f} MiB was refused "

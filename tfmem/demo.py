@@ -155,7 +155,7 @@ def _run_testbeds(built: Built, opt: tfmem.Optimized | None, budget: int, large:
             try:
                 result = tb.run(graph, built.fetches, built.feeds, steps=steps, config=config)
             except TestbedError as e:  # keep the other runs and the table; the row says "failed"
-                result = RunResult(False, str(e), None, None, None)
+                result = RunResult.failed(e)
         peak = format_bytes(result.device_peak_bytes or 0)
         say(f"{label}: " + ("OUT OF MEMORY" if result.oom else f"FAILED: {result.error}" if result.error
                             else f"fits, peak {peak}"))

@@ -82,6 +82,25 @@ class PassError(TfmemError):
 
 
 class TestbedError(TfmemError):
-    """The testbed's servers could not be started or stopped cleanly."""
+    """The testbed could not run a graph: its servers did not start, or TensorFlow rejected the run (a bad feed
+    value, an uninitialised variable)."""
 
     __test__ = False  # not a pytest test class
+
+
+class TestbedTimeoutError(TestbedError):
+    """A phase of a testbed run (``phase``: initialisation, the warm-up step, a timed step) took longer than its
+    limit (``limit_s``); the servers were stopped, so nothing is left waiting."""
+
+    def __init__(self, message: str, *, phase: str, limit_s: float) -> None:
+        super().__init__(message)
+        self.phase = phase
+        self.limit_s = limit_s
+
+
+class TestbedCrashError(TestbedError):
+    """A testbed server died during a run; the message ends with its stderr."""
+
+    def __init__(self, message: str, *, phase: str) -> None:
+        super().__init__(message)
+        self.phase = phase

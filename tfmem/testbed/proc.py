@@ -53,7 +53,8 @@ class ServerProcess:
                  inter_op_threads: int = 0, intra_op_threads: int = 0, reserve_bytes: int = 0) -> None:
         self.job = job
         # One file per start, so a restarted server does not overwrite its predecessor's last words.
-        self.stderr_path = workdir / f"{job}.{len(list(workdir.glob(job + '.*.stderr')))}.stderr"
+        starts = [int(n) for n in (f.name.split(".")[1] for f in workdir.glob(f"{job}.*.stderr")) if n.isdigit()]
+        self.stderr_path = workdir / f"{job}.{max(starts, default=-1) + 1}.stderr"
         self._buf = b""
         cmd = [
             sys.executable, "-u", str(SERVER_SCRIPT), "--job", job, "--cluster", json.dumps(cluster),

@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import atexit
 import copy
+import dataclasses
+import hashlib
 import logging
 import os
 import shutil
@@ -45,6 +47,7 @@ import statistics
 import tempfile
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,25 +55,47 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tfmem.errors import BadInputError, TestbedError
+from tfmem.errors import (
+    BadInputError,
+    TestbedCrashError,
+    TestbedError,
+    TestbedTimeoutError,
+    TfmemError,
+    first_line,
+)
 from tfmem.testbed.graph import DEVICE, HOST, GraphLike, check_names, initializer_names, place_on_device
 from tfmem.testbed.proc import COMMON_ENV, ServerProcess, free_ports
+from tfmem.testbed.watch import Ending, Phase, watch
 from tfmem.units import format_bytes, parse_bytes
 
 __all__ = ["DEVICE", "HOST", "RunResult", "Testbed", "initializer_names", "place_on_device"]
 
 _log = logging.getLogger(__name__)
 _LIVE: weakref.WeakSet[Testbed] = weakref.WeakSet()
+# A phase of a run (initialisation, the warm-up, a step) may take this many times its longest phase in the last
+# run of the same graph that ran (a roomy run, typically), and at least MIN_PHASE_TIMEOUT_S: a hang then costs
+# seconds, not step_timeout_s. Keyed by a digest of the placed graph and fetches, for every testbed in the process.
+PHASE_TIMEOUT_FACTOR = 10.0
+MIN_PHASE_TIMEOUT_S = 20.0
+SETTLE_TIMEOUT_S = 30.0
+_PHASE_TIMES: dict[bytes, float] = {}
+_DUMP_NAME = "bfc"   # TF_BFC_MEMORY_DUMP's prefix in the work dir: the device's allocator maps at failed requests
+_TIMEOUT_HINT = ("A step that is slow rather than stuck needs a larger step_timeout_s; a first run of a graph "
+                 "gets step_timeout_s, later runs of it 10x their longest phase in its last run that ran.")
 
 
 @dataclass(frozen=True)
 class RunResult:
     """What one ``Testbed.run`` measured.
 
-    ``oom`` is True when the device went over its cap; ``error`` then holds a one-line summary. Peaks are
-    allocator bytes (BFC chunk sizes) over the timed steps, resident variables and constants included;
-    ``step_time_s`` is the median client wall time of the timed steps; ``outputs`` maps each tensor fetch to
-    its value at the last step. ``run_metadata`` is the last step's full trace when ``run(trace=True)``.
+    ``ending`` is ``"ran"`` or ``"oom"`` (the device went over its cap; ``oom`` is then True and ``error``
+    says where: the phase, and the op and the allocation when TensorFlow named them); a run that timed out or
+    whose server crashed raises instead (``TestbedTimeoutError``, ``TestbedCrashError``), and code that keeps
+    going records those as ``RunResult.failed(...)``, ``ending`` ``"timeout"`` or ``"crash"``. Peaks are allocator
+    bytes (BFC chunk sizes) over the timed steps, resident variables and constants included; ``step_time_s`` is
+    the median client wall time of the timed steps; ``outputs`` maps each tensor fetch to its value at the last
+    step. ``run_metadata`` is the last step's full trace when ``run(trace=True)``. ``reached_s`` is how long the
+    run took to reach its ending (for an OOM, the failed request), ``elapsed_s`` how long ``run`` took.
     """
 
     oom: bool
@@ -80,6 +105,31 @@ class RunResult:
     step_time_s: float | None
     outputs: dict[str, np.ndarray] = field(default_factory=dict)
     run_metadata: tf.compat.v1.RunMetadata | None = None
+    ending: str = ""
+    reached_s: float | None = None
+    elapsed_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.ending:
+            object.__setattr__(self, "ending", "oom" if self.oom else "ran")
+        if self.ending not in ENDINGS:
+            raise ValueError(f"RunResult.ending must be one of {ENDINGS}, got {self.ending!r}")
+
+    @property
+    def ran(self) -> bool:
+        """Whether the steps ran to the end (no OOM, timeout or crash)."""
+        return self.ending == "ran"
+
+    @classmethod
+    def failed(cls, error: TestbedError) -> RunResult:
+        """A run that timed out or crashed, or that TensorFlow rejected, as a result (for tables that go on)."""
+        ending = ("timeout" if isinstance(error, TestbedTimeoutError)
+                  else "crash" if isinstance(error, TestbedCrashError) else "failed")
+        return cls(oom=False, error=f"{ending}: {str(error).splitlines()[0][:300]}", device_peak_bytes=None,
+                   host_peak_bytes=None, step_time_s=None, ending=ending)
+
+
+ENDINGS = ("ran", "oom", "timeout", "crash", "failed")
 
 
 def _physical_memory_bytes() -> int:
@@ -114,8 +164,9 @@ class Testbed:
     start_timeout_s : float
         How long to wait for both servers to accept connections.
     step_timeout_s : float
-        The longest any one ``Session.run`` may take (initialisation, warm-up, a timed step); a run that
-        takes longer raises ``TestbedError`` (naming a server that died, if one did) instead of hanging.
+        The longest one phase of a run may take (initialisation, the warm-up step, a timed step); a graph that
+        ran before gets at most ``PHASE_TIMEOUT_FACTOR`` times its longest phase then (at least
+        ``MIN_PHASE_TIMEOUT_S``). A phase past its limit raises ``TestbedTimeoutError`` instead of hanging.
 
     Raises
     ------
@@ -157,7 +208,9 @@ class Testbed:
         _remove_orphaned_workdirs()
         self._workdir = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-"))
         self._procs: dict[str, ServerProcess] = {}
-        self._running_inter_op = -1
+        self._running_inter_op = -1   # the pool of the ready servers; -1: none ready
+        self._spawned_inter_op = -1   # the pool of the servers started, ready or not
+        self._last_words: list[str] = []
         self._closed = False
         _LIVE.add(self)
         try:
@@ -182,15 +235,30 @@ class Testbed:
         # The host gets a BFC allocator too, capped at physical memory (i.e. uncapped): TF's default CPU
         # allocator keeps no statistics, so get_memory_info would fail there.
         limit = self.device_memory_bytes if job == "worker" else _physical_memory_bytes()
-        return {**COMMON_ENV, "TF_CPU_ALLOCATOR_USE_BFC": "true", "TF_CPU_BFC_MEM_LIMIT_IN_MB": str(limit // 2**20)}
+        env = {**COMMON_ENV, "TF_CPU_ALLOCATOR_USE_BFC": "true", "TF_CPU_BFC_MEM_LIMIT_IN_MB": str(limit // 2**20)}
+        if job == "worker":  # the allocator writes its map at every failed request: how ``watch`` sees an OOM
+            env["TF_BFC_MEMORY_DUMP"] = str(self._workdir / _DUMP_NAME)
+        return env
+
+    def _spawn(self, inter_op: int) -> None:
+        """Start both servers without waiting for them: they import TensorFlow in parallel while the caller goes
+        on (after a run cut short, the next run finds them ready or nearly)."""
+        self._kill_servers()
+        worker_port, host_port = free_ports(2)
+        self.cluster = {"worker": [f"127.0.0.1:{worker_port}"], "host": [f"127.0.0.1:{host_port}"]}
+        for job in ("worker", "host"):
+            args = (inter_op, self.intra_op_threads, self.device_memory_bytes) if job == "worker" else ()
+            self._procs[job] = ServerProcess(job, self.cluster, self._env(job), self._workdir, *args)
+        self._spawned_inter_op = inter_op
+        _trim_stderr_files(self._workdir)
 
     def _start(self, inter_op: int) -> None:
+        """Both servers ready with an ``inter_op`` executor pool: those spawned in advance if they match."""
         for attempt in range(3):
-            worker_port, host_port = free_ports(2)
-            self.cluster = {"worker": [f"127.0.0.1:{worker_port}"], "host": [f"127.0.0.1:{host_port}"]}
-            for job in ("worker", "host"):  # both start now and import TF in parallel
-                args = (inter_op, self.intra_op_threads, self.device_memory_bytes) if job == "worker" else ()
-                self._procs[job] = ServerProcess(job, self.cluster, self._env(job), self._workdir, *args)
+            # Servers spawned in advance are used once: ready ones reach here only when unhealthy (a SIGKILLed
+            # server can look alive until it is reaped) or for another pool.
+            if self._running_inter_op >= 0 or self._server_died() or self._spawned_inter_op != inter_op:
+                self._spawn(inter_op)
             try:
                 deadline = time.monotonic() + self.start_timeout_s
                 for proc in self._procs.values():
@@ -209,10 +277,17 @@ class Testbed:
             proc.kill()
         self._procs = {}
         self._running_inter_op = -1
+        self._spawned_inter_op = -1
 
-    def _restart(self, inter_op: int) -> None:
-        self._kill_servers()
-        self._start(inter_op)
+    def _stop_run(self) -> None:
+        """Cut a run short (``watch``): note what dead servers said, kill both and spawn the next pair."""
+        self._last_words = [f"{p.job} server (pid {p.pid}) died; its stderr ends with:\n{p.stderr_tail()}"
+                            for p in self._procs.values() if not p.alive()]
+        inter_op = self._running_inter_op if self._running_inter_op >= 0 else self.inter_op_threads
+        if not self._closed:
+            self._spawn(inter_op)   # kills the old pair first
+        else:
+            self._kill_servers()
 
     def close(self) -> None:
         """Kill both servers and remove the temp dir. Idempotent."""
@@ -236,6 +311,8 @@ class Testbed:
             self.close()
 
     def _healthy(self) -> bool:
+        if not self._procs:
+            return False
         try:
             return all(p.alive() and p.call("ping", timeout_s=10)["ok"] for p in self._procs.values())
         except TestbedError:
@@ -272,15 +349,23 @@ class Testbed:
         Returns
         -------
         RunResult
-            ``oom=True`` (and no exception) when the device went over its cap.
+            ``ending="ran"``, or ``"oom"`` (``oom=True``, and no exception) when the device went over its cap
+            anywhere: building constants, receiving feeds, running an op. An OOM is seen when the allocator
+            first fails a request (``tfmem.testbed.watch``), and reported within about twice the time the run
+            took to reach it.
 
         Raises
         ------
         BadInputError
             If a fetch or feed names no node of the graph, or ``steps < 1``.
+        TestbedTimeoutError
+            A phase took longer than its limit (``step_timeout_s``, or for a graph that ran before, 10x its
+            longest phase then); the message names the phase.
+        TestbedCrashError
+            A server died; the message ends with its stderr.
         TestbedError
-            On any other TensorFlow error (bad feed value, uninitialised variable, dead server); the servers
-            are restarted if needed, so the Testbed stays usable.
+            On any other failure (a bad feed value, an uninitialised variable). After any of these the Testbed
+            stays usable: stopped servers start again on the next run.
 
         Examples
         --------
@@ -288,39 +373,91 @@ class Testbed:
         ...     r = tb.run(graph, ["train_op", "loss:0"], {"x:0": batch}, steps=5)
         >>> r.device_peak_bytes, r.outputs["loss:0"]                         # doctest: +SKIP
         """
-        g, init = self._prepare(graph, fetches, feeds, steps, inter_op_threads, init_ops)
+        g, init, digest = self._prepare(graph, fetches, feeds, steps, inter_op_threads, init_ops)
+        started = time.monotonic()
+        limit = self._phase_limit(digest)
+        self._clear_dumps()
+        ending = watch(lambda phase: self._measure(phase, limit, g, list(fetches), dict(feeds or {}), steps, config,
+                                                   init, trace),
+                       started=started, dumps=self._dumps, dead=self._server_died, stop=self._stop_run,
+                       abort=self._kill_servers)
+        elapsed = time.monotonic() - started
         try:
-            return self._measure(g, list(fetches), dict(feeds or {}), steps, config, init, trace)
-        except tf.errors.ResourceExhaustedError as e:
-            if not _is_oom(e):  # e.g. gRPC's message-size limit also says RESOURCE_EXHAUSTED
-                raise self._failed(fetches, e) from e
+            return self._result(ending, fetches, digest, elapsed)
+        finally:
+            self._clear_dumps()
+
+    def _result(self, ending: Ending, fetches: list[str], digest: bytes, elapsed: float) -> RunResult:
+        """The ``RunResult`` of a watched run, or the error it raises (see ``run``)."""
+        error = ending.error
+        if ending.kind == "ran":
+            result: RunResult = ending.value
+            _PHASE_TIMES[digest] = result.elapsed_s or elapsed   # the longest phase; elapsed_s holds it for now
             self._settle()
-            return RunResult(oom=True, error=_one_line(e), device_peak_bytes=None, host_peak_bytes=None,
-                             step_time_s=None)
-        except tf.errors.InvalidArgumentError as e:
-            # The worker turns fed values into tensors with the capped allocator; when that allocation fails
-            # TF reports the feed as an "Invalid TensorProto": the device is out of memory before any op runs.
-            if "Invalid TensorProto for feed value" not in str(e):
-                raise self._failed(fetches, e) from e
+            return dataclasses.replace(result, reached_s=elapsed, elapsed_s=elapsed)
+        if ending.kind == "oom":
+            told = _one_line(error) if isinstance(error, tf.errors.OpError) and _is_oom(error) else None
+            where = f"out of memory in the {ending.phase} after {ending.after_s:.2f} s"
+            text = f"{where}: {told}" if told else f"{where}: {_unserved(ending.dump)}"
             self._settle()
-            return RunResult(oom=True, error=f"the feeds do not fit in device memory ({_one_line(e)})",
-                             device_peak_bytes=None, host_peak_bytes=None, step_time_s=None)
-        except tf.errors.OpError as e:
-            raise self._failed(fetches, e) from e
+            return RunResult(oom=True, error=text, device_peak_bytes=None, host_peak_bytes=None, step_time_s=None,
+                             reached_s=ending.after_s, elapsed_s=elapsed)
+        if ending.kind == "timeout":
+            self._settle()
+            raise TestbedTimeoutError(
+                f"testbed: the {ending.phase} did not finish within {ending.limit_s:.0f} s (no allocation had failed "
+                f"and both servers were alive; the servers were stopped and restart on the next run). "
+                f"{_TIMEOUT_HINT}", phase=ending.phase, limit_s=ending.limit_s or 0.0)
+        if ending.kind == "crash":
+            self._settle()
+            raise TestbedCrashError("\n".join([f"testbed: a server died in the {ending.phase} after "
+                                                f"{ending.after_s:.1f} s" + (f" ({_one_line(error)})" if error else ""),
+                                                *self._last_words]), phase=ending.phase)
+        assert error is not None
+        if isinstance(error, tf.errors.ResourceExhaustedError) and _is_oom(error):  # an allocation without retry
+            self._settle()
+            return RunResult(oom=True, error=f"out of memory in the {ending.phase}: {_one_line(error)}",
+                             device_peak_bytes=None, host_peak_bytes=None, step_time_s=None,
+                             reached_s=ending.after_s, elapsed_s=elapsed)
+        if isinstance(error, tf.errors.OpError):
+            raise self._failed(fetches, error) from error
+        if isinstance(error, TfmemError | KeyboardInterrupt):
+            self._settle()
+            raise error
+        # TensorFlow's own error formatting can fail on odd node names (binary bytes in a constant's name)
+        self._settle()
+        raise TestbedError(f"testbed: running fetches {fetches[:5]} failed in the {ending.phase}: "
+                           f"{type(error).__name__}: {first_line(error)}") from error
+
+    def _phase_limit(self, digest: bytes) -> float:
+        """How long one phase of a run of this graph may take: ``PHASE_TIMEOUT_FACTOR`` times its longest phase
+        in its last run that ran (at least ``MIN_PHASE_TIMEOUT_S``), never more than ``step_timeout_s``."""
+        known = _PHASE_TIMES.get(digest)
+        if known is None:
+            return self.step_timeout_s
+        return min(self.step_timeout_s, max(MIN_PHASE_TIMEOUT_S, PHASE_TIMEOUT_FACTOR * known))
+
+    def _dumps(self) -> list[Path]:
+        return sorted(self._workdir.glob(f"{_DUMP_NAME}_*"))
+
+    def _clear_dumps(self) -> None:
+        for path in self._dumps():
+            path.unlink(missing_ok=True)
+
+    def _server_died(self) -> bool:
+        return not self._procs or not all(p.alive() for p in self._procs.values())
 
     def _failed(self, fetches: list[str], error: tf.errors.OpError) -> TestbedError:
-        dead = [f"{p.job} server died; its stderr ends with:\n{p.stderr_tail()}"
-                for p in self._procs.values() if not p.alive()]
         self._settle()
-        message = (
+        return TestbedError(
             f"testbed: running fetches {fetches[:5]} failed with {_one_line(error)}. Check the feed values, and "
             f"that every variable is initialised (initializer_names() finds 'v/Assign' ops; else pass init_ops=...)."
         )
-        return TestbedError("\n".join([message, *dead]))
 
     def _prepare(self, graph: GraphLike, fetches: list[str], feeds: dict[str, Any] | None, steps: int,
-                 inter_op_threads: int | None, init_ops: list[str] | None) -> tuple[tf.Graph, list[str]]:
-        """Check the arguments, (re)start the servers if needed, and import the placed graph."""
+                 inter_op_threads: int | None, init_ops: list[str] | None) -> tuple[tf.Graph, list[str], bytes]:
+        """Check the arguments, (re)start the servers if needed, and import the placed graph; with a digest of
+        the run (graph, fetches, steps) that keys its phase timeouts."""
         if self._closed:
             raise TestbedError("testbed: run() on a closed Testbed; open a new one")
         if steps < 1:
@@ -329,68 +466,123 @@ class Testbed:
         check_names(graph_def, [*fetches, *(feeds or {})])
         inter_op = self.inter_op_threads if inter_op_threads is None else inter_op_threads
         if inter_op != self._running_inter_op or not self._healthy():
-            self._restart(inter_op)
+            self._start(inter_op)
         g = tf.Graph()
         with g.as_default():
             tf.graph_util.import_graph_def(graph_def, name="")
-        return g, initializer_names(graph_def) if init_ops is None else list(init_ops)
+        digest = hashlib.sha256(b"\0".join([graph_def.SerializeToString(deterministic=True),
+                                              *(f.encode() for f in fetches)])).digest()
+        return g, initializer_names(graph_def) if init_ops is None else list(init_ops), digest
 
-    def _measure(self, g: tf.Graph, fetches: list[str], feeds: dict[str, Any], steps: int,
-                 config: tf.compat.v1.ConfigProto | None, init: list[str], trace: bool = False) -> RunResult:
+    def _measure(self, phase: Phase, limit_s: float, g: tf.Graph, fetches: list[str], feeds: dict[str, Any],
+                 steps: int, config: tf.compat.v1.ConfigProto | None, init: list[str], trace: bool = False,
+                 ) -> RunResult:
+        """The run itself, in ``watch``'s helper thread: it names each phase, and ``watch`` cuts it short."""
+        phase.enter("reset before the run", limit_s)
         # Reset drops every resource container (variables) on both jobs, so runs are independent.
         tf.compat.v1.Session.reset(self.target)
         config = copy.deepcopy(config) or tf.compat.v1.ConfigProto()
         config.isolate_session_state = False  # variables must outlive the init session
-        # A server that dies mid-step leaves the client waiting forever on gRPC: bound every call instead.
-        config.operation_timeout_in_ms = int(self.step_timeout_s * 1000)
+        longest = 0.0
         if init:  # own session: closing it frees the init graph's Const kernels; variables stay in the worker
-            with tf.compat.v1.Session(self.target, graph=g, config=config) as sess:
-                sess.run(init, options=tf.compat.v1.RunOptions(timeout_in_ms=int(self.step_timeout_s * 1000)))
+            phase.enter("initialisation (variables and their constants)", limit_s)
+            _run_and_close(self.target, g, config, lambda sess: sess.run(init))
+            longest = time.monotonic() - phase.since
         times, values = [], []
-        # Per call too: a distributed session does not apply operation_timeout_in_ms to its RunStep RPC, and a
-        # device server that crashes mid-step (TF's gRPC receive path can crash instead of raising OOM) would
-        # otherwise leave this call waiting forever.
-        options = tf.compat.v1.RunOptions(timeout_in_ms=int(self.step_timeout_s * 1000))
-        with tf.compat.v1.Session(self.target, graph=g, config=config) as sess:
+        metadata = tf.compat.v1.RunMetadata() if trace else None
+
+        def steps_in(sess: tf.compat.v1.Session) -> None:
+            nonlocal values, longest
             # Warm-up first: the master runs Grappler on it, in the device process, and constant folding's
             # temporaries would otherwise count. Kernels' Const tensors and variables stay resident, so
             # resetting the peak afterwards still counts them.
-            sess.run(fetches, feeds, options=options)
+            phase.enter("warm-up step", limit_s)
+            sess.run(fetches, feeds)
+            longest = max(longest, time.monotonic() - phase.since)
             for proc in self._procs.values():
                 proc.call("reset")
-            metadata = tf.compat.v1.RunMetadata() if trace else None
             for i in range(steps):
+                options = tf.compat.v1.RunOptions()
                 traced = trace and i == steps - 1
                 if traced:
                     options.trace_level = tf.compat.v1.RunOptions.FULL_TRACE
+                phase.enter(f"timed step {i + 1} of {steps}", limit_s)
                 start = time.perf_counter()
                 values = sess.run(fetches, feeds, options=options, run_metadata=metadata if traced else None)
                 times.append(time.perf_counter() - start)
-            device, host = (self._procs[j].call("stats") for j in ("worker", "host"))
-        self._settle()
+                longest = max(longest, time.monotonic() - phase.since)
+
+        _run_and_close(self.target, g, config, steps_in)
+        phase.enter("reading the peaks", limit_s)
+        device, host = (self._procs[j].call("stats") for j in ("worker", "host"))
         outputs = {name: np.asarray(v) for name, v in zip(fetches, values, strict=True) if ":" in name}
         return RunResult(oom=False, error=None, device_peak_bytes=int(device["peak"]),
                          host_peak_bytes=int(host["peak"]), step_time_s=statistics.median(times),
-                         outputs=outputs, run_metadata=metadata)
+                         outputs=outputs, run_metadata=metadata, elapsed_s=longest)
 
     def _settle(self) -> None:
-        """Free the last run's state; restart the servers if that does not bring the device back to idle."""
-        current = -1
-        if not all(p.alive() for p in self._procs.values()):  # a reset would wait on a dead master forever
-            self._restart(self._running_inter_op)
+        """Free the last run's state; stop the servers (the next run starts them) if that does not bring the device
+        back to idle, or does not finish within ``SETTLE_TIMEOUT_S``."""
+        if self._running_inter_op < 0:   # stopped by the watch: the next run waits for the new pair
             return
-        try:
+        if self._server_died():  # a reset would wait on a dead master
+            self._stop_run()
+            return
+
+        def reset(phase: Phase) -> int:
+            phase.enter("reset after the run", SETTLE_TIMEOUT_S)
+            current = -1
             tf.compat.v1.Session.reset(self.target)
             for _ in range(10):  # graph deregistration may lag the reset a little
                 current = int(self._procs["worker"].call("stats")["current"])
                 if current == self.idle_device_bytes:
-                    return
+                    break
                 time.sleep(0.05)
-        except (tf.errors.OpError, TestbedError):
-            pass
-        _log.info("testbed: device holds %d bytes after a run (idle: %d); restarting the servers",
-                  current, self.idle_device_bytes)
-        self._restart(self._running_inter_op)
+            return current
+
+        ending = watch(reset, started=time.monotonic(), dumps=lambda: [], dead=self._server_died,
+                       stop=self._stop_run, abort=self._kill_servers)
+        if ending.kind == "ran" and ending.value == self.idle_device_bytes:
+            return
+        _log.info("testbed: after a run the device holds %s bytes (idle: %d) or did not reset (%s); starting new "
+                  "servers", ending.value, self.idle_device_bytes, ending.kind)
+        if ending.kind == "ran":
+            self._stop_run()
+
+
+def _trim_stderr_files(workdir: Path, keep: int = 2) -> None:
+    """Keep the stderr files of the last ``keep`` starts of each job (a start per cut-short run adds two)."""
+    for job in ("worker", "host"):
+        files = sorted(workdir.glob(f"{job}.*.stderr"), key=lambda p: int(p.name.split(".")[1]))
+        for path in files[:-keep]:
+            path.unlink(missing_ok=True)
+
+
+def _run_and_close(target: str, g: tf.Graph, config: tf.compat.v1.ConfigProto,
+                   body: Callable[[tf.compat.v1.Session], object]) -> None:
+    """``body(session)`` in a session that is closed afterwards, even on error (without ``with``: its exit waits
+    30 s for a close after an error, and ``watch`` has stopped the servers by then)."""
+    sess = tf.compat.v1.Session(target, graph=g, config=config)
+    try:
+        body(sess)
+    finally:
+        sess.close()
+
+
+def _unserved(dump: Path | None) -> str:
+    """What the allocator's memory map at a failed request says: in use, free, and the largest free chunk."""
+    from tensorflow.core.protobuf.bfc_memory_map_pb2 import MemoryDump
+
+    try:
+        memory = MemoryDump.FromString(dump.read_bytes()) if dump is not None else None
+    except (OSError, ValueError):
+        memory = None
+    if memory is None:
+        return "the device allocator could not serve a request"
+    free = [c.size for c in memory.chunk if not c.in_use]
+    return (f"the device allocator could not serve a request with {format_bytes(memory.stats.bytes_in_use)} in use "
+            f"and {format_bytes(sum(free))} free in {len(free)} chunk(s), the largest "
+            f"{format_bytes(max(free, default=0))} (TensorFlow would fail it after waiting up to 10 s for memory)")
 
 
 WORKDIR_PREFIX = "tfmem-testbed-"   # then the owner's pid: tfmem-testbed-<pid>-<random>
