@@ -92,15 +92,27 @@ def _unfused_keras_batch_norm() -> Iterator[None]:
 
 
 def keras_mobilenet_v2(batch: int = 16, size: int = 96, classes: int = 100) -> Built:
-    """tf_keras' ``applications.MobileNetV2`` (``weights=None``; about 5,000 ops as a training step)."""
+    """tf_keras' ``applications.MobileNetV2`` (``weights=None``; about 5,000 ops as a training step), with unfused
+    batch norm (tfmem cannot size the fused one's reserve space: issue 32)."""
+    return _keras_application("MobileNetV2", batch, size, classes, fused=False)
+
+
+def keras_resnet50(batch: int = 8, size: int = 64, classes: int = 100) -> Built:
+    """tf_keras' ``applications.ResNet50`` (``weights=None``; about 14,000 ops as a training step) as the zoo
+    builds it, fused batch norm included: for the testbed (``experiments/reliability``), not for planning."""
+    return _keras_application("ResNet50", batch, size, classes, fused=True)
+
+
+def _keras_application(name: str, batch: int, size: int, classes: int, fused: bool) -> Built:
     import tf_keras
 
     def logits(images: tf.Tensor) -> tf.Tensor:
-        with _unfused_keras_batch_norm(), warnings.catch_warnings():
+        unfused = _unfused_keras_batch_norm() if not fused else contextlib.nullcontext()
+        with unfused, warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)   # set_learning_phase is deprecated, and the TF1 way
             tf_keras.backend.set_learning_phase(1)   # batch norm in training mode, for this graph
-            model = tf_keras.applications.MobileNetV2(input_tensor=images, weights=None, classes=classes,
-                                                      classifier_activation=None)
+            model = getattr(tf_keras.applications, name)(input_tensor=images, weights=None, classes=classes,
+                                                         classifier_activation=None)
         out = model.output
         for update in model.updates:   # batch norm's moving averages, where _step collects them
             v1.add_to_collection(v1.GraphKeys.UPDATE_OPS, update)

@@ -15,6 +15,7 @@ from experiments import (
     peak_variance,
     planner,
     planner_gap,
+    reliability,
     run_all,
     simulator_order,
     swap_placement,
@@ -51,6 +52,18 @@ def test_optimize_time_tiny(tmp_path):
     assert row["attempts"] == len(row["search"]) >= 1 and row["simulations"] > 0
     assert row["plan_peak_bytes"] <= row["budget_bytes"] < row["vanilla_peak_bytes"]
     assert "| mlp |" in (tmp_path / "optimize_time_tiny.md").read_text()
+
+
+@pytest.mark.testbed
+def test_reliability_tiny(tmp_path):
+    cases = "op-oom,hang"
+    assert reliability.main(["--tiny", "--cases", cases, "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "reliability_tiny.json").read_text())["rows"]
+    assert [r["case"] for r in rows] == cases.split(",")
+    assert [r["ending"] for r in rows] == [r["expected"] for r in rows] == ["oom", "timeout"]
+    assert all(r["leftover_processes"] == r["leftover_ports"] == r["leftover_folders"] == 0 for r in rows)
+    assert rows[1]["usable_after"] and "did not finish within" in rows[1]["error"]
+    assert "Cases whose ending was not the expected one: none." in (tmp_path / "reliability_tiny.md").read_text()
 
 
 def test_run_all_finds_the_experiments():

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfmem.errors import BadInputError, TestbedError
+from tfmem.errors import BadInputError, TestbedCrashError, TestbedError, TestbedTimeoutError
 from tfmem.testbed import DEVICE, HOST, RunResult, Testbed, initializer_names, place_on_device
 from tfmem.testbed.proc import COMMON_ENV
 
@@ -267,11 +268,98 @@ def test_a_step_over_the_timeout_raises_instead_of_hanging(tb: Testbed) -> None:
     before = tb.step_timeout_s
     tb.step_timeout_s = 0.001
     try:
-        with pytest.raises(TestbedError, match="[Dd]eadline|[Tt]imed out|timeout"):
+        with pytest.raises(TestbedTimeoutError, match="did not finish within") as caught:
             tb.run(g, ["y:0"], {"x:0": np.ones((512, 512), np.float32)})
     finally:
         tb.step_timeout_s = before
-    assert not tb.run(reuse_chain(MiB), ["s:0"]).oom
+    assert caught.value.limit_s == 0.001 and caught.value.phase
+    assert tb.run(reuse_chain(MiB), ["s:0"]).ran
+
+
+def test_a_hung_step_is_a_timeout_naming_its_phase(tb: Testbed) -> None:
+    def body() -> None:
+        q = tf.queue.FIFOQueue(1, tf.float32, shapes=[()])
+        tf.identity(q.dequeue(), name="y")   # nothing is ever enqueued: TF waits forever
+    before = tb.step_timeout_s
+    tb.step_timeout_s = 3.0
+    try:
+        with pytest.raises(TestbedTimeoutError, match="the warm-up step did not finish within 3 s"):
+            tb.run(build(body), ["y:0"])
+    finally:
+        tb.step_timeout_s = before
+    assert tb.run(reuse_chain(MiB), ["s:0"]).ran
+
+
+def test_a_graph_that_ran_gets_a_phase_limit_from_its_run(tb: Testbed) -> None:
+    from tfmem.testbed.runner import MIN_PHASE_TIMEOUT_S
+
+    g = reuse_chain(2 * MiB)
+    assert tb.run(g, ["s:0"]).ran
+    digest = tb._prepare(g, ["s:0"], None, 1, None, None)[2]
+    assert MIN_PHASE_TIMEOUT_S <= tb._phase_limit(digest) < tb.step_timeout_s
+
+
+def test_a_worker_killed_mid_step_is_a_crash_and_the_testbed_stays_usable(tb: Testbed) -> None:
+    def body() -> None:
+        x = tf.random.uniform((512, 512), seed=1)
+        y = x
+        for _ in range(100):
+            y = tf.matmul(y, x) / 512.0
+        tf.reduce_sum(y, name="y")
+
+    def kill_mid_run() -> None:   # once the run's helper thread is in its TF calls, not while run() prepares
+        while not any(t.name == "tfmem-testbed-run" for t in threading.enumerate()):
+            time.sleep(0.01)
+        time.sleep(0.3)
+        os.kill(worker, signal.SIGKILL)
+
+    worker = tb.pids["worker"]
+    killer = threading.Thread(target=kill_mid_run, daemon=True)
+    killer.start()
+    with pytest.raises(TestbedCrashError, match="worker server .* died"):
+        tb.run(build(body), ["y:0"], steps=20)
+    killer.join()
+    assert tb.run(reuse_chain(MiB), ["s:0"]).ran
+
+
+def test_constants_larger_than_the_cap_are_an_oom_while_initialising() -> None:
+    # Variables initialised from constants: the worker builds each constant with the capped allocator (TF said
+    # "Cannot parse tensor from proto" 10 s later, then failed formatting its own error).
+    rng = np.random.default_rng(0)
+
+    def body() -> None:
+        h = tf.ones((8, 1024))
+        for i in range(4):
+            w = tf.Variable(tf.constant(rng.standard_normal((1024, 1024)).astype(np.float32)), name=f"w{i}")
+            h = tf.matmul(h, w)
+        tf.reduce_sum(h, name="out")
+    with Testbed(12 * MiB) as small:
+        r = small.run(build(body), ["out:0"])
+    assert r.oom and "out of memory in the initialisation" in r.error
+
+
+def test_repeated_ooms_leave_nothing_behind(tb: Testbed) -> None:
+    too_big = reuse_chain(CAP)
+    fds = len(os.listdir("/proc/self/fd"))
+    ports = []
+    for _ in range(3):
+        ports += [int(a.rsplit(":", 1)[1]) for addrs in tb.cluster.values() for a in addrs]
+        assert tb.run(too_big, ["s:0"]).ending == "oom"
+    assert tb.run(reuse_chain(MiB), ["s:0"]).ran
+    current = {int(a.rsplit(":", 1)[1]) for addrs in tb.cluster.values() for a in addrs}
+    _assert_cleaned_up({"pids": [], "ports": sorted(set(ports) - current)})   # the cut-short servers' ports
+    assert len(os.listdir("/proc/self/fd")) <= fds
+    left = sorted(p.name for p in tb._workdir.iterdir())
+    assert not [n for n in left if n.startswith("bfc")], left                     # the allocator maps
+    assert len([n for n in left if n.startswith("worker.")]) <= 2, left           # stderr of the last two starts
+
+
+def test_two_testbeds_at_once_are_independent(tb: Testbed) -> None:
+    with Testbed(64 * MiB) as other:
+        assert not set(other.pids.values()) & set(tb.pids.values()) and other.target != tb.target
+        assert other.run(reuse_chain(64 * MiB), ["s:0"]).oom     # over the small one's cap only
+        r = tb.run(reuse_chain(16 * MiB), ["s:0"])
+        assert r.ran and 32 * MiB <= r.device_peak_bytes <= 32 * MiB + SMALL
 
 
 def _gone(pid: int) -> bool:

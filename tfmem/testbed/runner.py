@@ -408,6 +408,10 @@ class Testbed:
                 f"testbed: the {ending.phase} did not finish within {ending.limit_s:.0f} s (no allocation had failed "
                 f"and both servers were alive; the servers were stopped and restart on the next run). "
                 f"{_TIMEOUT_HINT}", phase=ending.phase, limit_s=ending.limit_s or 0.0)
+        if ending.kind == "failed" and isinstance(error, tf.errors.UnavailableError) and self._dies_soon():
+            # the server's connection closed before the process was reaped: a crash seen from the client first
+            self._stop_run()
+            ending = dataclasses.replace(ending, kind="crash")
         if ending.kind == "crash":
             self._settle()
             raise TestbedCrashError("\n".join([f"testbed: a server died in the {ending.phase} after "
@@ -443,6 +447,14 @@ class Testbed:
     def _clear_dumps(self) -> None:
         for path in self._dumps():
             path.unlink(missing_ok=True)
+
+    def _dies_soon(self, within_s: float = 2.0) -> bool:
+        deadline = time.monotonic() + within_s
+        while not self._server_died():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return True
 
     def _server_died(self) -> bool:
         return not self._procs or not all(p.alive() for p in self._procs.values())
