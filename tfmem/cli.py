@@ -187,9 +187,12 @@ def default_fetches(ir: GraphIR) -> list[str]:
 
 def _load(args: argparse.Namespace) -> tuple[GraphIR, list[str], bool]:
     """The annotated graph, the fetches, and whether those were assumed (no --fetch given)."""
+    from tfmem.ir.devices import check_device
     from tfmem.ir.execution import parse_fetches
     from tfmem.ir.shapes import parse_feed_shapes
 
+    check_device(args.device, "--device")
+    check_device(args.host, "--host")
     args.feed_shapes = parse_feed_shapes(args.feed_shape) or None
     ir = tfmem.load(args.graph, args.feed_shapes)
     if not args.fetch:
@@ -210,7 +213,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     """``tfmem analyze``: simulator and Grappler peaks side by side, and what is live at the peak."""
     from tfmem.measure import grappler_peak
 
-    device_memory = parse_bytes(args.device_memory, what="--device-memory")
+    device_memory = parse_bytes(args.device_memory, what="--device-memory", minimum=1)
     ir, fetches, assumed = _load(args)
     profile = tfmem.simulate(ir, fetches, feed_shapes=args.feed_shapes, device=args.device, host=args.host)
     grappler = grappler_peak(ir, fetches, memory=device_memory, host=args.host)
@@ -265,7 +268,7 @@ def _print_analysis(r: dict[str, Any]) -> None:
 
 def cmd_optimize(args: argparse.Namespace) -> int:
     """``tfmem optimize``: run the passes for a budget and write the optimized GraphDef and the report."""
-    budget = parse_bytes(args.budget, what="--budget") if args.budget is not None else None
+    budget = parse_bytes(args.budget, what="--budget", minimum=1) if args.budget is not None else None
     passes = _passes(args.passes)
     ir, fetches, assumed = _load(args)
     _say_fetches(fetches, assumed)
@@ -284,11 +287,25 @@ def cmd_optimize(args: argparse.Namespace) -> int:
 
 
 def _passes(spec: str) -> str | list[str]:
-    """``--passes``: ``auto``, ``none`` (or empty) or a comma-separated list of names (checked by optimize)."""
-    names = [p.strip() for p in spec.split(",") if p.strip()]
-    if names == ["auto"]:
-        return "auto"
-    return [] if names in ([], ["none"]) else names
+    """``--passes``: ``auto``, ``none`` or a comma-separated list of pass names.
+
+    Raises
+    ------
+    BadInputError
+        For an empty name (``--passes ''``, ``a,,b``) or an unknown one; the message lists the passes.
+    """
+    from passes import PASSES
+
+    if spec.strip() in ("auto", "none"):
+        return "auto" if spec.strip() == "auto" else []
+    known = f"{', '.join(sorted(PASSES))}; or 'auto' (the default) or 'none'"
+    names = [p.strip() for p in spec.split(",")]
+    for name in names:
+        if not name:
+            raise BadInputError(f"--passes {spec!r} has an empty pass name; give comma-separated names from {known}")
+        if name not in PASSES:
+            raise BadInputError(f"--passes: unknown pass {name!r}; give comma-separated names from {known}")
+    return names
 
 
 def _write_graph(graph_def: Any, path: Path) -> None:
@@ -314,9 +331,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     """``tfmem run``: run the graph on the testbed with random feeds; print its peaks or that it ran out."""
     from tfmem.testbed import Testbed
 
-    cap = parse_bytes(args.testbed, what="--testbed")
+    cap = parse_bytes(args.testbed, what="--testbed", minimum=1)
     if args.steps < 1:
         raise BadInputError(f"--steps must be at least 1, got {args.steps}")
+    if args.inter_op_threads is not None and args.inter_op_threads < 0:
+        raise BadInputError(f"--inter-op-threads must be at least 0 (0: TensorFlow's default), got "
+                            f"{args.inter_op_threads}")
     ir, fetches, assumed = _load(args)
     _say_fetches(fetches, assumed)
     feeds = random_feeds(ir, fetches)

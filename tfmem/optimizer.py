@@ -6,7 +6,7 @@ The result keeps every node name, so the user's feeds and fetches work unchanged
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import takewhile
 
@@ -25,6 +25,7 @@ from tfmem.ir.shapes import FeedShapes
 from tfmem.pipeline import Pass, PassContext, run_pipeline
 from tfmem.report import Report
 from tfmem.search import Candidate, Search, SearchLog
+from tfmem.sim.arguments import check_count, checked_arguments
 from tfmem.sim.bounds import fed_layout_floor, largest_working_set
 from tfmem.sim.grappler import grappler_rejects
 from tfmem.sim.profile import MemoryProfile
@@ -68,22 +69,43 @@ def session_config() -> config_pb2.ConfigProto:
 
 
 def resolve_passes(passes: str | Sequence[str | Pass] | None) -> list[Pass]:
-    """Turn ``"auto"``, ``None``/``[]`` or a list of pass names/objects into pass objects."""
+    """Turn ``"auto"``, ``None``/``[]`` or a list of pass names/objects into pass objects.
+
+    Raises
+    ------
+    BadInputError
+        For an unknown pass name, or an entry that is neither a name nor a pass; the message lists the passes.
+
+    Examples
+    --------
+    >>> [p.name for p in resolve_passes(["partition"])]
+    ['partition']
+    >>> resolve_passes([3])  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    tfmem.errors.BadInputError: passes[0] is 3 (int), neither a pass name nor a pass; give names from ...
+    """
     if passes is None:
         return []
+    known = f"{', '.join(sorted(PASSES))}; or passes='auto' for the default pipeline, passes=[] for none"
     if isinstance(passes, str):
         if passes == "auto":
             return list(DEFAULT_PASSES)
         passes = [passes]
+    if not isinstance(passes, Iterable) or isinstance(passes, bytes | Mapping):
+        raise BadInputError(f"passes must be 'auto', None or a list of pass names, got {passes!r} "
+                            f"({type(passes).__name__}); give names from {known}")
     out: list[Pass] = []
-    for p in passes:
+    for i, p in enumerate(passes):
         if isinstance(p, str):
             if p not in PASSES:
-                known = ", ".join(sorted(PASSES)) or "none yet"
-                raise BadInputError(f"unknown pass {p!r}; available passes: {known} (or passes='auto')")
+                raise BadInputError(f"unknown pass {p!r}; available passes: {known}")
             out.append(PASSES[p])
-        else:
+        elif isinstance(getattr(p, "name", None), str) and callable(getattr(p, "run", None)):
             out.append(p)
+        else:
+            raise BadInputError(f"passes[{i}] is {p!r} ({type(p).__name__}), neither a pass name nor a pass; "
+                                f"give names from {known}")
     return out
 
 
@@ -108,13 +130,16 @@ def optimize(
     ----------
     graph : tf.Graph, GraphDef, MetaGraphDef or a .pb/.pbtxt path
     fetches : what each step computes, as for ``Session.run`` (``"loss:0"``, ``"train_op"``)
-    budget : device memory to fit in, as bytes or a string such as ``"8GiB"``; None means "as low as is cheap"
+    budget : device memory to fit in, as bytes or a string such as ``"8GiB"``; None means "as low as is cheap".
+        Positive and at most 2**62 bytes; a fractional number of bytes is rounded down (``tfmem.parse_bytes``)
     feed_shapes : full shapes for fed tensors whose static shape is partial, e.g. ``{"x:0": (64, 784)}``
+        (non-negative ints; keys are tensor names or tensors)
     device, host : device strings; default: ops stay where they are, ``host`` is where swapped tensors go
-    passes : ``"auto"``, or a list of pass names such as ``["partition", "limit_parallelism"]``
+    passes : ``"auto"``, ``None`` or ``[]`` for none, or a list of pass names such as ``["partition",
+        "limit_parallelism"]`` (or pass objects)
     check : verify the graph after every pass
-    inter_op_threads : the inter-op thread pool the session will run with (default: TF's, one per core);
-        how much parallelism is safe to keep depends on it
+    inter_op_threads : the inter-op thread pool the session will run with (default, None or 0: TF's, one per
+        core); how much parallelism is safe to keep depends on it
     grappler : simulate the graph after Grappler's rewrites, as the session runs it; default: for graphs of
         up to ``GRAPPLER_SIMULATION_MAX_OPS`` ops
     layout_check : also replay each plan on the device allocator's layout and plan again for less where a
@@ -138,16 +163,23 @@ def optimize(
     >>> opt.report.after.peak_bytes <= 64 * 2**20
     True
     """
-    budget_bytes = parse_bytes(budget, what="budget") if budget is not None else None
+    # Arguments are checked before any work, each by the check its value meets first (tfmem.sim.arguments).
+    budget_bytes = parse_bytes(budget, what="budget", minimum=1) if budget is not None else None
+    fetch_list, shapes_given, _ = checked_arguments(fetches, feed_shapes, device, host)
+    if inter_op_threads is not None:
+        check_count(inter_op_threads, "inter_op_threads (None or 0: TF's default)")
     if host is not None and device is None and same_device(DEFAULT_DEVICE, host):
         raise BadInputError(f"host={host!r} could also name the device that unplaced ops run on; pass "
                             "device= as well, e.g. device='/GPU:0', host='/CPU:0'")
-    ir = load(graph, feed_shapes)
-    fetch_list = [fetches] if isinstance(fetches, str) else [str(getattr(f, "name", f)) for f in fetches]
+    if host is not None and device is not None and same_device(device, host):
+        raise BadInputError(f"host={host!r} and device={device!r} can name the same device; swapped tensors must "
+                            "leave the device: pass two different devices, e.g. device='/GPU:0', host='/CPU:0'")
+    pipeline = resolve_passes(passes)
+    ir = load(graph, shapes_given)
     parse_fetches(ir, fetch_list)  # fail early, with the fetch's name, on a typo
     faithful = len(ir) <= GRAPPLER_SIMULATION_MAX_OPS if grappler is None else grappler
     max_target = target_bytes_for(budget_bytes) if budget_bytes is not None else None
-    shapes = {k: tuple(v) for k, v in (feed_shapes or {}).items()}
+    shapes = shapes_given or {}
     config = session_config()
     grappler_off = grappler_rejects(with_default_device(ir.to_graph_def(), device or DEFAULT_DEVICE), fetch_list)
     if grappler_off:
@@ -158,7 +190,6 @@ def optimize(
     base = PassContext(tuple(fetch_list), None, device, host, shapes, check=check,
                        inter_op_threads=inter_op_threads, grappler=faithful, session_config=config)
     before = base.simulate(ir)  # the budget does not change the unoptimized graph's peak
-    pipeline = resolve_passes(passes)
     if pipeline:
         # Any rewrite may change how Grappler fuses kernels, orders the graph's sums and associates its chains of
         # products (renamed inputs, clones and control edges block its folding): pin all three first, so results

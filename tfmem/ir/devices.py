@@ -11,14 +11,73 @@ Examples
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
+from tfmem.errors import BadInputError, first_line
+
 # Where an op with no device runs when nobody says otherwise (Grappler's fusions depend on the device type).
 DEFAULT_DEVICE = "/device:CPU:0"
+# Job names and device types as TensorFlow's C++ parser (DeviceNameUtils::ParseFullName) accepts them; Python's
+# DeviceSpec is laxer ('/job:a b', '/CPU:-1'), and the C++ side fails later, far from the argument.
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+_DEVICE_EXAMPLES = "'/GPU:0', '/device:CPU:0' or '/job:worker/replica:0/task:0/device:CPU:0'"
+
+
+def check_device(value: object, what: str = "device") -> str | None:
+    """Return ``value`` if it is None or a device string TensorFlow can parse; raise ``BadInputError`` otherwise.
+
+    Examples
+    --------
+    >>> check_device("/GPU:0")
+    '/GPU:0'
+    >>> check_device("@@", "host")
+    Traceback (most recent call last):
+    ...
+    tfmem.errors.BadInputError: host '@@' is not a device string (Unknown attribute '@@' is encountered while parsing the device spec: '@@'.); write e.g. '/GPU:0', '/device:CPU:0' or '/job:worker/replica:0/task:0/device:CPU:0'
+    """
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise BadInputError(f"{what} must be a device string such as {_DEVICE_EXAMPLES}, got {value!r} "
+                            f"({type(value).__name__})")
+    problem = _device_problem(value)
+    if problem:
+        raise BadInputError(f"{what} {value!r} is not a device string ({problem}); write e.g. {_DEVICE_EXAMPLES}")
+    return value
+
+
+@lru_cache(maxsize=1024)
+def _device_problem(name: str) -> str:
+    """Why TensorFlow would reject the device string ``name`` ("" when it would not)."""
+    problem = device_parse_error(name)
+    if problem:
+        return problem
+    spec = tf.DeviceSpec.from_string(name)
+    for field, value in (("job", spec.job), ("device type", spec.device_type)):
+        if value is not None and value != "*" and not _NAME.match(str(value)):
+            return f"{field} {value!r} must be a letter followed by letters, digits or '_'"
+    for field, number in (("replica", spec.replica), ("task", spec.task), ("device index", spec.device_index)):
+        if number is not None and number != "*" and int(number) < 0:
+            return f"{field} must not be negative"
+    return ""
+
+
+@lru_cache(maxsize=4096)
+def device_parse_error(name: str) -> str:
+    """The first line of the error ``tf.DeviceSpec`` raises for ``name`` ("" when it parses).
+
+    ``GraphIR.from_graph_def`` checks every op's device with it, so that ``same_device`` never fails later.
+    """
+    try:
+        tf.DeviceSpec.from_string(name)
+    except Exception as e:  # ValueError, and TypeError for some malformed fields
+        return first_line(e)
+    return ""
 
 
 def same_device(a: str, b: str) -> bool:

@@ -8,6 +8,7 @@ classifies outputs: persistent (constants, variable storage), fed, aliases of an
 
 from __future__ import annotations
 
+import difflib
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,27 +28,88 @@ def hash_order(source: str, succs: Sequence[str], seed: int = 0) -> tuple[str, .
     return tuple(sorted(succs, key=lambda s: zlib.crc32(f"{seed}:{source}->{s}".encode())))
 
 
+_FETCH_EXAMPLE = "name a tensor ('loss:0') or an op ('train_op')"
+
+
+def fetch_names(fetches: object) -> list[str]:
+    """The names in ``fetches``: a name, a ``tf.Tensor``/``tf.Operation``, or an iterable of those.
+
+    Raises
+    ------
+    BadInputError
+        When ``fetches`` is empty or holds something that is not a name (a number, None, an empty string).
+
+    Examples
+    --------
+    >>> fetch_names("loss:0"), fetch_names(["loss:0", "train_op"])
+    (['loss:0'], ['loss:0', 'train_op'])
+    >>> fetch_names(3)
+    Traceback (most recent call last):
+    ...
+    tfmem.errors.BadInputError: fetches must be a name or a list of names, got 3 (int); name a tensor ('loss:0') or an op ('train_op')
+    """
+    if isinstance(fetches, str | TensorRef) or isinstance(getattr(fetches, "name", None), str):
+        items: list[object] = [fetches]
+    elif isinstance(fetches, Iterable) and not isinstance(fetches, bytes | Mapping):
+        items = list(fetches)
+    else:
+        raise BadInputError(f"fetches must be a name or a list of names, got {fetches!r} ({type(fetches).__name__}); "
+                            f"{_FETCH_EXAMPLE}")
+    if not items:
+        raise BadInputError(f"no fetches given; {_FETCH_EXAMPLE}")
+    return [_fetch_name(f) for f in items]
+
+
+def _fetch_name(fetch: object) -> str:
+    name = str(fetch) if isinstance(fetch, TensorRef) else getattr(fetch, "name", fetch)  # tf.Tensor / tf.Operation
+    if not isinstance(name, str) or not name.strip():
+        kind = "" if isinstance(name, str) else f" ({type(fetch).__name__})"
+        raise BadInputError(f"fetch {fetch!r}{kind} is not a tensor or op name; {_FETCH_EXAMPLE}")
+    return name
+
+
 def parse_fetches(graph: GraphIR, fetches: Iterable[str | TensorRef]) -> tuple[list[TensorRef], list[str]]:
-    """Split fetches into tensors (``"y:0"``) and targets (op names such as ``"train_op"``), as TF does."""
+    """Split fetches into tensors (``"y:0"``) and targets (op names such as ``"train_op"``), as TF does.
+
+    Raises
+    ------
+    BadInputError
+        For a fetch that names no tensor or op of ``graph`` (with the closest names it has).
+    """
     tensors, targets = [], []
     items = [fetches] if isinstance(fetches, str | TensorRef) else list(fetches)
     if not items:
-        raise BadInputError("no fetches given; name at least one tensor ('loss:0') or op ('train_op')")
+        raise BadInputError(f"no fetches given; {_FETCH_EXAMPLE}")
     for f in items:
-        name = getattr(f, "name", f)  # tf.Tensor / tf.Operation
+        name = f if isinstance(f, TensorRef) else _fetch_name(f)
         if isinstance(name, TensorRef):
             ref = name
-        elif ":" in str(name):
-            ref = TensorRef.parse(str(name))
+        elif ":" in name:
+            node, _, index = name.rpartition(":")
+            if not index.isdigit():
+                raise BadInputError(f"fetch {name!r} is not a tensor name: write NODE:INDEX with the output's index, "
+                                    f"e.g. '{node}:0'")
+            ref = TensorRef(node, int(index))
         else:
-            if str(name) not in graph:
-                raise BadInputError(f"fetch {name!r} is not an op of the graph")
-            targets.append(str(name))
+            if name not in graph:
+                raise BadInputError(f"fetch {name!r} is not an op of the graph{_did_you_mean(graph, name)}")
+            targets.append(name)
             continue
-        if ref.node not in graph or ref.index >= max(len(graph[ref.node].outputs), 1):
-            raise BadInputError(f"fetch {ref} is not a tensor of the graph")
+        if ref.node not in graph:
+            raise BadInputError(f"fetch {ref} is not a tensor of the graph: it has no op {ref.node!r}"
+                                f"{_did_you_mean(graph, ref.node)}")
+        outputs = len(graph[ref.node].outputs)
+        if ref.index >= max(outputs, 1):
+            raise BadInputError(f"fetch {ref} is not a tensor of the graph: {ref.node} ({graph[ref.node].op}) has "
+                                f"{outputs} output(s)" + (f"; fetch {ref.node}:0" if outputs else
+                                                          f"; fetch the op itself, {ref.node!r}"))
         tensors.append(ref)
     return tensors, targets
+
+
+def _did_you_mean(graph: GraphIR, name: str) -> str:
+    close = difflib.get_close_matches(name, list(graph.by_name), n=3)
+    return f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ import networkx as nx
 from tensorflow.core.framework import attr_value_pb2, function_pb2, graph_pb2, node_def_pb2, versions_pb2
 
 from tfmem.errors import MalformedGraphError
+from tfmem.ir.devices import device_parse_error
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
@@ -142,9 +143,16 @@ class GraphIR:
 
     @classmethod
     def from_graph_def(cls, gd: graph_pb2.GraphDef) -> GraphIR:
-        """Read a GraphDef; checks names are unique and every input names a node of the graph."""
+        """Read a GraphDef; checks every node has a name and a parsable device, names are unique and every input
+        names a node of the graph."""
         nodes = []
-        for nd in gd.node:
+        for i, nd in enumerate(gd.node):
+            if not nd.name:
+                raise MalformedGraphError(f"node {i} of the graph ({nd.op or 'no op type'}) has no name; every node "
+                                          "needs a unique name")
+            if nd.device and device_parse_error(nd.device):
+                raise MalformedGraphError(f"node {nd.name!r} ({nd.op}) has device {nd.device!r}, which is not a "
+                                          f"device string ({device_parse_error(nd.device)}); fix or clear it")
             inputs, control = _parse_inputs(nd.input)
             nodes.append(
                 OpNode(

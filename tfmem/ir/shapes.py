@@ -8,7 +8,9 @@ raises ``UnknownShapeError`` listing all of those it needs (``require_known``).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Mapping, Sequence
+from typing import SupportsIndex
 
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, node_def_pb2
@@ -52,23 +54,102 @@ def spec_of(dtype: tf.DType, shape: tf.TensorShape) -> TensorSpec:
     return TensorSpec(base.name, dims, count * dtype_size(base))
 
 
+# The most elements one fed tensor may have: more would be more memory than any machine has (tfmem.units.MAX_BYTES).
+MAX_ELEMENTS = 2**62
+MAX_RANK = 254  # TensorShape's limit (TensorShapeRep::MaxDimensions)
+_FEED_EXAMPLE = "feed_shapes={'x:0': (64, 784)}"
+
+
+def check_feed_shapes(feed_shapes: object) -> dict[str, tuple[int, ...]]:
+    """Return ``feed_shapes`` as ``{"node:index": (d1, d2, ...)}``; raise ``BadInputError`` if it is not one.
+
+    A key is a tensor name (``"x:0"``, or ``"x"`` for output 0) or anything with such a ``name`` (a
+    ``tf.Tensor``); a value is a full shape: a sequence of non-negative ints (``()`` for a scalar).
+
+    Examples
+    --------
+    >>> check_feed_shapes({"x": [64, 784]})
+    {'x:0': (64, 784)}
+    >>> check_feed_shapes({"x:0": (64, -3)})
+    Traceback (most recent call last):
+    ...
+    tfmem.errors.BadInputError: feed_shapes['x:0'] = (64, -3): dimension 1 is -3, which is negative; give the full shape of the fed tensor, e.g. feed_shapes={'x:0': (64, 784)}
+    """
+    if feed_shapes is None:
+        return {}
+    if not isinstance(feed_shapes, Mapping):
+        raise BadInputError(f"feed_shapes must be a dict of tensor name to shape, e.g. {_FEED_EXAMPLE}; got "
+                            f"{feed_shapes!r} ({type(feed_shapes).__name__})")
+    out: dict[str, tuple[int, ...]] = {}
+    for key, shape in feed_shapes.items():
+        name = getattr(key, "name", key)  # a tf.Tensor stands for its name, as in a session's feed dict
+        if not isinstance(name, str) or not name.strip(":"):
+            raise BadInputError(f"feed_shapes key {key!r} is not a tensor name; key each shape by a name such as "
+                                f"'x:0', e.g. {_FEED_EXAMPLE}")
+        ref = str(TensorRef.parse(name))
+        out[ref] = _full_shape(ref, shape)
+    return out
+
+
+def _full_shape(name: str, shape: object) -> tuple[int, ...]:
+    where = f"feed_shapes[{name!r}] = {shape!r}"
+    fix = f"give the full shape of the fed tensor, e.g. {_FEED_EXAMPLE}"
+    if isinstance(shape, str | bytes) or not isinstance(shape, Iterable):
+        raise BadInputError(f"{where} is not a shape; {fix}")
+    dims, problem = _checked_dims(list(shape))
+    if problem:
+        raise BadInputError(f"{where}: {problem}; {fix}")
+    return dims
+
+
+def _checked_dims(dims: Sequence[object]) -> tuple[tuple[int, ...], str]:
+    """``dims`` as ints, and what is wrong with them ("" when nothing is)."""
+    out: list[int] = []
+    count = 1
+    for i, d in enumerate(dims):
+        if isinstance(d, bool) or not isinstance(d, SupportsIndex):  # ints and numpy ints; not floats or None
+            unknown = " (a fed tensor's shape is fully known)" if d is None else ""
+            return (), f"dimension {i} is {d!r}, not an int{unknown}"
+        dim = operator.index(d)
+        if dim < 0:
+            return (), f"dimension {i} is {dim}, which is negative"
+        out.append(dim)
+        count *= dim
+        if dim > MAX_ELEMENTS or count > MAX_ELEMENTS:
+            return (), "it has more than 2**62 elements, more than any machine holds"
+    if len(out) > MAX_RANK:
+        return (), f"it has {len(out)} dimensions; TensorFlow allows at most {MAX_RANK}"
+    return tuple(out), ""
+
+
 def parse_feed_shapes(items: Iterable[str]) -> dict[str, tuple[int, ...]]:
-    """Parse CLI-style ``"x:0=32,784"`` strings into ``{"x:0": (32, 784)}``.
+    """Parse CLI-style ``"x:0=32,784"`` strings into ``{"x:0": (32, 784)}`` (``"x:0="``: a scalar).
 
     >>> parse_feed_shapes(["x:0=32,784", "y=8"])
     {'x:0': (32, 784), 'y:0': (8,)}
+    >>> parse_feed_shapes(["x:0=32,-1"])
+    Traceback (most recent call last):
+    ...
+    tfmem.errors.BadInputError: feed shape 'x:0=32,-1' is malformed (dimension 1 is -1, which is negative); write NAME=D1,D2,... e.g. x:0=32,784 (a scalar: x:0=)
     """
     out: dict[str, tuple[int, ...]] = {}
     for item in items:
-        name, sep, dims = item.partition("=")
-        try:
-            shape = tuple(int(d) for d in dims.split(",") if d.strip()) if dims.strip() else ()
-            if not sep or not name or any(d < 0 for d in shape):
-                raise ValueError
-        except ValueError:
+        name, sep, text = item.partition("=")
+        dims: list[object] = []
+        for part in text.split(",") if text.strip() else []:
+            try:
+                dims.append(int(part))
+            except ValueError:
+                dims.append(part.strip())
+        shape, problem = _checked_dims(dims)
+        if not sep:
+            problem = "no '='"
+        elif not name.strip(":"):
+            problem = "no tensor name before '='"
+        if problem:
             raise BadInputError(
-                f"feed shape {item!r} is malformed; write NAME=D1,D2,... e.g. x:0=32,784 (a scalar: x:0=)"
-            ) from None
+                f"feed shape {item!r} is malformed ({problem}); write NAME=D1,D2,... e.g. x:0=32,784 (a scalar: x:0=)"
+            )
         out[str(TensorRef.parse(name))] = shape
     return out
 
@@ -99,8 +180,8 @@ def annotate(gd: graph_pb2.GraphDef, feed_shapes: FeedShapes | None = None) -> G
     >>> annotate(g.as_graph_def(), {"x:0": (32, 10)}).spec("y:0").nbytes
     1280
     """
+    feeds = {TensorRef.parse(k): v for k, v in check_feed_shapes(feed_shapes).items()}
     base = GraphIR.from_graph_def(gd)
-    feeds = {TensorRef.parse(k): tuple(int(d) for d in v) for k, v in (feed_shapes or {}).items()}
     fast = _specs_from_grappler(base, gd, feeds)
     if fast is not None:
         return base.replace_nodes(tuple(_with_outputs(n, fast[n.name]) for n in base.nodes), annotated=True)
@@ -108,9 +189,7 @@ def annotate(gd: graph_pb2.GraphDef, feed_shapes: FeedShapes | None = None) -> G
     for ref, shape in feeds.items():
         declared = graph.get_operation_by_name(ref.node).outputs[ref.index].shape
         if not declared.is_compatible_with(tf.TensorShape(shape)):
-            raise BadInputError(
-                f"feed_shapes gives {ref} the shape {shape}, which does not fit its declared shape {declared}"
-            )
+            raise _misfit(str(ref), shape, declared)
     nodes = []
     for node in base.nodes:
         op = graph.get_operation_by_name(node.name)
@@ -140,9 +219,7 @@ def _specs_from_grappler(
         declared = tf.TensorShape(node.attr["shape"].shape) if "shape" in node.attr else tf.TensorShape(None)
         shape = feeds.get(TensorRef(node.name, 0))
         if shape is not None and not declared.is_compatible_with(tf.TensorShape(shape)):
-            raise BadInputError(
-                f"feed_shapes gives {node.name}:0 the shape {shape}, which does not fit its declared shape {declared}"
-            )
+            raise _misfit(f"{node.name}:0", shape, declared)
         full = tf.TensorShape(shape) if shape is not None else declared
         if not full.is_fully_defined():  # Grappler would drop even the known dimensions: import instead
             return None
@@ -162,6 +239,18 @@ def _specs_from_grappler(
             spec_of(tf.as_dtype(p.dtype), tf.TensorShape(p.shape)) for p in props[node.name]
         )
     return out
+
+
+def _misfit(name: str, shape: tuple[int, ...], declared: tf.TensorShape) -> BadInputError:
+    """The error for a feed shape its placeholder's declared shape rules out, with a shape that fits."""
+    fix = ""
+    if declared.rank is not None:  # unknown dimensions shown as the given one where it has one, else 64
+        dims = [d if d is not None else (shape[i] if i < len(shape) else 64) for i, d in enumerate(declared.as_list())]
+        example = "(" + ", ".join(map(str, dims)) + ("," if len(dims) == 1 else "") + ")"
+        fix = (f"; give a shape that fits it, e.g. feed_shapes={{{name!r}: {example}}} "
+               f"(CLI: --feed-shape {name}={','.join(map(str, dims))})")
+    return BadInputError(f"feed_shapes gives {name} the shape {shape}, which does not fit its declared shape "
+                         f"{declared}{fix}")
 
 
 def _as_shape_only_const(node: node_def_pb2.NodeDef, shape: tf.TensorShape) -> None:

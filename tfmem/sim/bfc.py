@@ -69,8 +69,10 @@ class BFCAllocator:
         self.large_request_margin = large_request_margin
         if not allow_growth:  # TF's first region (2 MiB), then the rest in one: what the testbed reserves
             self._extend(INITIAL_REGION)
-            self.next_region = limit_bytes - self.region_bytes
-            self._extend(self.next_region)
+            rest = limit_bytes - self.region_bytes
+            if rest > 0:  # none when the limit is 2 MiB or less (a region of 0 bytes would never grow)
+                self.next_region = rest
+                self._extend(rest)
 
     def allocate(self, nbytes: int) -> int:
         """Allocate ``nbytes``; returns a handle for ``free``."""

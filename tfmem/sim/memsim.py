@@ -51,6 +51,7 @@ from tfmem.ir.shared_init import sharing_groups
 from tfmem.ir.tags import strip_tags
 from tfmem.sim import costmodel
 from tfmem.sim.analysis import Analysis, analyse, step_time_estimate, transfers_into, units_in
+from tfmem.sim.arguments import checked_arguments
 from tfmem.sim.executor_folding import fold_like_executor
 from tfmem.sim.graphcache import GraphCache
 from tfmem.sim.grappler import runtime_graph_def
@@ -110,7 +111,7 @@ def simulate(
     UnknownShapeError
         Listing every executed tensor whose size is unknown.
     """
-    fetch_names = [fetches] if isinstance(fetches, str) else [str(getattr(f, "name", f)) for f in fetches]
+    fetch_names, feed_shapes, device_memory = checked_arguments(fetches, feed_shapes, device, host, device_memory, inter_op_threads)
     if grappler:
         # optimize replays one plan on several device sizes: Grappler's rewrite (seconds on large graphs) is kept
         # per graph object, as tags on the graph carry into the rewrite.
