@@ -490,16 +490,25 @@ def test_sigkill_of_the_user_process_kills_the_servers(users: dict[str, subproce
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=10)
     _assert_cleaned_up(info)  # PR_SET_PDEATHSIG / the watchdog; nothing could run in the parent
-    # nor remove its temp dir: the next testbed does (here called directly; a live owner's dir is kept)
+    # and the servers remove the work folder as they go (the next testbed would remove an orphaned one)
+    deadline = time.monotonic() + 15
+    while Path(info["workdir"]).exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(info["workdir"]).exists()
+
+
+def test_the_next_testbed_removes_an_orphaned_work_folder() -> None:
     from tfmem.testbed import runner as testbed
 
-    assert Path(info["workdir"]).exists()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    orphan = Path(tempfile.mkdtemp(prefix=f"{testbed.WORKDIR_PREFIX}{int(dead.stdout)}-"))
     ours = Path(tempfile.mkdtemp(prefix=f"{testbed.WORKDIR_PREFIX}{os.getpid()}-"))
     try:
         testbed._remove_orphaned_workdirs()
-        assert not Path(info["workdir"]).exists() and ours.exists()
+        assert not orphan.exists() and ours.exists()   # a live owner's folder is kept
     finally:
         ours.rmdir()
+        shutil.rmtree(orphan, ignore_errors=True)
 
 
 def test_ctrl_c_of_the_user_process_cleans_up(users: dict[str, subprocess.Popen[str]]) -> None:

@@ -60,7 +60,7 @@ class ServerProcess:
             sys.executable, "-u", str(SERVER_SCRIPT), "--job", job, "--cluster", json.dumps(cluster),
             "--parent-pid", str(os.getpid()),
             "--inter-op-threads", str(inter_op_threads), "--intra-op-threads", str(intra_op_threads),
-            "--reserve-bytes", str(reserve_bytes),
+            "--reserve-bytes", str(reserve_bytes), "--workdir", str(workdir),
         ]
         with open(self.stderr_path, "wb") as err:
             self.proc = subprocess.Popen(

@@ -19,8 +19,9 @@ The stats come from ``tf.config.experimental.get_memory_info('CPU:0')``. It read
 process's eager CPU device, which is the same process-wide allocator the server's kernels use
 (``ProcessState::GetCPUAllocator``); the testbed's tests check that the figures move with the served graph.
 
-It exits on stdin EOF, when its parent dies (``PR_SET_PDEATHSIG`` plus a watchdog thread polling the
-parent pid), and ignores SIGINT so that a Ctrl-C in the terminal leaves cleanup to the parent.
+It exits on stdin EOF, and when its parent dies (``PR_SET_PDEATHSIG`` plus a watchdog thread polling the
+parent pid), then removing the testbed's work folder; it ignores SIGINT so that a Ctrl-C in the terminal leaves
+cleanup to the parent.
 """
 
 from __future__ import annotations
@@ -31,32 +32,45 @@ import ctypes
 import faulthandler
 import json
 import os
+import shutil
 import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from types import ModuleType
 
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    # PDEATHSIG fires when the parent *thread* that spawned us exits; the watchdog covers the rest.
+def _die_with_parent(parent_pid: int, workdir: str | None) -> Callable[..., None]:
+    """Exit when the parent dies, removing the testbed's work folder (the parent, SIGKILLed, could not).
+
+    ``PR_SET_PDEATHSIG`` sends SIGTERM when the parent *thread* that spawned us exits; its handler runs when
+    the main thread next runs Python (it waits on stdin: at once). The watchdog thread covers the rest.
+    """
+    def orphaned(*_: object) -> None:
+        if workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+        os._exit(1)
+
+    signal.signal(signal.SIGTERM, orphaned)
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     except (OSError, AttributeError):
         pass  # not Linux: the watchdog and stdin EOF still end us
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(1)
+        orphaned()
 
     def watch() -> None:
         while True:
             if os.getppid() != parent_pid:
-                os._exit(1)
+                orphaned()
             time.sleep(0.5)
 
     threading.Thread(target=watch, name="tfmem-parent-watchdog", daemon=True).start()
+    return orphaned
 
 
 def _reserve_budget(tf: ModuleType, limit_bytes: int) -> None:
@@ -124,8 +138,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--inter-op-threads", type=int, default=0)
     parser.add_argument("--intra-op-threads", type=int, default=0)
     parser.add_argument("--reserve-bytes", type=int, default=0, help="the allocator's budget, to reserve now")
+    parser.add_argument("--workdir", help="the testbed's work folder, removed if the parent dies")
     args = parser.parse_args(argv)
-    _die_with_parent(args.parent_pid)
+    orphaned = _die_with_parent(args.parent_pid, args.workdir)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>`: Python stacks to stderr
     # Keep the protocol stream clean: whatever TensorFlow prints on stdout goes to stderr instead.
@@ -147,6 +162,12 @@ def main(argv: list[str] | None = None) -> None:
     _reserve_budget(tf, args.reserve_bytes)
     os.write(proto, f"READY {os.getpid()}\n".encode())
     _serve(proto, tf, at_start)
+    # stdin closes when the parent dies (its files close before it is reaped and we are reparented): the
+    # parent never closes it otherwise, so wait for the reparenting, then clean up for it.
+    for _ in range(20):
+        if os.getppid() != args.parent_pid:
+            orphaned()
+        time.sleep(0.1)
     del server
     os._exit(0)  # the gRPC server's destructor can block; nothing here needs flushing
 
