@@ -391,8 +391,10 @@ class Testbed:
         """The ``RunResult`` of a watched run, or the error it raises (see ``run``)."""
         error = ending.error
         if ending.kind == "ran":
-            result: RunResult = ending.value
-            _PHASE_TIMES[digest] = result.elapsed_s or elapsed   # the longest phase; elapsed_s holds it for now
+            result: RunResult
+            longest: float
+            result, longest = ending.value
+            _PHASE_TIMES[digest] = longest
             self._settle()
             return dataclasses.replace(result, reached_s=elapsed, elapsed_s=elapsed)
         if ending.kind == "oom":
@@ -405,7 +407,7 @@ class Testbed:
         if ending.kind == "timeout":
             self._settle()
             raise TestbedTimeoutError(
-                f"testbed: the {ending.phase} did not finish within {ending.limit_s:.0f} s (no allocation had failed "
+                f"testbed: the {ending.phase} did not finish within {ending.limit_s:.3g} s (no allocation had failed "
                 f"and both servers were alive; the servers were stopped and restart on the next run). "
                 f"{_TIMEOUT_HINT}", phase=ending.phase, limit_s=ending.limit_s or 0.0)
         if ending.kind == "failed" and isinstance(error, tf.errors.UnavailableError) and self._dies_soon():
@@ -488,8 +490,9 @@ class Testbed:
 
     def _measure(self, phase: Phase, limit_s: float, g: tf.Graph, fetches: list[str], feeds: dict[str, Any],
                  steps: int, config: tf.compat.v1.ConfigProto | None, init: list[str], trace: bool = False,
-                 ) -> RunResult:
-        """The run itself, in ``watch``'s helper thread: it names each phase, and ``watch`` cuts it short."""
+                 ) -> tuple[RunResult, float]:
+        """The run itself, in ``watch``'s helper thread: it names each phase, and ``watch`` cuts it short.
+        Returns the result and the longest phase's seconds (what later runs' limits scale)."""
         phase.enter("reset before the run", limit_s)
         # Reset drops every resource container (variables) on both jobs, so runs are independent.
         tf.compat.v1.Session.reset(self.target)
@@ -530,7 +533,7 @@ class Testbed:
         outputs = {name: np.asarray(v) for name, v in zip(fetches, values, strict=True) if ":" in name}
         return RunResult(oom=False, error=None, device_peak_bytes=int(device["peak"]),
                          host_peak_bytes=int(host["peak"]), step_time_s=statistics.median(times),
-                         outputs=outputs, run_metadata=metadata, elapsed_s=longest)
+                         outputs=outputs, run_metadata=metadata), longest
 
     def _settle(self) -> None:
         """Free the last run's state; stop the servers (the next run starts them) if that does not bring the device
