@@ -35,6 +35,11 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         tf.reduce_sum(tf.nn.relu(x), name="y")
     tf.io.write_graph(g, str(d), "unknown.pb", as_text=False)
     (d / "junk.pb").write_bytes(b"this is not a graph\n")
+    (d / "empty.pb").write_bytes(b"")
+    (d / "random.pb").write_bytes(np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes())
+    data = (d / "mlp.pb").read_bytes()
+    (d / "truncated.pb").write_bytes(data[: len(data) // 2])
+    (d / "folder.pb").mkdir()
     return {p.stem if p.suffix == ".pb" else p.name: p for p in d.iterdir()}
 
 
@@ -78,6 +83,41 @@ BAD_INPUTS = {
     "missing --testbed": (["run", "{mlp}"], ["--testbed"]),
     "non-integer --steps": (["run", "{mlp}", "--testbed", "1GiB", "--steps", "many"], ["--steps"]),
     "unknown option": (["analyze", "{mlp}", "--colour"], ["--colour"]),
+    # issue 38: each of these was an internal error (exit 1), or silently did nothing
+    "budget beyond any machine": (["optimize", "{mlp}", "-o", "{tmp}/o.pb", "--budget", "1e400"],
+                                  ["--budget", "'1e400'", "2**62", "'16GiB'"]),
+    "zero budget": (["optimize", "{mlp}", "-o", "{tmp}/o.pb", "--budget", "0"], ["--budget", "positive"]),
+    "budget nan": (["optimize", "{mlp}", "-o", "{tmp}/o.pb", "--budget", "nan"], ["--budget", "'nan'"]),
+    "device memory beyond any machine": (["analyze", "{mlp}", "--device-memory", "1e30"], ["--device-memory", "2**62"]),
+    "zero device memory": (["analyze", "{mlp}", "--device-memory", "0"], ["--device-memory", "positive"]),
+    "zero testbed": (["run", "{mlp}", "--testbed", "0"], ["--testbed", "positive"]),
+    "passes of commas only": (["optimize", "{mlp}", "-o", "{tmp}/o.pb", "--passes", ",,,"],
+                              ["--passes ',,,' has an empty pass name", "partition", "'none'"]),
+    "empty passes": (["optimize", "{mlp}", "-o", "{tmp}/o.pb", "--passes", ""], ["empty pass name"]),
+    "passes with a gap": (["optimize", "{mlp}", "-o", "{tmp}/o.pb", "--passes", "partition,,recompute"],
+                          ["empty pass name"]),
+    "negative inter-op threads": (["run", "{mlp}", "--testbed", "64MiB", "--inter-op-threads", "-1"],
+                                  ["--inter-op-threads", "at least 0"]),
+    "negative steps": (["run", "{mlp}", "--testbed", "64MiB", "--steps", "-3"], ["--steps"]),
+    "feed shape of the wrong rank": (["analyze", "{mlp}", "--feed-shape", "x:0="],
+                                     ["does not fit its declared shape", "--feed-shape x:0=16,32"]),
+    "feed shape without a name": (["analyze", "{mlp}", "--feed-shape", "=3"], ["no tensor name"]),
+    "negative feed dimension": (["analyze", "{mlp}", "--feed-shape", "x:0=-1"], ["negative"]),
+    "feed shape with a gap": (["analyze", "{mlp}", "--feed-shape", "x:0=16,,32"], ["dimension 1 is ''"]),
+    "feed shape beyond any machine": (["analyze", "{mlp}", "--feed-shape", "x:0=99999999999999999999,32"],
+                                      ["2**62 elements"]),
+    "malformed device": (["analyze", "{mlp}", "--device", "@@"], ["--device '@@' is not a device string",
+                                                                  "'/GPU:0'"]),
+    "malformed host": (["optimize", "{mlp}", "-o", "{tmp}/o.pb", "--device", "/GPU:0", "--host", "not a device"],
+                       ["--host 'not a device'"]),
+    "host that is the device": (["optimize", "{mlp}", "-o", "{tmp}/o.pb", "--device", "/GPU:0", "--host", "/GPU:0"],
+                                ["can name the same device"]),
+    "fetch with a bad index": (["analyze", "{mlp}", "--fetch", "loss:-1"], ["write NODE:INDEX", "'loss:0'"]),
+    "fetch index out of range": (["analyze", "{mlp}", "--fetch", "loss:3"], ["has 1 output(s); fetch loss:0"]),
+    "graph is a directory": (["analyze", "{folder}"], ["is not a file"]),
+    "empty graph file": (["analyze", "{empty}"], ["is not a TensorFlow graph"]),
+    "random bytes": (["analyze", "{random}"], ["is not a TensorFlow graph"]),
+    "truncated graph": (["optimize", "{truncated}", "-o", "{tmp}/o.pb"], ["is not a TensorFlow graph"]),
 }
 
 
@@ -88,6 +128,20 @@ def test_bad_input_is_one_line_and_exit_2(case: str, files: dict[str, Path], tmp
     paths = {k: str(v) for k, v in files.items()} | {"missing": str(tmp_path / "missing.pb"), "tmp": str(tmp_path)}
     code, out, err = run_cli(capsys, *(a.format(**paths) for a in argv))
     assert_one_error_line(code, err, *fragments)
+
+
+def test_the_fixes_the_messages_suggest_work(files: dict[str, Path], tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(capsys, "analyze", files["mlp"], "--feed-shape", "x:0=16,31")
+    fix = err.split("(CLI: --feed-shape ")[1].split(")")[0]
+    assert code == cli.EXIT_BAD_INPUT and fix == "x:0=16,32"
+    code, out, err = run_cli(capsys, "analyze", files["mlp"], "--feed-shape", fix)
+    assert code == 0 and "device peak" in out, err
+    code, out, err = run_cli(capsys, "optimize", files["mlp"], "-o", tmp_path / "o.pb", "--passes", "none")
+    assert code == 0 and "wrote" in out, err
+    code, _, err = run_cli(capsys, "analyze", files["mlp"], "--fetch", "loss:0", "--device", "/GPU:0",
+                           "--host", "/CPU:0")
+    assert code == 0, err
 
 
 def test_unknown_shape_error_lists_every_unknown_tensor(files: dict[str, Path],

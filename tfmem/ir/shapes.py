@@ -154,7 +154,7 @@ def parse_feed_shapes(items: Iterable[str]) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def annotate(gd: graph_pb2.GraphDef, feed_shapes: FeedShapes | None = None) -> GraphIR:
+def annotate(gd: graph_pb2.GraphDef, feed_shapes: FeedShapes | None = None, *, check_import: bool = False) -> GraphIR:
     """Return the ``GraphIR`` of ``gd`` with a ``TensorSpec`` on every output.
 
     Parameters
@@ -162,6 +162,10 @@ def annotate(gd: graph_pb2.GraphDef, feed_shapes: FeedShapes | None = None) -> G
     gd : GraphDef
     feed_shapes : mapping of tensor name (``"x:0"`` or ``"x"``) to a full shape
         Fills unknown dimensions, e.g. the batch dimension of a placeholder.
+    check_import : first check that TensorFlow imports ``gd`` with the feeds' shapes, for graphs TensorFlow did not
+        build: Grappler's shape inference, asked first, passes over graphs it would refuse (shapes that
+        contradict each other, inputs of the wrong dtype), which would fail later, where the optimized graph is
+        imported
 
     Raises
     ------
@@ -182,6 +186,14 @@ def annotate(gd: graph_pb2.GraphDef, feed_shapes: FeedShapes | None = None) -> G
     """
     feeds = {TensorRef.parse(k): v for k, v in check_feed_shapes(feed_shapes).items()}
     base = GraphIR.from_graph_def(gd)
+    if check_import:
+        for ref, shape in feeds.items():  # a misfit placeholder's message says which shape fits
+            node = base.by_name.get(ref.node)
+            if node is not None and node.op in FEEDABLE_OPS and ref.index == 0 and "shape" in node.attrs:
+                declared = tf.TensorShape(node.attrs["shape"].shape)
+                if not declared.is_compatible_with(tf.TensorShape(shape)):
+                    raise _misfit(str(ref), shape, declared)
+        _import_with_feeds(base, gd, feeds)  # raises MalformedGraphError, or BadInputError for misfit feeds
     fast = _specs_from_grappler(base, gd, feeds)
     if fast is not None:
         return base.replace_nodes(tuple(_with_outputs(n, fast[n.name]) for n in base.nodes), annotated=True)
@@ -282,11 +294,21 @@ def _import_with_feeds(base: GraphIR, gd: graph_pb2.GraphDef, feeds: dict[Tensor
             input_map[str(ref)] = tf.compat.v1.placeholder(dtype, shape, name=f"tfmem_feed_{len(input_map)}")
         try:
             tf.graph_util.import_graph_def(gd, input_map=input_map or None, name="")
-        except ValueError as e:
-            raise _import_error(e, feeds) from None
+        except ValueError as e:  # the feeds are at fault only if the graph imports without them
+            raise _import_error(e, feeds if input_map and _imports(gd) else {}) from None
         except Exception as e:  # e.g. NotFoundError for ops not registered in this build of TensorFlow
             raise MalformedGraphError(f"TensorFlow cannot import the graph: {first_line(e)}") from None
     return graph
+
+
+def _imports(gd: graph_pb2.GraphDef) -> bool:
+    """Whether TensorFlow imports ``gd`` as it is, without feeds."""
+    try:
+        with tf.Graph().as_default():
+            tf.graph_util.import_graph_def(gd, name="")
+    except Exception:
+        return False
+    return True
 
 
 def _output_dtype(node: OpNode, index: int) -> tf.DType:
