@@ -97,7 +97,7 @@ BAD_INPUTS = {
     "passes with a gap": (["optimize", "{mlp}", "-o", "{tmp}/o.pb", "--passes", "partition,,recompute"],
                           ["empty pass name"]),
     "negative inter-op threads": (["run", "{mlp}", "--testbed", "64MiB", "--inter-op-threads", "-1"],
-                                  ["--inter-op-threads", "at least 0"]),
+                                  ["--inter-op-threads", "from 0 to 4096"]),
     "negative steps": (["run", "{mlp}", "--testbed", "64MiB", "--steps", "-3"], ["--steps"]),
     "feed shape of the wrong rank": (["analyze", "{mlp}", "--feed-shape", "x:0="],
                                      ["does not fit its declared shape", "--feed-shape x:0=16,32"]),

@@ -329,14 +329,14 @@ def _write(path: Path, write: Callable[[Path], object]) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``tfmem run``: run the graph on the testbed with random feeds; print its peaks or that it ran out."""
+    from tfmem.sim.arguments import check_count
     from tfmem.testbed import Testbed
 
     cap = parse_bytes(args.testbed, what="--testbed", minimum=1)
     if args.steps < 1:
         raise BadInputError(f"--steps must be at least 1, got {args.steps}")
-    if args.inter_op_threads is not None and args.inter_op_threads < 0:
-        raise BadInputError(f"--inter-op-threads must be at least 0 (0: TensorFlow's default), got "
-                            f"{args.inter_op_threads}")
+    if args.inter_op_threads is not None:
+        check_count(args.inter_op_threads, "--inter-op-threads (0: TensorFlow's default)")
     ir, fetches, assumed = _load(args)
     _say_fetches(fetches, assumed)
     feeds = random_feeds(ir, fetches)

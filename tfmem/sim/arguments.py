@@ -14,6 +14,9 @@ from tfmem.ir.execution import fetch_names
 from tfmem.ir.shapes import check_feed_shapes
 from tfmem.units import parse_bytes
 
+# More inter-op threads than any machine runs; the executor's emulation keeps a queue per thread.
+MAX_THREADS = 4096
+
 
 def checked_arguments(fetches: object, feed_shapes: object, device: object, host: object,
                       device_memory: int | str | None = None, inter_op_threads: object = 1,
@@ -35,14 +38,15 @@ def checked_arguments(fetches: object, feed_shapes: object, device: object, host
     return names, shapes, memory
 
 
-def check_count(value: object, what: str, minimum: int = 0) -> int:
-    """Return ``value`` if it is an int of at least ``minimum`` (not a bool); raise ``BadInputError`` otherwise.
+def check_count(value: object, what: str, minimum: int = 0, maximum: int = MAX_THREADS) -> int:
+    """Return ``value`` if it is an int from ``minimum`` to ``maximum`` (not a bool); raise ``BadInputError`` otherwise.
 
     >>> check_count(-1, "inter_op_threads")
     Traceback (most recent call last):
     ...
-    tfmem.errors.BadInputError: inter_op_threads must be an int of at least 0, got -1
+    tfmem.errors.BadInputError: inter_op_threads must be an int from 0 to 4096, got -1
     """
-    if isinstance(value, bool) or not isinstance(value, SupportsIndex) or operator.index(value) < minimum:
-        raise BadInputError(f"{what} must be an int of at least {minimum}, got {value!r}")
+    if (isinstance(value, bool) or not isinstance(value, SupportsIndex)
+            or not minimum <= operator.index(value) <= maximum):
+        raise BadInputError(f"{what} must be an int from {minimum} to {maximum}, got {value!r}")
     return operator.index(value)  # ints and numpy ints
