@@ -10,7 +10,8 @@ worker's memory). Cases:
   its roomy peak; ``while-oom``: a ``tf.while_loop`` RNN's training step capped at half its roomy peak;
 - ``hang``: a dequeue from an empty queue, with a 5 s phase limit: a timeout; ``crash``: the worker killed
   mid-step; ``two-testbeds``: two testbeds running at once;
-- ``repeated-oom``: ``--repeats`` OOMs in a row on one testbed, then one run that fits;
+- ``repeated-oom``: ``--repeats`` OOMs in a row on one testbed (30 s phase limit), then one run that fits, and
+  the threads a phase limit later;
 - ``ctrl-c``: a user process looping over runs, SIGINTed ``--interrupts`` times (one process each) while
   ``--burners`` busy loops keep the cores loaded: how long it takes to exit, and what it leaves;
 - ``zoo`` (``--zoo``, needs ``tf_keras``): Keras ResNet-50 (14k ops) capped at 0.7x, 0.5x and 0.35x of its
@@ -259,14 +260,16 @@ def case_two_testbeds() -> dict[str, Any]:
 def case_repeated_oom(repeats: int) -> dict[str, Any]:
     row: dict[str, Any] = {"case": "repeated-oom", "expected": "oom", "repeats": repeats}
     too_big = _chain(64 * MiB)
-    tb = Testbed(64 * MiB)
+    tb = Testbed(64 * MiB, step_timeout_s=REPEATED_PHASE_LIMIT_S)
     with _leftovers(row, lambda: _ports(tb)), tb:
         tb.run(_chain(MiB), ["s:0"])
         worker_rss_start = _rss(tb.pids["worker"])
         threads_start, fds_start = _thread_names(), len(os.listdir("/proc/self/fd"))
         runs = [_attempt(tb, too_big, ["s:0"]) for _ in range(repeats)]
         after = _attempt(tb, _chain(MiB), ["s:0"])
-        time.sleep(15.0)   # TF's client retries a lost master for about 10 s in the cut-short runs' threads
+        threads_after_runs = sum(_thread_names().values())
+        # a cut-short run's helper thread waits on its lost master until TF's deadline (the phase limit + 5 s)
+        time.sleep(REPEATED_PHASE_LIMIT_S + 15.0)
         row.update({
             "ending": "oom" if all(r["ending"] == "oom" for r in runs) else "mixed",
             "oom_runs": sum(r["ending"] == "oom" for r in runs),
@@ -278,12 +281,16 @@ def case_repeated_oom(repeats: int) -> dict[str, Any]:
             "ran_after": after["ending"] == "ran",
             "worker_rss_start_mb": round(worker_rss_start / 1e6, 1),
             "worker_rss_end_mb": round(_rss(tb.pids["worker"]) / 1e6, 1),
-            "threads_start": sum(threads_start.values()), "threads_end": sum(_thread_names().values()),
+            "phase_limit_s": REPEATED_PHASE_LIMIT_S, "threads_start": sum(threads_start.values()),
+            "threads_after_runs": threads_after_runs, "threads_end": sum(_thread_names().values()),
             "threads_added": dict(_thread_names() - threads_start),
             "fds_start": fds_start, "fds_end": len(os.listdir("/proc/self/fd")),
             "error": runs[-1]["error"],
         })
     return row
+
+
+REPEATED_PHASE_LIMIT_S = 30.0
 
 
 _USER = r"""

@@ -78,6 +78,7 @@ _LIVE: weakref.WeakSet[Testbed] = weakref.WeakSet()
 PHASE_TIMEOUT_FACTOR = 10.0
 MIN_PHASE_TIMEOUT_S = 20.0
 SETTLE_TIMEOUT_S = 30.0
+TF_DEADLINE_SLACK_S = 5.0   # TF's deadline on a call: the phase limit and this (the watch acts first)
 _PHASE_TIMES: dict[bytes, float] = {}
 _DUMP_NAME = "bfc"   # TF_BFC_MEMORY_DUMP's prefix in the work dir: the device's allocator maps at failed requests
 _TIMEOUT_HINT = ("A step that is slow rather than stuck needs a larger step_timeout_s; a first run of a graph "
@@ -166,7 +167,8 @@ class Testbed:
     step_timeout_s : float
         The longest one phase of a run may take (initialisation, the warm-up step, a timed step); a graph that
         ran before gets at most ``PHASE_TIMEOUT_FACTOR`` times its longest phase then (at least
-        ``MIN_PHASE_TIMEOUT_S``). A phase past its limit raises ``TestbedTimeoutError`` instead of hanging.
+        ``MIN_PHASE_TIMEOUT_S``). A phase past its limit raises ``TestbedTimeoutError`` instead of hanging. A run
+        cut short leaves its TF call waiting on the killed servers for up to this long (and 5 s), in a thread.
 
     Raises
     ------
@@ -193,7 +195,7 @@ class Testbed:
 
     def __init__(self, device_memory: int | str, *, inter_op_threads: int | None = None,
                  intra_op_threads: int | None = None, start_timeout_s: float = 120.0,
-                 step_timeout_s: float = 600.0) -> None:
+                 step_timeout_s: float = 300.0) -> None:
         budget = parse_bytes(device_memory, what="device_memory")
         if budget < 2**20:
             raise BadInputError(f"testbed: device_memory must be at least 1 MiB, got {format_bytes(budget)}")
@@ -498,10 +500,15 @@ class Testbed:
         tf.compat.v1.Session.reset(self.target)
         config = copy.deepcopy(config) or tf.compat.v1.ConfigProto()
         config.isolate_session_state = False  # variables must outlive the init session
+        # TF's own deadline on every call, past the watch's: a call whose servers the watch killed waits for the
+        # lost master without end (tfmem.testbed.watch); this ends it, and its thread, within the phase limit.
+        deadline_ms = int(min(limit_s + TF_DEADLINE_SLACK_S, 2**31 / 1000 - 1) * 1000)
+        config.operation_timeout_in_ms = deadline_ms
         longest = 0.0
         if init:  # own session: closing it frees the init graph's Const kernels; variables stay in the worker
             phase.enter("initialisation (variables and their constants)", limit_s)
-            _run_and_close(self.target, g, config, lambda sess: sess.run(init))
+            _run_and_close(self.target, g, config,
+                           lambda sess: sess.run(init, options=tf.compat.v1.RunOptions(timeout_in_ms=deadline_ms)))
             longest = time.monotonic() - phase.since
         times, values = [], []
         metadata = tf.compat.v1.RunMetadata() if trace else None
@@ -512,12 +519,12 @@ class Testbed:
             # temporaries would otherwise count. Kernels' Const tensors and variables stay resident, so
             # resetting the peak afterwards still counts them.
             phase.enter("warm-up step", limit_s)
-            sess.run(fetches, feeds)
+            sess.run(fetches, feeds, options=tf.compat.v1.RunOptions(timeout_in_ms=deadline_ms))
             longest = max(longest, time.monotonic() - phase.since)
             for proc in self._procs.values():
                 proc.call("reset")
             for i in range(steps):
-                options = tf.compat.v1.RunOptions()
+                options = tf.compat.v1.RunOptions(timeout_in_ms=deadline_ms)
                 traced = trace and i == steps - 1
                 if traced:
                     options.trace_level = tf.compat.v1.RunOptions.FULL_TRACE
