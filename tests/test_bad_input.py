@@ -298,3 +298,19 @@ def test_graph_files_that_are_not_graphs(tmp_path, content: bytes | None, error:
         path.write_bytes(content)
     with pytest.raises(error, match=fragment):
         tfmem.load(path)
+
+
+# -- Grappler's estimate ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("kwargs", "fragment"), [
+    ({"device_type": "XPU"}, "device_type must be 'GPU' or 'CPU'"), ({"memory": 0}, "memory: must be positive"),
+    ({"memory": "1e400"}, "2**62"), ({"host": "@@"}, "host '@@' is not a device string"),
+    ({"fetches": None}, "fetches must be a name"), ({"fetches": ["nope:0"]}, "names no op of the graph"),
+])
+def test_grappler_peak_refuses_bad_arguments(tiny: tf.Graph, kwargs: dict[str, object], fragment: str) -> None:
+    from tfmem.measure import grappler_peak
+
+    fetches = kwargs.pop("fetches", ["y:0"])
+    with pytest.raises(BadInputError, match=re.escape(fragment)):
+        grappler_peak(tiny, fetches, **kwargs)  # type: ignore[arg-type]
+    assert grappler_peak(tiny, ["y:0"], device_type="cpu", memory="1GiB", host="/CPU:1") >= 0

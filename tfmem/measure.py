@@ -13,8 +13,9 @@ from tensorflow.core.protobuf import device_properties_pb2, meta_graph_pb2
 from tensorflow.python.grappler import cluster as gcluster
 from tensorflow.python.grappler import item as gitem
 
-from tfmem.errors import MalformedGraphError, first_line
-from tfmem.ir.devices import same_device
+from tfmem.errors import BadInputError, MalformedGraphError, first_line
+from tfmem.ir.devices import check_device, same_device
+from tfmem.ir.execution import fetch_names
 from tfmem.ir.graph import TensorRef
 from tfmem.ir.loading import GraphSource, to_graph_def
 from tfmem.units import parse_bytes
@@ -41,6 +42,13 @@ def grappler_peak(
     memory : the virtual device's memory, e.g. "12GiB" (a TitanX) or "16GiB" (a V100)
     host : device string of ops that stay in host memory (they go to a virtual CPU and are not counted)
 
+    Raises
+    ------
+    BadInputError
+        For a malformed argument or a fetch that names no op of the graph.
+    MalformedGraphError
+        For a graph Grappler cannot estimate.
+
     Examples
     --------
     >>> import tensorflow as tf
@@ -51,15 +59,25 @@ def grappler_peak(
     >>> grappler_peak(g, ["y:0"]) >= 4 * 1024 * 1024
     True
     """
+    names = fetch_names(fetches)
+    if not isinstance(device_type, str) or device_type.upper() not in ("GPU", "CPU"):
+        raise BadInputError(f"device_type must be 'GPU' or 'CPU', got {device_type!r}")
+    nbytes = parse_bytes(memory, what="memory", minimum=1)
+    check_device(host, "host")
     gd = to_graph_def(graph)
+    nodes = {n.name for n in gd.node}
+    for name in names:
+        if (TensorRef.parse(name).node if ":" in name else name) not in nodes:
+            raise BadInputError(f"fetch {name!r} names no op of the graph; name a tensor ('loss:0') or an op "
+                                "('train_op') of it")
     target = VIRTUAL_DEVICE.format(device_type.upper())
     for node in gd.node:
         node.device = VIRTUAL_HOST if host and node.device and same_device(node.device, host) else target
     meta = meta_graph_pb2.MetaGraphDef()
     meta.graph_def.CopyFrom(gd)
     keep = meta.collection_def["train_op"].node_list.value
-    keep.extend(TensorRef.parse(f).node if ":" in f else f for f in fetches)
-    devices = [_named(target, device_type.upper(), parse_bytes(memory, what="memory"))]
+    keep.extend(TensorRef.parse(f).node if ":" in f else f for f in names)
+    devices = [_named(target, device_type.upper(), nbytes)]
     if device_type.upper() != "CPU":
         devices.append(_named(VIRTUAL_HOST, "CPU", 1 << 40))
     try:

@@ -23,7 +23,7 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import MappingProxyType
@@ -186,18 +186,6 @@ class GraphIR:
                 if pred not in names:
                     raise MalformedGraphError(
                         f"node {n.name!r} ({n.op}) has input {pred!r}, which is not a node of the graph"
-                    )
-
-    @staticmethod
-    def check_inputs(nodes: Iterable[node_def_pb2.NodeDef], names: Container[str]) -> None:
-        """``check_references``'s input check on NodeDefs: raise ``MalformedGraphError`` for an input (data or
-        control) that names no node in ``names``."""
-        for nd in nodes:
-            for raw in nd.input:
-                pred = TensorRef.parse(raw[1:] if raw.startswith("^") else raw).node
-                if pred not in names:
-                    raise MalformedGraphError(
-                        f"node {nd.name!r} ({nd.op}) has input {pred!r}, which is not a node of the graph"
                     )
 
     def replace_nodes(self, nodes: tuple[OpNode, ...], *, annotated: bool | None = None) -> GraphIR:

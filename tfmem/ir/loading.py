@@ -20,7 +20,7 @@ from tensorflow.python.framework import op_def_registry
 
 from tfmem.errors import BadInputError, MalformedGraphError
 from tfmem.ir.devices import device_parse_error
-from tfmem.ir.graph import GraphIR
+from tfmem.ir.graph import GraphIR, TensorRef
 from tfmem.ir.shapes import MAX_RANK, FeedShapes, annotate
 
 GraphSource: TypeAlias = tf.Graph | graph_pb2.GraphDef | meta_graph_pb2.MetaGraphDef | GraphIR | str | os.PathLike[str]
@@ -97,7 +97,12 @@ def check_node_defs(gd: graph_pb2.GraphDef) -> None:
         if problem:
             raise MalformedGraphError(f"node {nd.name!r} ({nd.op}) {problem}; export the graph again with "
                                       "tf.io.write_graph")
-    GraphIR.check_inputs(gd.node, names)
+    for nd in gd.node:
+        for raw in nd.input:
+            pred = TensorRef.parse(raw[1:] if raw.startswith("^") else raw).node
+            if pred not in names:
+                raise MalformedGraphError(f"node {nd.name!r} ({nd.op}) has input {pred!r}, which is not a node of the "
+                                          "graph")
 
 
 _ATTR_KIND = {"type": "type", "int": "i", "string": "s", "float": "f", "bool": "b", "shape": "shape",
@@ -144,7 +149,7 @@ def _node_def_problem(nd: node_def_pb2.NodeDef, functions: set[str]) -> str:
                 return "has a data input after a control input; data inputs come first"
             break
     if nd.device and device_parse_error(nd.device):
-        return f"has device {nd.device!r}, which is not a device string ({device_parse_error(nd.device)}); fix or clear it"
+        return f"has device {nd.device!r}, which is not a device string ({device_parse_error(nd.device)})"
     if nd.op in functions:
         return ""
     spec = _op_spec(nd.op)
