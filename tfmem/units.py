@@ -26,7 +26,7 @@ _UNITS = {
 }
 # Sizes above this are refused: more memory than any machine has (and past it TensorFlow's int64 byte counts overflow).
 MAX_BYTES = 2**62
-_PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+_PATTERN = re.compile(r"^\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
 def parse_bytes(value: int | float | str, *, what: str = "size", minimum: int = 0) -> int:
@@ -71,7 +71,7 @@ def parse_bytes(value: int | float | str, *, what: str = "size", minimum: int = 
                 f"{what}: cannot read {value!r} as a size; write e.g. '2GiB', '512MiB', '1.5GB' or a number of bytes"
             )
         number = match.group(1)
-        size = int(number) * _UNITS[unit] if number.isdigit() else float(number) * _UNITS[unit]
+        size = int(number) * _UNITS[unit] if number.lstrip("+-").isdigit() else float(number) * _UNITS[unit]
     if size > MAX_BYTES:  # also infinity, e.g. '1e400'
         raise BadInputError(f"{what}: {value!r} is more than 2**62 bytes (4 EiB), more memory than any machine has; "
                             "give a size such as '16GiB'")
