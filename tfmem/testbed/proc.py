@@ -124,13 +124,17 @@ class ServerProcess:
             raise self._fail(f"command {cmd!r} failed: {reply.get('error')}")
         return reply
 
-    def kill(self) -> None:
-        """Kill the child and reap it; safe to call twice. SIGKILL: the server holds nothing worth flushing."""
+    def signal_kill(self) -> None:
+        """Send SIGKILL without waiting (``kill`` reaps): the server holds nothing worth flushing."""
         if self.proc.poll() is None:
             try:
                 self.proc.send_signal(signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+    def kill(self) -> None:
+        """Kill the child and reap it; safe to call twice."""
+        self.signal_kill()
         self.proc.wait()
         for stream in (self.proc.stdin, self.proc.stdout):
             if stream is not None:

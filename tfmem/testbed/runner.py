@@ -275,6 +275,8 @@ class Testbed:
                     raise
 
     def _kill_servers(self) -> None:
+        for proc in self._procs.values():   # both die at once, then both are reaped
+            proc.signal_kill()
         for proc in self._procs.values():
             proc.kill()
         self._procs = {}

@@ -31,9 +31,6 @@ POLL_S = 0.02
 # that an OOM is reported within about twice the time it took to happen.
 OOM_GRACE = 0.5
 OOM_GRACE_MAX_S = 5.0
-# How long to wait for the helper once its servers are gone. Not for its end: TF's client retries a lost master
-# for about 10 s; the helper then ends by itself, its session gone (tests/test_testbed.py, repeated OOMs).
-JOIN_S = 0.05
 
 
 @dataclass
@@ -94,16 +91,15 @@ def watch(work: Callable[[Phase], Any], *, started: float, dumps: Callable[[], l
                 if written:
                     failed_at, failed_phase, dump = now, phase.name, written[0]
             if failed_at is not None and now - failed_at >= min((failed_at - started) * OOM_GRACE, OOM_GRACE_MAX_S):
-                return _stopped(Ending("oom", failed_phase, failed_at - started, dump=dump), helper, stop)
+                return _stopped(Ending("oom", failed_phase, failed_at - started, dump=dump), stop)
             if dead():
                 kind = "oom" if failed_at is not None else "crash"
                 return _stopped(Ending(kind, failed_phase or phase.name, (failed_at or now) - started, dump=dump),
-                                helper, stop)
+                                stop)
             if now - phase.since > phase.limit_s:
-                return _stopped(Ending("timeout", phase.name, now - started, limit_s=phase.limit_s), helper, stop)
+                return _stopped(Ending("timeout", phase.name, now - started, limit_s=phase.limit_s), stop)
     except BaseException:
         (abort or stop)()
-        helper.join(JOIN_S)
         raise
     now = time.monotonic()
     if failed_at is None:
@@ -120,7 +116,8 @@ def watch(work: Callable[[Phase], Any], *, started: float, dumps: Callable[[], l
     return Ending("failed", phase.name, now - started, error=error)
 
 
-def _stopped(ending: Ending, helper: threading.Thread, stop: Callable[[], None]) -> Ending:
+def _stopped(ending: Ending, stop: Callable[[], None]) -> Ending:
+    """Stop the servers and leave the helper: its TF call waits on the lost master until TF's own deadline
+    (``tfmem.testbed.runner``: the phase limit + 5 s), then the thread ends (experiments/results/reliability.md)."""
     stop()
-    helper.join(JOIN_S)
     return ending
