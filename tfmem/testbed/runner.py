@@ -381,8 +381,11 @@ class Testbed:
         started = time.monotonic()
         limit = self._phase_limit(digest)
         self._clear_dumps()
-        ending = watch(lambda phase: self._measure(phase, limit, g, list(fetches), dict(feeds or {}), steps, config,
-                                                   init, trace),
+        # The run keeps to the servers it started on: a helper left behind by a cut-short run must never talk to
+        # the next pair (a protocol line read by two threads, a reset of another run's variables).
+        target, procs = self.target, dict(self._procs)
+        ending = watch(lambda phase: self._measure(phase, limit, target, procs, g, list(fetches), dict(feeds or {}),
+                                                   steps, config, init, trace),
                        started=started, dumps=self._dumps, dead=self._server_died, stop=self._stop_run,
                        abort=self._kill_servers)
         elapsed = time.monotonic() - started
@@ -475,7 +478,7 @@ class Testbed:
     def _prepare(self, graph: GraphLike, fetches: list[str], feeds: dict[str, Any] | None, steps: int,
                  inter_op_threads: int | None, init_ops: list[str] | None) -> tuple[tf.Graph, list[str], bytes]:
         """Check the arguments, (re)start the servers if needed, and import the placed graph; with a digest of
-        the run (graph, fetches, steps) that keys its phase timeouts."""
+        the placed graph and fetches that keys its phase limits."""
         if self._closed:
             raise TestbedError("testbed: run() on a closed Testbed; open a new one")
         if steps < 1:
@@ -492,14 +495,14 @@ class Testbed:
                                               *(f.encode() for f in fetches)])).digest()
         return g, initializer_names(graph_def) if init_ops is None else list(init_ops), digest
 
-    def _measure(self, phase: Phase, limit_s: float, g: tf.Graph, fetches: list[str], feeds: dict[str, Any],
-                 steps: int, config: tf.compat.v1.ConfigProto | None, init: list[str], trace: bool = False,
-                 ) -> tuple[RunResult, float]:
+    def _measure(self, phase: Phase, limit_s: float, target: str, procs: dict[str, ServerProcess], g: tf.Graph,
+                 fetches: list[str], feeds: dict[str, Any], steps: int, config: tf.compat.v1.ConfigProto | None,
+                 init: list[str], trace: bool = False) -> tuple[RunResult, float]:
         """The run itself, in ``watch``'s helper thread: it names each phase, and ``watch`` cuts it short.
         Returns the result and the longest phase's seconds (what later runs' limits scale)."""
         phase.enter("reset before the run", limit_s)
         # Reset drops every resource container (variables) on both jobs, so runs are independent.
-        tf.compat.v1.Session.reset(self.target)
+        tf.compat.v1.Session.reset(target)
         config = copy.deepcopy(config) or tf.compat.v1.ConfigProto()
         config.isolate_session_state = False  # variables must outlive the init session
         # TF's own deadline on every call, past the watch's: a call whose servers the watch killed waits for the
@@ -509,7 +512,7 @@ class Testbed:
         longest = 0.0
         if init:  # own session: closing it frees the init graph's Const kernels; variables stay in the worker
             phase.enter("initialisation (variables and their constants)", limit_s)
-            _run_and_close(self.target, g, config,
+            _run_and_close(target, g, config,
                            lambda sess: sess.run(init, options=tf.compat.v1.RunOptions(timeout_in_ms=deadline_ms)))
             longest = time.monotonic() - phase.since
         times, values = [], []
@@ -523,7 +526,7 @@ class Testbed:
             phase.enter("warm-up step", limit_s)
             sess.run(fetches, feeds, options=tf.compat.v1.RunOptions(timeout_in_ms=deadline_ms))
             longest = max(longest, time.monotonic() - phase.since)
-            for proc in self._procs.values():
+            for proc in procs.values():
                 proc.call("reset")
             for i in range(steps):
                 options = tf.compat.v1.RunOptions(timeout_in_ms=deadline_ms)
@@ -536,9 +539,9 @@ class Testbed:
                 times.append(time.perf_counter() - start)
                 longest = max(longest, time.monotonic() - phase.since)
 
-        _run_and_close(self.target, g, config, steps_in)
+        _run_and_close(target, g, config, steps_in)
         phase.enter("reading the peaks", limit_s)
-        device, host = (self._procs[j].call("stats") for j in ("worker", "host"))
+        device, host = (procs[j].call("stats") for j in ("worker", "host"))
         outputs = {name: np.asarray(v) for name, v in zip(fetches, values, strict=True) if ":" in name}
         return RunResult(oom=False, error=None, device_peak_bytes=int(device["peak"]),
                          host_peak_bytes=int(host["peak"]), step_time_s=statistics.median(times),
@@ -553,12 +556,14 @@ class Testbed:
             self._stop_run()
             return
 
+        target, worker = self.target, self._procs["worker"]   # as in run: never the next pair
+
         def reset(phase: Phase) -> int:
             phase.enter("reset after the run", SETTLE_TIMEOUT_S)
             current = -1
-            tf.compat.v1.Session.reset(self.target)
+            tf.compat.v1.Session.reset(target)
             for _ in range(10):  # graph deregistration may lag the reset a little
-                current = int(self._procs["worker"].call("stats")["current"])
+                current = int(worker.call("stats")["current"])
                 if current == self.idle_device_bytes:
                     break
                 time.sleep(0.05)
