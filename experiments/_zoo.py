@@ -73,6 +73,23 @@ def slim_resnet50(batch: int = 8, size: int = 64, classes: int = 100) -> Built:
     return _step(logits, batch, size, classes)
 
 
+def slim_inception_v3(batch: int = 8, size: int = 96, classes: int = 100) -> Built:
+    """TF-Slim's ``inception_v3`` as the zoo builds it (fused batch norm, auxiliary logits off): for the testbed
+    (``experiments/reliability``), not for planning."""
+    import tf_slim as slim
+    from tf_slim.nets import inception_v3
+
+    _legacy_layers_alias()
+
+    def logits(images: tf.Tensor) -> tf.Tensor:
+        with slim.arg_scope(inception_v3.inception_v3_arg_scope()):
+            out, _ = inception_v3.inception_v3(images, num_classes=classes, is_training=True,
+                                               create_aux_logits=False)
+        return out
+
+    return _step(logits, batch, size, classes)
+
+
 @contextlib.contextmanager
 def _unfused_keras_batch_norm() -> Iterator[None]:
     """tf_keras' BatchNormalization built with ``fused=False`` while the block runs."""
