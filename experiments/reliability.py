@@ -294,7 +294,9 @@ REPEATED_PHASE_LIMIT_S = 30.0
 
 
 _USER = r"""
-import json, sys, tensorflow as tf
+import json, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)   # as in a terminal, even if started in the background
+import tensorflow as tf
 from tfmem.testbed import Testbed
 g = tf.Graph()
 with g.as_default():

@@ -395,6 +395,9 @@ def _assert_cleaned_up(info: dict, timeout_s: float = 15.0) -> None:
 _USER = r"""
 import faulthandler, json, signal, sys
 faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for a stack dump when a process hangs
+# As in a terminal: a suite started in the background (`make test &`) passes SIGINT down ignored, and Python
+# then installs no KeyboardInterrupt handler (every full-suite hang of this test before 2026-11-28).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import tensorflow as tf
 from tfmem.testbed import Testbed
 g = tf.Graph()
