@@ -91,6 +91,7 @@ BAD_INPUTS = {
     "device memory beyond any machine": (["analyze", "{mlp}", "--device-memory", "1e30"], ["--device-memory", "2**62"]),
     "zero device memory": (["analyze", "{mlp}", "--device-memory", "0"], ["--device-memory", "positive"]),
     "zero testbed": (["run", "{mlp}", "--testbed", "0"], ["--testbed", "positive"]),
+    "testbed under 1 MiB": (["run", "{mlp}", "--testbed", "1KiB"], ["--testbed must be at least 1MiB", "64MiB"]),
     "passes of commas only": (["optimize", "{mlp}", "-o", "{tmp}/o.pb", "--passes", ",,,"],
                               ["--passes ',,,' has an empty pass name", "partition", "'none'"]),
     "empty passes": (["optimize", "{mlp}", "-o", "{tmp}/o.pb", "--passes", ""], ["empty pass name"]),
@@ -128,6 +129,8 @@ def test_bad_input_is_one_line_and_exit_2(case: str, files: dict[str, Path], tmp
     paths = {k: str(v) for k, v in files.items()} | {"missing": str(tmp_path / "missing.pb"), "tmp": str(tmp_path)}
     code, out, err = run_cli(capsys, *(a.format(**paths) for a in argv))
     assert_one_error_line(code, err, *fragments)
+    if argv[:1] == ["run"]:
+        assert "starting the testbed" not in out   # refused before any work
 
 
 def test_the_fixes_the_messages_suggest_work(files: dict[str, Path], tmp_path: Path,

@@ -333,6 +333,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from tfmem.testbed import Testbed
 
     cap = parse_bytes(args.testbed, what="--testbed", minimum=1)
+    if cap < 2**20:   # the testbed's own minimum, said before anything is loaded or printed
+        raise BadInputError(f"--testbed must be at least 1MiB (TensorFlow's allocator cap is in MiB), got "
+                            f"{format_bytes(cap)}; e.g. --testbed 64MiB")
     if args.steps < 1:
         raise BadInputError(f"--steps must be at least 1, got {args.steps}")
     if args.inter_op_threads is not None:
