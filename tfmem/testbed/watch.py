@@ -18,6 +18,7 @@ distributed session's close waits for the step (``tests/test_testbed.py``: Ctrl-
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -78,46 +79,42 @@ def watch(work: Callable[[Phase], Any], *, started: float, dumps: Callable[[], l
 
     helper = threading.Thread(target=target, name="tfmem-testbed-run", daemon=True)
     helper.start()
-    failed_at: float | None = None
-    failed_phase, dump = "", None
+    failure: Ending | None = None   # the first failed request: its phase, when, and the allocator's map
+
+    def failed_request(now: float) -> Ending | None:
+        nonlocal failure
+        if failure is None and (written := dumps()):
+            failure = Ending("oom", phase.name, now - started, dump=written[0])
+        return failure
+
     try:
         while helper.is_alive():
             helper.join(POLL_S)
             if not helper.is_alive():
                 break
             now = time.monotonic()
-            if failed_at is None:
-                written = dumps()
-                if written:
-                    failed_at, failed_phase, dump = now, phase.name, written[0]
-            if failed_at is not None and now - failed_at >= min((failed_at - started) * OOM_GRACE, OOM_GRACE_MAX_S):
-                return _stopped(Ending("oom", failed_phase, failed_at - started, dump=dump), stop)
-            if dead():
-                kind = "oom" if failed_at is not None else "crash"
-                return _stopped(Ending(kind, failed_phase or phase.name, (failed_at or now) - started, dump=dump),
-                                stop)
-            if now - phase.since > phase.limit_s:
-                return _stopped(Ending("timeout", phase.name, now - started, limit_s=phase.limit_s), stop)
+            oom, cut = failed_request(now), None
+            if oom is not None and now - started - oom.after_s >= min(oom.after_s * OOM_GRACE, OOM_GRACE_MAX_S):
+                cut = oom
+            elif dead():
+                cut = oom or Ending("crash", phase.name, now - started)
+            elif now - phase.since > phase.limit_s:
+                cut = Ending("timeout", phase.name, now - started, limit_s=phase.limit_s)
+            if cut is not None:
+                # The helper is left: its TF call waits on the lost master until TF's own deadline (the phase
+                # limit + 5 s, ``tfmem.testbed.runner``), then the thread ends (experiments/results/reliability.md).
+                stop()
+                return cut
     except BaseException:
         (abort or stop)()
         raise
     now = time.monotonic()
-    if failed_at is None:
-        written = dumps()
-        if written:
-            failed_at, failed_phase, dump = now, phase.name, written[0]
+    oom = failed_request(now)
     if "error" not in box:
-        return Ending("ran", phase.name, now - started, value=box.get("value"), dump=dump)
+        return Ending("ran", phase.name, now - started, value=box.get("value"))
     error = box["error"]
-    if failed_at is not None:
-        return Ending("oom", failed_phase, failed_at - started, error=error, dump=dump)
+    if oom is not None:
+        return dataclasses.replace(oom, error=error)
     if dead():
         return Ending("crash", phase.name, now - started, error=error)
     return Ending("failed", phase.name, now - started, error=error)
-
-
-def _stopped(ending: Ending, stop: Callable[[], None]) -> Ending:
-    """Stop the servers and leave the helper: its TF call waits on the lost master until TF's own deadline
-    (``tfmem.testbed.runner``: the phase limit + 5 s), then the thread ends (experiments/results/reliability.md)."""
-    stop()
-    return ending
