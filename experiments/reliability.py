@@ -49,6 +49,7 @@ import tensorflow as tf
 from experiments._common import load_average, provenance, write
 from tfmem.errors import TestbedCrashError, TestbedTimeoutError
 from tfmem.testbed import Testbed
+from tfmem.testbed.proc import listening_ports, process_gone
 from tfmem.testbed.runner import WORKDIR_PREFIX
 
 MiB = 2**20
@@ -96,14 +97,6 @@ def _thread_names() -> Counter[str]:
     return names
 
 
-def _listening() -> set[int]:
-    ports = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as f:
-            ports |= {int(r.split()[1].rsplit(":", 1)[1], 16) for r in f.readlines()[1:] if r.split()[3] == "0A"}
-    return ports
-
-
 def _workdirs(pid: int) -> list[str]:
     return sorted(str(p) for p in Path(tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}{pid}-*"))
 
@@ -123,7 +116,7 @@ def _leftovers(row: dict[str, Any], ports_of: Callable[[], set[int]]) -> Iterato
         ports = ports_of()
         time.sleep(1.0)   # a killed server's sockets close as its last thread ends
         row["leftover_processes"] = len(_children())
-        row["leftover_ports"] = len(ports & _listening())
+        row["leftover_ports"] = len(ports & listening_ports())
         row["leftover_folders"] = len(_workdirs(os.getpid()))
 
 
@@ -337,8 +330,8 @@ def case_ctrl_c(interrupts: int, burners: int) -> dict[str, Any]:
                 user.wait()
                 exits.append(float("inf"))
             time.sleep(1.0)
-            left["processes"] += sum(Path(f"/proc/{pid}").exists() and _not_zombie(pid) for pid in info["pids"])
-            left["ports"] += len(set(info["ports"]) & _listening())
+            left["processes"] += sum(not process_gone(pid) for pid in info["pids"])
+            left["ports"] += len(set(info["ports"]) & listening_ports())
             left["folders"] += Path(info["workdir"]).exists()
     finally:
         for p in procs:
@@ -348,14 +341,6 @@ def case_ctrl_c(interrupts: int, burners: int) -> dict[str, Any]:
                 "leftover_processes": left["processes"], "leftover_ports": left["ports"],
                 "leftover_folders": left["folders"]})
     return row
-
-
-def _not_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def case_zoo() -> list[dict[str, Any]]:

@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from tfmem.errors import BadInputError, TestbedCrashError, TestbedError, TestbedTimeoutError
 from tfmem.testbed import DEVICE, HOST, RunResult, Testbed, initializer_names, place_on_device
-from tfmem.testbed.proc import COMMON_ENV
+from tfmem.testbed.proc import COMMON_ENV, listening_ports, process_gone
 
 pytestmark = pytest.mark.testbed
 
@@ -362,34 +362,15 @@ def test_two_testbeds_at_once_are_independent(tb: Testbed) -> None:
         assert r.ran and 32 * MiB <= r.device_peak_bytes <= 32 * MiB + SMALL
 
 
-def _gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"  # a zombie holds no memory or sockets
-    except FileNotFoundError:
-        return True
-
-
-def _listening_ports() -> set[int]:
-    ports = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as f:
-            for row in f.readlines()[1:]:
-                local, state = row.split()[1], row.split()[3]
-                if state == "0A":  # TCP_LISTEN
-                    ports.add(int(local.rsplit(":", 1)[1], 16))
-    return ports
-
-
 def _assert_cleaned_up(info: dict, timeout_s: float = 15.0) -> None:
     # A killed multi-threaded process shows as a zombie before its last thread has closed its sockets: poll both.
     def clean() -> bool:
-        return all(_gone(pid) for pid in info["pids"]) and not set(info["ports"]) & _listening_ports()
+        return all(process_gone(pid) for pid in info["pids"]) and not set(info["ports"]) & listening_ports()
     deadline = time.monotonic() + timeout_s
     while not clean() and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert all(_gone(pid) for pid in info["pids"]), f"testbed servers survived: {info['pids']}"
-    assert not set(info["ports"]) & _listening_ports(), f"ports still listened on: {info['ports']}"
+    assert all(process_gone(pid) for pid in info["pids"]), f"testbed servers survived: {info['pids']}"
+    assert not set(info["ports"]) & listening_ports(), f"ports still listened on: {info['ports']}"
 
 
 _USER = r"""
@@ -451,7 +432,7 @@ def _hang_report(proc: subprocess.Popen[str], info: dict) -> str:
     stacks where py-spy (two samples: progress or stall?) and gdb (every thread) are installed."""
     pids = [proc.pid, *info["pids"]]
     for pid in pids:
-        if not _gone(pid):
+        if not process_gone(pid):
             os.kill(pid, signal.SIGUSR1)
     time.sleep(2.0)
     user_log: Path = proc.stderr_log  # type: ignore[attr-defined]

@@ -46,6 +46,28 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
+def listening_ports() -> set[int]:
+    """TCP ports some process on this machine listens on (Linux ``/proc/net``): what a closed testbed must not
+    leave behind (tests/test_testbed.py, experiments/reliability.py)."""
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for row in f.readlines()[1:]:
+                local, state = row.split()[1], row.split()[3]
+                if state == "0A":  # TCP_LISTEN
+                    ports.add(int(local.rsplit(":", 1)[1], 16))
+    return ports
+
+
+def process_gone(pid: int) -> bool:
+    """Whether ``pid`` has exited: no such process, or a zombie (which holds no memory or sockets)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
 class ServerProcess:
     """One child running a TF server for ``job`` (task 0), driven through a line protocol on its stdio."""
 
@@ -53,8 +75,10 @@ class ServerProcess:
                  inter_op_threads: int = 0, intra_op_threads: int = 0, reserve_bytes: int = 0) -> None:
         self.job = job
         # One file per start, so a restarted server does not overwrite its predecessor's last words.
-        starts = [int(n) for n in (f.name.split(".")[1] for f in workdir.glob(f"{job}.*.stderr")) if n.isdigit()]
-        self.stderr_path = workdir / f"{job}.{max(starts, default=-1) + 1}.stderr"
+        starts = sorted(int(n) for n in (f.name.split(".")[1] for f in workdir.glob(f"{job}.*.stderr")) if n.isdigit())
+        for old in starts[:-1]:   # the previous start's last words stay beside this one's; older ones go
+            (workdir / f"{job}.{old}.stderr").unlink(missing_ok=True)
+        self.stderr_path = workdir / f"{job}.{starts[-1] + 1 if starts else 0}.stderr"
         self._buf = b""
         cmd = [
             sys.executable, "-u", str(SERVER_SCRIPT), "--job", job, "--cluster", json.dumps(cluster),

@@ -113,8 +113,9 @@ class RunResult:
     def __post_init__(self) -> None:
         if not self.ending:
             object.__setattr__(self, "ending", "oom" if self.oom else "ran")
-        if self.ending not in ENDINGS:
-            raise ValueError(f"RunResult.ending must be one of {ENDINGS}, got {self.ending!r}")
+        if self.ending not in ENDINGS or self.oom != (self.ending == "oom"):
+            raise ValueError(f"RunResult: ending must be one of {ENDINGS} and 'oom' exactly when oom=True; got "
+                             f"ending={self.ending!r}, oom={self.oom}")
 
     @property
     def ran(self) -> bool:
@@ -252,7 +253,6 @@ class Testbed:
             args = (inter_op, self.intra_op_threads, self.device_memory_bytes) if job == "worker" else ()
             self._procs[job] = ServerProcess(job, self.cluster, self._env(job), self._workdir, *args)
         self._spawned_inter_op = inter_op
-        _trim_stderr_files(self._workdir)
 
     def _start(self, inter_op: int) -> None:
         """Both servers ready with an ``inter_op`` executor pool: those spawned in advance if they match."""
@@ -395,50 +395,47 @@ class Testbed:
             self._clear_dumps()
 
     def _result(self, ending: Ending, fetches: list[str], digest: bytes, elapsed: float) -> RunResult:
-        """The ``RunResult`` of a watched run, or the error it raises (see ``run``)."""
+        """The ``RunResult`` of a watched run, or the error it raises (see ``run``); the servers settled first."""
         error = ending.error
+        if ending.kind == "failed" and isinstance(error, tf.errors.UnavailableError) and self._dies_soon():
+            # the server's connection closed before the process was reaped: a crash seen from the client first
+            self._stop_run()
+            ending = dataclasses.replace(ending, kind="crash")
+        self._settle()
         if ending.kind == "ran":
             result: RunResult
             longest: float
             result, longest = ending.value
             _PHASE_TIMES[digest] = longest
-            self._settle()
             return dataclasses.replace(result, reached_s=elapsed, elapsed_s=elapsed)
         if ending.kind == "oom":
             told = _one_line(error) if isinstance(error, tf.errors.OpError) and _is_oom(error) else None
             where = f"out of memory in the {ending.phase} after {ending.after_s:.2f} s"
             text = f"{where}: {told}" if told else f"{where}: {_unserved(ending.dump)}"
-            self._settle()
             return RunResult(oom=True, error=text, device_peak_bytes=None, host_peak_bytes=None, step_time_s=None,
                              reached_s=ending.after_s, elapsed_s=elapsed)
         if ending.kind == "timeout":
-            self._settle()
             raise TestbedTimeoutError(
                 f"testbed: the {ending.phase} did not finish within {ending.limit_s:.3g} s (no allocation had failed "
                 f"and both servers were alive; the servers were stopped and restart on the next run). "
                 f"{_TIMEOUT_HINT}", phase=ending.phase, limit_s=ending.limit_s or 0.0)
-        if ending.kind == "failed" and isinstance(error, tf.errors.UnavailableError) and self._dies_soon():
-            # the server's connection closed before the process was reaped: a crash seen from the client first
-            self._stop_run()
-            ending = dataclasses.replace(ending, kind="crash")
         if ending.kind == "crash":
-            self._settle()
             raise TestbedCrashError("\n".join([f"testbed: a server died in the {ending.phase} after "
                                                 f"{ending.after_s:.1f} s" + (f" ({_one_line(error)})" if error else ""),
                                                 *self._last_words]), phase=ending.phase)
         assert error is not None
         if isinstance(error, tf.errors.ResourceExhaustedError) and _is_oom(error):  # an allocation without retry
-            self._settle()
             return RunResult(oom=True, error=f"out of memory in the {ending.phase}: {_one_line(error)}",
                              device_peak_bytes=None, host_peak_bytes=None, step_time_s=None,
                              reached_s=ending.after_s, elapsed_s=elapsed)
         if isinstance(error, tf.errors.OpError):
-            raise self._failed(fetches, error) from error
+            raise TestbedError(
+                f"testbed: running fetches {fetches[:5]} failed with {_one_line(error)}. Check the feed values, and "
+                f"that every variable is initialised (initializer_names() finds 'v/Assign' ops; else pass "
+                f"init_ops=...).") from error
         if isinstance(error, TfmemError | KeyboardInterrupt):
-            self._settle()
             raise error
         # TensorFlow's own error formatting can fail on odd node names (binary bytes in a constant's name)
-        self._settle()
         raise TestbedError(f"testbed: running fetches {fetches[:5]} failed in the {ending.phase}: "
                            f"{type(error).__name__}: {first_line(error)}") from error
 
@@ -467,13 +464,6 @@ class Testbed:
 
     def _server_died(self) -> bool:
         return not self._procs or not all(p.alive() for p in self._procs.values())
-
-    def _failed(self, fetches: list[str], error: tf.errors.OpError) -> TestbedError:
-        self._settle()
-        return TestbedError(
-            f"testbed: running fetches {fetches[:5]} failed with {_one_line(error)}. Check the feed values, and "
-            f"that every variable is initialised (initializer_names() finds 'v/Assign' ops; else pass init_ops=...)."
-        )
 
     def _prepare(self, graph: GraphLike, fetches: list[str], feeds: dict[str, Any] | None, steps: int,
                  inter_op_threads: int | None, init_ops: list[str] | None) -> tuple[tf.Graph, list[str], bytes]:
@@ -577,14 +567,6 @@ class Testbed:
                   "servers", ending.value, self.idle_device_bytes, ending.kind)
         if ending.kind == "ran":
             self._stop_run()
-
-
-def _trim_stderr_files(workdir: Path, keep: int = 2) -> None:
-    """Keep the stderr files of the last ``keep`` starts of each job (a start per cut-short run adds two)."""
-    for job in ("worker", "host"):
-        files = sorted(workdir.glob(f"{job}.*.stderr"), key=lambda p: int(p.name.split(".")[1]))
-        for path in files[:-keep]:
-            path.unlink(missing_ok=True)
 
 
 def _run_and_close(target: str, g: tf.Graph, config: tf.compat.v1.ConfigProto,
