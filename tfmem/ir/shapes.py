@@ -186,6 +186,7 @@ def annotate(gd: graph_pb2.GraphDef, feed_shapes: FeedShapes | None = None, *, c
     """
     feeds = {TensorRef.parse(k): v for k, v in check_feed_shapes(feed_shapes).items()}
     base = GraphIR.from_graph_def(gd)
+    imported = None
     if check_import:
         for ref, shape in feeds.items():  # a misfit placeholder's message says which shape fits
             node = base.by_name.get(ref.node)
@@ -193,11 +194,12 @@ def annotate(gd: graph_pb2.GraphDef, feed_shapes: FeedShapes | None = None, *, c
                 declared = tf.TensorShape(node.attrs["shape"].shape)
                 if not declared.is_compatible_with(tf.TensorShape(shape)):
                     raise _misfit(str(ref), shape, declared)
-        _import_with_feeds(base, gd, feeds)  # raises MalformedGraphError, or BadInputError for misfit feeds
+        # raises MalformedGraphError, or BadInputError for misfit feeds; kept for the slow path below
+        imported = _import_with_feeds(base, gd, feeds)
     fast = _specs_from_grappler(base, gd, feeds)
     if fast is not None:
         return base.replace_nodes(tuple(_with_outputs(n, fast[n.name]) for n in base.nodes), annotated=True)
-    graph = _import_with_feeds(base, gd, feeds)
+    graph = imported if imported is not None else _import_with_feeds(base, gd, feeds)
     for ref, shape in feeds.items():
         declared = graph.get_operation_by_name(ref.node).outputs[ref.index].shape
         if not declared.is_compatible_with(tf.TensorShape(shape)):
