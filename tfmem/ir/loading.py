@@ -21,7 +21,7 @@ from tensorflow.python.framework import op_def_registry
 from tfmem.errors import BadInputError, MalformedGraphError
 from tfmem.ir.devices import device_parse_error
 from tfmem.ir.graph import GraphIR, TensorRef
-from tfmem.ir.shapes import MAX_RANK, FeedShapes, annotate
+from tfmem.ir.shapes import MAX_ELEMENTS, MAX_RANK, FeedShapes, annotate
 
 GraphSource: TypeAlias = tf.Graph | graph_pb2.GraphDef | meta_graph_pb2.MetaGraphDef | GraphIR | str | os.PathLike[str]
 
@@ -110,7 +110,6 @@ _ATTR_KIND = {"type": "type", "int": "i", "string": "s", "float": "f", "bool": "
 # Attrs TensorFlow adds itself, that no OpDef declares, with the types tfmem and TensorFlow read them as.
 _INTERNAL_ATTRS = {"_class": "list(string)", "_output_shapes": "list(shape)"}
 _VALID_DTYPES = frozenset(v for v in types_pb2.DataType.values() if v != types_pb2.DT_INVALID)
-_MAX_ELEMENTS = 2**62
 
 
 @dataclass(frozen=True)
@@ -226,7 +225,7 @@ def _shape_problem(shape: tensor_shape_pb2.TensorShapeProto, partial: bool) -> s
         if d.size < (-1 if partial else 0):
             return f"has a shape with dimension {d.size}" + (" (only -1, unknown, may be negative)" if partial else "")
         count *= max(d.size, 1)
-    if count > _MAX_ELEMENTS:
+    if count > MAX_ELEMENTS:
         return "has a shape of more than 2**62 elements"
     if len(shape.dim) > MAX_RANK:
         return f"has a shape of {len(shape.dim)} dimensions (at most {MAX_RANK})"
