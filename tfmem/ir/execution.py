@@ -77,14 +77,8 @@ def parse_fetches(graph: GraphIR, fetches: Iterable[str | TensorRef]) -> tuple[l
         For a fetch that names no tensor or op of ``graph`` (with the closest names it has).
     """
     tensors, targets = [], []
-    items = [fetches] if isinstance(fetches, str | TensorRef) else list(fetches)
-    if not items:
-        raise BadInputError(f"no fetches given; {_FETCH_EXAMPLE}")
-    for f in items:
-        name = f if isinstance(f, TensorRef) else _fetch_name(f)
-        if isinstance(name, TensorRef):
-            ref = name
-        elif ":" in name:
+    for name in fetch_names(fetches):
+        if ":" in name:
             node, _, index = name.rpartition(":")
             if not index.isdigit():
                 raise BadInputError(f"fetch {name!r} is not a tensor name: write NODE:INDEX with the output's index, "
