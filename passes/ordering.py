@@ -45,7 +45,8 @@ class OrderingProblem:
     def preds(self) -> dict[str, tuple[str, ...]]:
         preds = {u: list(self.eg.unit_preds[u]) for u in self.eg.units}
         previous = None
-        for u in self.eg.units:  # GraphDef order is TF's construction order for stateful ops
+        # GraphDef order is TF's construction order for stateful ops; a frame's unit may come before an input
+        for u in self.eg.topological_units:  # it waits for, so the chain follows the nearest topological order
             if any(is_stateful(self.eg.graph[n].op) for n in self.eg.members[u]):
                 if previous is not None and previous not in preds[u]:
                     preds[u].append(previous)

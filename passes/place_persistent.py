@@ -425,13 +425,16 @@ def persistent_groups(graph: GraphIR, eg: ExecutionGraph, placement: Placement, 
             for i in range(len(graph[m].outputs))
             if movable(graph, TensorRef(m, i)) and any(c not in members for c in eg.consumers(TensorRef(m, i)))
         )
+        if any(eg.is_region(c) for t in reads for c in eg.consumers(t)):
+            continue  # a frame reads it whole: a prefetch cannot be wired into one of its ops
         if nbytes >= min_bytes:
             ref = any(graph[v].op in REF_VARIABLE_OPS for v in roots)
             groups.append(PersistentGroup(tuple(sorted(roots)), tuple(sorted(members)), nbytes, reads, ref))
     for node in graph.nodes:
         if (node.op in PERSISTENT_OUTPUT_OPS and node.op not in VARIABLE_OPS and node.name in eg.unit_of
                 and placement.domain(node.device) == "device" and (node.outputs[0].nbytes or 0) >= min_bytes
-                and movable(graph, TensorRef(node.name, 0)) and node.name not in parent):
+                and movable(graph, TensorRef(node.name, 0)) and node.name not in parent
+                and not any(eg.is_region(c) for c in eg.consumers(TensorRef(node.name, 0)))):
             groups.append(PersistentGroup((node.name,), (node.name,), node.outputs[0].nbytes or 0,
                                           (TensorRef(node.name, 0),), False))
     return groups

@@ -68,8 +68,13 @@ class RecomputePlan:
 
 
 def is_recomputable(graph: GraphIR, name: str) -> bool:
-    """Whether ``name`` can run a second time with the same result (stateless, no refs, not a source)."""
-    node = graph[name]
+    """Whether ``name`` can run a second time with the same result (stateless, no refs, not a source).
+
+    False for a v1 frame's unit (``frame:<name>``, no node of the graph): a loop is never cloned.
+    """
+    node = graph.by_name.get(name)
+    if node is None:
+        return False
     if node.op in NEVER_CLONED or node.op in PERSISTENT_OUTPUT_OPS or node.op in PLACEHOLDER_OPS:
         return False
     op_def = op_def_registry.get(node.op)

@@ -27,7 +27,7 @@ import networkx as nx
 from tensorflow.python.framework import op_def_registry
 
 from tfmem.ir.execution import parse_fetches
-from tfmem.ir.frames import find_regions
+from tfmem.ir.frames import acyclic_view, find_regions
 from tfmem.ir.graph import GraphIR, OpNode, TensorRef
 from tfmem.ir.ops import NEVER_FOLDED
 from tfmem.pipeline import PassContext, PassReport, PassResult
@@ -117,7 +117,7 @@ def shared_constants(graph: GraphIR, kept: frozenset[str] = frozenset()) -> dict
     def first(n: str) -> str:
         return same_as.get(n, n)
 
-    for name in nx.lexicographical_topological_sort(graph.nx, key=order.__getitem__):
+    for name in nx.lexicographical_topological_sort(acyclic_view(graph), key=order.__getitem__):
         node = graph[name]
         if not _computes_constant(node, constant, in_frames):
             continue

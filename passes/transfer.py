@@ -166,10 +166,13 @@ def readers_through_aliases(graph: GraphIR, eg: ExecutionGraph, tensor: TensorRe
     while stack:
         t = stack.pop()
         for reader in eg.consumers(t):
+            if eg.is_region(reader):  # a v1 frame reads it whole (its unit is no node of the graph)
+                out.setdefault(reader, t)
+                continue
             node = graph[reader]
             passes_on = ((node.op in IDENTITY_OPS and len(node.inputs) == 1)
                          or (node.op in VIEW_OPS and node.inputs[0] == t and t not in node.inputs[1:]))
-            if (passes_on and not eg.is_region(reader) and TensorRef(reader, 0) not in eg.fetched
+            if (passes_on and TensorRef(reader, 0) not in eg.fetched
                     and eg.consumers(TensorRef(reader, 0))):
                 stack.append(TensorRef(reader, 0))
             else:

@@ -9,6 +9,7 @@ classifies outputs: persistent (constants, variable storage), fed, aliases of an
 from __future__ import annotations
 
 import difflib
+import heapq
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -148,6 +149,32 @@ class ExecutionGraph:
                 if (p, n) not in loops and p in self.unit_of and self.unit_of[p] != u:
                     preds[u][self.unit_of[p]] = None
         return {u: tuple(p) for u, p in preds.items()}
+
+    @cached_property
+    def topological_units(self) -> tuple[str, ...]:
+        """``units`` in a topological order: GraphDef order wherever that is one, else the nearest to it.
+
+        A v1 frame's unit sits at its first node, and gradients add nodes that feed it later (a stack that the
+        forward loop pushes to), so GraphDef order alone can put a frame before its inputs
+        (``tests/test_loops.py``).
+        """
+        position = {u: i for i, u in enumerate(self.units)}
+        pending = {u: len(self.unit_preds[u]) for u in self.units}
+        succs: dict[str, list[str]] = {u: [] for u in self.units}
+        for u in self.units:
+            for p in self.unit_preds[u]:
+                succs[p].append(u)
+        ready = [position[u] for u in self.units if not pending[u]]
+        heapq.heapify(ready)
+        order = []
+        while ready:
+            u = self.units[heapq.heappop(ready)]
+            order.append(u)
+            for s in succs[u]:
+                pending[s] -= 1
+                if not pending[s]:
+                    heapq.heappush(ready, position[s])
+        return tuple(order)
 
     @cached_property
     def unit_succs(self) -> Mapping[str, tuple[str, ...]]:

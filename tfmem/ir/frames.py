@@ -13,7 +13,9 @@ Examples
 ...     tf.compat.v1.disable_control_flow_v2()
 ...     r = tf.compat.v1.while_loop(lambda i: i < 3, lambda i: i + 1, [tf.constant(0)], name="loop")
 ...     tf.compat.v1.enable_control_flow_v2()
->>> from tfmem.ir.graph import GraphIR
+>>> import networkx as nx
+
+from tfmem.ir.graph import GraphIR
 >>> regions = find_regions(GraphIR.from_graph_def(g.as_graph_def()))
 >>> sorted(set(regions.values()))
 ['loop/while_context']
@@ -24,6 +26,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping
 
+import networkx as nx
+
 from tfmem.ir.graph import GraphIR
 from tfmem.ir.ops import ENTER_OPS, EXIT_OPS, NEXT_ITERATION_OPS
 
@@ -32,8 +36,10 @@ def find_regions(graph: GraphIR) -> Mapping[str, str]:
     """Map each node inside a v1 control-flow frame to its top-level frame's name.
 
     Nodes outside every frame are absent from the result. The frame of a node follows TensorFlow's own rule
-    (``BuildControlFlowInfo``): an ``Enter`` opens the frame named by its ``frame_name`` attr, an ``Exit``
-    returns to the parent frame, and every other node lives in the frame of its first input.
+    (``BuildControlFlowInfo``): an ``Enter`` opens the frame named by its ``frame_name`` attr, an ``Exit`` is the
+    last node of its frame (its readers are in the parent frame), and every other node lives in the frame of its
+    first input. Keeping ``Exit`` inside means no pass gives it an input from outside the frame, which TensorFlow
+    refuses and Grappler crashes on (``tests/test_loops.py``).
     """
     if not any(n.op in ENTER_OPS for n in graph.nodes):
         return {}
@@ -47,19 +53,22 @@ def find_regions(graph: GraphIR) -> Mapping[str, str]:
             if succ_name in frame_of:
                 continue
             succ = graph[succ_name]
-            parent = frame_of[succ.predecessors[0]] if succ.predecessors[0] in frame_of else frame_of[name]
-            frame_of[succ_name] = _frame_after(succ.op, succ.attrs, parent)
+            first = succ.predecessors[0] if succ.predecessors[0] in frame_of else name
+            frame_of[succ_name] = _frame_of(succ.op, succ.attrs, _readers_frame(graph[first].op, frame_of[first]))
             queue.append(succ_name)
     return {name: frame[0] for name, frame in frame_of.items() if frame}
 
 
-def _frame_after(op: str, attrs: Mapping[str, object], parent: tuple[str, ...]) -> tuple[str, ...]:
+def _frame_of(op: str, attrs: Mapping[str, object], incoming: tuple[str, ...]) -> tuple[str, ...]:
     if op in ENTER_OPS:
         frame_name = attrs["frame_name"].s.decode() if "frame_name" in attrs else "frame"  # type: ignore[attr-defined]
-        return (*parent, frame_name)
-    if op in EXIT_OPS:
-        return parent[:-1]
-    return parent
+        return (*incoming, frame_name)
+    return incoming
+
+
+def _readers_frame(op: str, frame: tuple[str, ...]) -> tuple[str, ...]:
+    """The frame that the readers of a node in ``frame`` live in (the parent frame for an ``Exit``)."""
+    return frame[:-1] if op in EXIT_OPS else frame
 
 
 def back_edges(graph: GraphIR) -> frozenset[tuple[str, str]]:
@@ -67,3 +76,11 @@ def back_edges(graph: GraphIR) -> frozenset[tuple[str, str]]:
     return frozenset(
         (p, n.name) for n in graph.nodes for p in n.predecessors if graph[p].op in NEXT_ITERATION_OPS
     )
+
+
+def acyclic_view(graph: GraphIR) -> nx.DiGraph:
+    """``graph.nx`` without the loops' back edges: a DAG for topological sorts and ancestor walks.
+
+    Read-only, like ``graph.nx``. Raises nothing itself; a cycle outside v1 loops stays a cycle.
+    """
+    return nx.restricted_view(graph.nx, (), back_edges(graph))
