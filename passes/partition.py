@@ -66,13 +66,17 @@ class Partition:
         order = list(footprint.order)
         new = _tag(graph, eg, order, _partition_indices(order, cuts))
         natural = next(s[0] for s in scored if s[1] == "tf_natural")
-        notes = (
+        notes: tuple[str, ...] = (
             "orders scored (estimated transient peak, one thread): "
             + ", ".join(f"{s[1]} {format_bytes(s[0])}" for s in scored),
             f"{winner} wins" + (f", {natural / max(peak, 1):.2f}x below TF's own order" if natural > peak else ""),
             f"{len(cuts) + 1} partitions over {len(order)} units",
         )
-        details = {"winner": winner, "peaks": {s[1]: s[0] for s in scored}, "partitions": len(cuts) + 1}
+        frames = sorted(u.removeprefix("frame:") for u in eg.units if eg.is_region(u))
+        if frames:  # every pass leaves a frame's ops alone: say so where the plan is reported
+            notes += (f"{len(frames)} v1 loop frame(s) kept whole, their ops left as they are: {', '.join(frames)}",)
+        details = {"winner": winner, "peaks": {s[1]: s[0] for s in scored}, "partitions": len(cuts) + 1,
+                   "frames": frames}
         return PassResult(new, True, PassReport(self.name, changed=True, notes=notes, details=details))
 
 

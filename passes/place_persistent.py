@@ -57,7 +57,7 @@ from passes.transfer import (
 from tfmem.ir.devices import Placement
 from tfmem.ir.editor import DO_NOT_REMOVE, GraphEditor
 from tfmem.ir.execution import ExecutionGraph
-from tfmem.ir.frames import back_edges
+from tfmem.ir.frames import whole_frame_preds
 from tfmem.ir.graph import GraphIR, OpNode, TensorRef
 from tfmem.ir.ops import IDENTITY_OPS, PERSISTENT_OUTPUT_OPS, REF_READ_OPS, REF_VARIABLE_OPS, VARIABLE_OPS
 from tfmem.pipeline import PassContext, PassReport, PassResult
@@ -253,7 +253,7 @@ class ChainPlan:
 
 def _chain_order(graph: GraphIR, timeline: StepTimeline, items: Mapping[str, set[str]], host: str,
                  in_flight: int) -> ChainPlan:
-    """Kahn's algorithm over ``graph``'s nodes (loop back edges aside), in the simulation's order, where an
+    """Kahn's algorithm over ``graph``'s nodes (each v1 frame as one op), in the simulation's order, where an
     item (a key of ``items``) may come only once one of ``in_flight`` slots is free: empty, or its last item
     is over (that item's set of nodes all came). The item takes that slot, and follows its last item.
 
@@ -261,9 +261,8 @@ def _chain_order(graph: GraphIR, timeline: StepTimeline, items: Mapping[str, set
     trigger becomes the device op laid out last: prefetch triggers only time a copy, the simulated order
     interleaves experts, and a chain cannot follow that); failing that, a held op stays out of the chain.
     """
-    loops = back_edges(graph)
     index = {n.name: i for i, n in enumerate(graph.nodes)}
-    preds = {n.name: [p for p in n.predecessors if (p, n.name) not in loops] for n in graph.nodes}
+    preds = whole_frame_preds(graph)
     succs: dict[str, list[str]] = {name: [] for name in preds}
     for name, ps in preds.items():
         for p in ps:

@@ -88,10 +88,15 @@ class ShareConstants:
 
 
 def _kept_nodes(graph: GraphIR, ctx: PassContext) -> set[str]:
-    """Nodes whose outputs the user names (fetched or fed): never merged away."""
+    """Nodes whose outputs the user names (fetched or fed), or a v1 loop reads: never merged away.
+
+    A loop's ops stay exactly as they are (tests/test_loops.py), so what they read is kept.
+    """
     tensors, targets = parse_fetches(graph, ctx.fetches)
     fed = {TensorRef.parse(f).node for f in ctx.feed_shapes}
-    return {t.node for t in tensors} | set(targets) | fed
+    in_frames = find_regions(graph)
+    read_by_loops = {t.node for n in graph.nodes if n.name in in_frames for t in n.inputs}
+    return {t.node for t in tensors} | set(targets) | fed | read_by_loops
 
 
 def shared_constants(graph: GraphIR, kept: frozenset[str] = frozenset()) -> dict[str, str]:

@@ -84,3 +84,39 @@ def acyclic_view(graph: GraphIR) -> nx.DiGraph:
     Read-only, like ``graph.nx``. Raises nothing itself; a cycle outside v1 loops stays a cycle.
     """
     return nx.restricted_view(graph.nx, (), back_edges(graph))
+
+
+def whole_frame_preds(graph: GraphIR) -> dict[str, tuple[str, ...]]:
+    """Each node's predecessors as if every v1 frame ran as one op, loop back edges left out.
+
+    A frame's first nodes wait for everything the frame reads from outside, and a node that reads a frame's
+    node waits for the frame's last nodes. A node-level order of the plain predecessors is not enough: with its
+    back edges gone, a loop's ``Exit`` waits only for the loop condition, so a gradient loop's result can come
+    before the forward layers that feed it (``tests/test_loops.py``). These are a DAG whenever the graph's
+    frames and other ops are (``tfmem.ir.execution.ExecutionGraph.unit_preds``).
+    """
+    loops = back_edges(graph)
+    preds = {n.name: tuple(p for p in n.predecessors if (p, n.name) not in loops) for n in graph.nodes}
+    regions = find_regions(graph)
+    if not regions:
+        return preds
+    members: dict[str, list[str]] = {}
+    for name, region in regions.items():
+        members.setdefault(region, []).append(name)
+    inner_succs = {p for name, ps in preds.items() if name in regions for p in ps if regions.get(p) == regions[name]}
+    last = {r: [m for m in ms if m not in inner_succs] for r, ms in members.items()}
+
+    def outer(ps: tuple[str, ...] | list[str], region: str | None) -> list[str]:
+        # a predecessor in another frame stands for that frame's last nodes
+        return [q for p in ps for q in ((p,) if regions.get(p) in (None, region) else last[regions[p]])]
+
+    reads = {r: dict.fromkeys(q for m in ms for q in outer(preds[m], r) if regions.get(q) != r)
+             for r, ms in members.items()}
+    out = {}
+    for name, ps in preds.items():
+        own = regions.get(name)
+        mine = outer(ps, own)
+        if own is not None and not any(regions.get(p) == own for p in ps):
+            mine += reads[own]   # a first node of its frame
+        out[name] = tuple(dict.fromkeys(mine))
+    return out

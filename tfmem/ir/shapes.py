@@ -20,6 +20,7 @@ from tensorflow.python.grappler import item as gitem
 from tfmem.errors import BadInputError, MalformedGraphError, UnknownShapeError, first_line
 from tfmem.ir.graph import GraphIR, OpNode, TensorRef, TensorSpec
 from tfmem.ir.ops import FEEDABLE_OPS
+from tfmem.ir.static_values import complete_shapes
 
 FeedShapes = Mapping[str, Sequence[int]]
 
@@ -197,8 +198,11 @@ def annotate(gd: graph_pb2.GraphDef, feed_shapes: FeedShapes | None = None, *, c
         # raises MalformedGraphError, or BadInputError for misfit feeds; kept for the slow path below
         imported = _import_with_feeds(base, gd, feeds)
     fast = _specs_from_grappler(base, gd, feeds)
-    if fast is not None:
+    if fast is not None and all(s.known for specs in fast.values() for s in specs):
         return base.replace_nodes(tuple(_with_outputs(n, fast[n.name]) for n in base.nodes), annotated=True)
+    # Grappler's static inference evaluates no shape-computing subgraph (a Range over a Rank, the strided slices
+    # of a gather's gradient under op determinism), which importing does: take what each knows, then ask
+    # TensorFlow again where both stop short (tests/test_loops.py).
     graph = imported if imported is not None else _import_with_feeds(base, gd, feeds)
     for ref, shape in feeds.items():
         declared = graph.get_operation_by_name(ref.node).outputs[ref.index].shape
@@ -210,9 +214,21 @@ def annotate(gd: graph_pb2.GraphDef, feed_shapes: FeedShapes | None = None, *, c
         specs = []
         for i, t in enumerate(op.outputs):
             shape = tf.TensorShape(feeds[TensorRef(node.name, i)]) if TensorRef(node.name, i) in feeds else t.shape
+            if fast is not None and shape.is_compatible_with(_shape(fast[node.name][i])):
+                shape = shape.merge_with(_shape(fast[node.name][i]))
             specs.append(spec_of(t.dtype, shape))
         nodes.append(_with_outputs(node, tuple(specs)))
-    return base.replace_nodes(tuple(nodes), annotated=True)
+    ir = base.replace_nodes(tuple(nodes), annotated=True)
+    if all(s.known for n in ir.nodes for s in n.outputs):
+        return ir
+    done = complete_shapes(ir, {TensorRef(n.name, i): _shape(s) for n in ir.nodes for i, s in enumerate(n.outputs)})
+    return ir.replace_nodes(tuple(
+        _with_outputs(n, tuple(spec_of(tf.as_dtype(s.dtype), done[TensorRef(n.name, i)])
+                               for i, s in enumerate(n.outputs))) for n in ir.nodes))
+
+
+def _shape(spec: TensorSpec) -> tf.TensorShape:
+    return tf.TensorShape(None if spec.shape is None else list(spec.shape))
 
 
 def _specs_from_grappler(
