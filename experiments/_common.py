@@ -42,8 +42,10 @@ def write(name: str, result: dict[str, Any], markdown: str, out_dir: Path = RESU
     return json_path, md_path
 
 
-def testbed_run(budget: int, graph: Any, built: Any, steps: int, step_timeout_s: float = 120.0) -> Any:
-    """Run ``graph`` (fetches and feeds from ``built``) on a fresh testbed capped at ``budget``.
+def testbed_run(budget: int, graph: Any, built: Any, steps: int, step_timeout_s: float = 120.0,
+                config: Any = None) -> Any:
+    """Run ``graph`` (fetches and feeds from ``built``) on a fresh testbed capped at ``budget``, with ``config``
+    (``Optimized.config``, whose thread pool the testbed follows).
 
     A device server that crashes or a phase past its time limit is a failed run (``ending`` ``"crash"`` or
     ``"timeout"``, the reason in ``error``), never hidden and never called an out-of-memory.
@@ -53,7 +55,7 @@ def testbed_run(budget: int, graph: Any, built: Any, steps: int, step_timeout_s:
 
     try:
         with Testbed(budget, step_timeout_s=step_timeout_s) as tb:
-            return tb.run(graph, built.fetches, built.feeds, steps=steps)
+            return tb.run(graph, built.fetches, built.feeds, steps=steps, config=config)
     except TestbedError as e:   # a timeout or a crash: ``ending`` says which, never an OOM
         return RunResult.failed(e)
 

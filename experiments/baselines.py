@@ -104,7 +104,7 @@ def run_model(name: str, built: Any, fraction: float, steps: int, progress: Any,
             if label in roomy:
                 rows[label]["roomy"] = roomy[label]
         if opt is not None:
-            rows_tfmem.update(run_record(run_on(tb, opt.graph, built, steps), vanilla))
+            rows_tfmem.update(run_record(run_on(tb, opt.graph, built, steps, opt.config), vanilla))
             rows_tfmem["gpu_estimate"] = gpu_step(opt.graph, built)
     rows[TFMEM] = rows_tfmem
     return {"nodes": len(built.graph.as_graph_def().node), "fraction": fraction, "budget_bytes": budget,

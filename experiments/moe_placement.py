@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         row["optimize_s"] = time.perf_counter() - started
         runs = {"vanilla": testbed_run(budget, built.graph, built, args.steps)}
         if opt is not None:
-            runs["tfmem"] = testbed_run(budget, opt.graph, built, args.steps)
+            runs["tfmem"] = testbed_run(budget, opt.graph, built, args.steps, config=opt.config)
             # The same training steps must compute the same values: compare with vanilla at a budget it fits.
             reference = testbed_run(REFERENCE_BUDGET, built.graph, built, args.steps)
             ours = runs["tfmem"].outputs

@@ -96,18 +96,19 @@ def run_model(name: str, built: Any, fraction: float, steps: int, progress: Any)
                              "vanilla_roomy": run_record(vanilla, vanilla)}
     model["vanilla_roomy"]["gpu_estimate"] = gpu_step(built.graph, built)
     rows: dict[str, dict[str, Any]] = {}
-    graphs: dict[str, Any] = {"vanilla": built.graph}
+    graphs: dict[str, Any] = {"vanilla": (built.graph, None)}
     for label, passes in ROWS.items():
         progress.set_postfix_str(f"{name}: optimize {label}")
         opt, rows[label] = optimize_row(built, budget, passes)
         if opt is not None:
-            graphs[label] = opt.graph
+            graphs[label] = (opt.graph, opt.config)   # the config may set the thread pool the plan needs
             rows[label]["gpu_estimate"] = gpu_step(opt.graph, built)
     progress.set_postfix_str(f"{name}: testbed at {format_bytes(budget)}")
     testbed_start = time.perf_counter()
     with Testbed(budget, step_timeout_s=120.0) as tb:
-        for label, graph in graphs.items():
-            rows.setdefault(label, {"passes": None}).update(run_record(run_on(tb, graph, built, steps), vanilla))
+        for label, (graph, config) in graphs.items():
+            rows.setdefault(label, {"passes": None}).update(run_record(run_on(tb, graph, built, steps, config),
+                                                                       vanilla))
     model["rows"] = {"vanilla": rows.pop("vanilla"), **rows}
     model["load_after"] = load_average()
     model["testbed_s"] = time.perf_counter() - testbed_start

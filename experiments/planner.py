@@ -167,7 +167,7 @@ def _guarantee_row(built: examples.Built, budget: int, steps: int, fraction: flo
     if isinstance(result, tfmem.InfeasibleBudgetError):
         return {"fraction": fraction, "budget_bytes": budget, "accepted": False,
                 "lower_bound_bytes": result.lower_bound_bytes, "best_peak_bytes": result.best_peak_bytes}
-    run = testbed_run(budget, result.graph, built, steps)
+    run = testbed_run(budget, result.graph, built, steps, config=result.config)
     planner = next((p for p in result.report.passes if p.name == "planner"), None)
     changed = planner is not None and planner.changed
     return {"fraction": fraction, "budget_bytes": budget, "accepted": True, "oom": run.oom, "error": run.error,
@@ -202,17 +202,17 @@ def strategies(built: examples.Built, budget: int, steps: int, rounds: int = 1) 
             out[label] = {"refused": False, "same_as": made_by[digest]}
             continue
         made_by[digest] = label
-        made[label] = result.graph
+        made[label] = (result.graph, result.config)
         out[label] = {"refused": False, "oom": False, "rounds_s": [], "measured_peak_bytes": None,
                       "estimated_step_s": result.report.after.estimated_step_s}
     labels = list(made)
     for r in range(rounds if labels else 0):
         for label in labels[r % len(labels):] + labels[:r % len(labels)]:
-            graph = made[label]
+            graph, config = made[label]
             row = out[label]
             if row["oom"]:  # type: ignore[index]
                 continue
-            run = testbed_run(budget, graph, built, steps)
+            run = testbed_run(budget, graph, built, steps, config=config)
             row.update(oom=run.oom, error=run.error)  # type: ignore[attr-defined]
             if not run.oom:
                 row["rounds_s"].append(run.step_time_s)  # type: ignore[index]

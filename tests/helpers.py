@@ -142,15 +142,16 @@ def training_like_graph(layers: int, sizes: Sequence[int], skips: Sequence[int])
 
 # --- the testbed --------------------------------------------------------------------------------------------------
 
-def run_on_testbed(budget: int, graph: tf.Graph | Any, built: Any, steps: int, step_timeout_s: float = 120.0) -> Any:
-    """Run ``graph`` (fetches and feeds from ``built``) on a fresh testbed capped at ``budget``: a
-    ``tfmem.testbed.RunResult``. A device server that crashes or a phase past its time limit is a failed run
-    (``ending`` ``"crash"`` or ``"timeout"``, the reason in ``error``)."""
+def run_on_testbed(budget: int, graph: tf.Graph | Any, built: Any, steps: int, step_timeout_s: float = 120.0,
+                   config: config_pb2.ConfigProto | None = None) -> Any:
+    """Run ``graph`` (fetches and feeds from ``built``) on a fresh testbed capped at ``budget``, with ``config``
+    (``Optimized.config``: its thread pool too): a ``tfmem.testbed.RunResult``. A device server that crashes or a
+    phase past its time limit is a failed run (``ending`` ``"crash"`` or ``"timeout"``, the reason in ``error``)."""
     from tfmem.errors import TestbedError
     from tfmem.testbed import RunResult, Testbed
 
     try:
         with Testbed(budget, step_timeout_s=step_timeout_s) as tb:
-            return tb.run(graph, built.fetches, built.feeds, steps=steps)
+            return tb.run(graph, built.fetches, built.feeds, steps=steps, config=config)
     except TestbedError as e:   # a timeout or a crash: ``ending`` says which, never an OOM
         return RunResult.failed(e)

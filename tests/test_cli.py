@@ -15,7 +15,7 @@ from google.protobuf import text_format
 
 import tfmem
 from tfmem import cli
-from tfmem.examples import mlp
+from tfmem.examples import mlp, wide_branches
 
 BATCH, DIMS = 16, (32, 64, 10)
 
@@ -280,3 +280,16 @@ def test_run_reports_out_of_memory_with_exit_3(monkeypatch: pytest.MonkeyPatch, 
     code, out, err = run_cli(capsys, "run", files["mlp"], "--testbed", "1MiB")
     assert code == cli.EXIT_OOM and err == ""
     assert "OUT OF MEMORY on the testbed device (cap 1.00 MiB): ResourceExhaustedError" in out
+
+
+def test_optimize_prints_the_session_config_to_run_with(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A GraphDef cannot carry the thread pool a kept graph needs: the CLI prints the config to run it with."""
+    built = wide_branches()
+    tf.io.write_graph(built.graph, str(tmp_path), "wide.pb", as_text=False)
+    one, two = (tfmem.simulate(built.graph, built.fetches, inter_op_threads=t).peak_bytes for t in (1, 2))
+    budget = (one + two) // 2
+    code, stdout, err = run_cli(capsys, "optimize", tmp_path / "wide.pb", "-o", tmp_path / "o.pb",
+                                "--budget", budget, "--inter-op-threads", 2,
+                                *(a for f in built.fetches for a in ("--fetch", f)))
+    assert code == 0, err
+    assert "run it with this session config (tf.compat.v1.ConfigProto): inter_op_parallelism_threads: 1" in stdout

@@ -58,10 +58,49 @@ def _refused_or_runs_within(built: examples.Built, budget: int, fallback: int | 
         except tfmem.InfeasibleBudgetError as e:
             assert 0 < e.lower_bound_bytes <= b
             continue
-        run = run_on_testbed(b, opt.graph, built, steps=2, step_timeout_s=60)
+        run = run_on_testbed(b, opt.graph, built, steps=2, step_timeout_s=60, config=opt.config)
         assert run.ran, run.error
         assert run.device_peak_bytes <= b
         return
     pytest.fail(f"every budget tried below vanilla's simulated {vanilla / MiB:.1f} MiB was refused "
                 f"({', '.join(f'{b / MiB:g} MiB' for b in budgets)}): an optimize that refused everything would "
                 "pass the rest of this test")
+
+
+def _smallest_kept(built: examples.Built, **kwargs: object) -> tfmem.Optimized:
+    """``optimize`` at the smallest whole-MiB budget for which it returns the graph unchanged."""
+    mib = tfmem.simulate(built.graph, built.fetches, feed_shapes=built.feed_shapes, inter_op_threads=1,
+                         ).peak_bytes // MiB
+    for budget in range(max(mib - 8, 2), mib + 32):
+        try:
+            opt = tfmem.optimize(built.graph, built.fetches, budget=budget * MiB, feed_shapes=built.feed_shapes,
+                                 **kwargs)   # type: ignore[arg-type]
+        except tfmem.InfeasibleBudgetError:
+            continue
+        if any("returned unchanged" in n for n in opt.report.notes):
+            return opt
+    pytest.fail("optimize kept the graph as it is at no budget up to 32 MiB over its peak")
+
+
+@pytest.mark.testbed
+def test_a_graph_kept_as_it_is_runs_at_the_smallest_budget_it_is_kept_for():
+    """At the edge of the shortcut (the allocator replay fits the budget, less ``AS_IS_MARGIN``) the unchanged graph
+    runs on a testbed capped at that budget: the replay is no more generous than TF's allocator."""
+    built = examples.mlp(dims=(784, 1024, 10))
+    opt = _smallest_kept(built)
+    budget = opt.report.budget_bytes
+    assert budget is not None
+    run = run_on_testbed(budget, opt.graph, built, steps=2, step_timeout_s=60, config=opt.config)
+    assert run.ran, f"kept at {budget / MiB:g} MiB but: {run.error}"
+
+
+@pytest.mark.testbed
+def test_a_graph_kept_with_one_thread_runs_at_the_smallest_budget_it_is_kept_for():
+    """The wide graph's branches side by side need more than one after another; kept for a budget only one thread
+    meets, it runs there with the config ``optimize`` returns (one inter-op thread)."""
+    built = examples.wide_branches()
+    opt = _smallest_kept(built, inter_op_threads=2)
+    budget = opt.report.budget_bytes
+    assert budget is not None and opt.config.inter_op_parallelism_threads == 1
+    run = run_on_testbed(budget, opt.graph, built, steps=2, step_timeout_s=60, config=opt.config)
+    assert run.ran, f"kept at {budget / MiB:g} MiB with one thread but: {run.error}"

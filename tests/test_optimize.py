@@ -13,6 +13,7 @@ from tests.helpers import train_steps
 from tfmem import examples
 from tfmem.errors import BadInputError, InfeasibleBudgetError, TfmemError
 from tfmem.measure import grappler_peak
+from tfmem.testbed import DEVICE, HOST
 from tfmem.units import parse_bytes
 
 
@@ -96,3 +97,50 @@ def test_graph_grappler_fails_on_runs_as_the_session_runs_it():
     assert all(np.array_equal(a, b) for a, b in zip(train_steps(built.graph, fetches, built.feeds),
                                                      train_steps(opt.graph, fetches, built.feeds, opt.config),
                                                      strict=True))
+
+
+def _same_nodes(a: tf.compat.v1.GraphDef, b: tf.compat.v1.GraphDef) -> bool:
+    def key(gd: tf.compat.v1.GraphDef) -> list[bytes]:
+        return sorted(n.SerializeToString(deterministic=True) for n in gd.node)
+    return key(a) == key(b)
+
+
+def test_a_budget_the_graph_meets_returns_it_unchanged():
+    """Twice what the graph needs was once refused (the plan's margin did not fit its chunks) or planned into a
+    slower graph; a graph whose allocator replay fits the budget comes back as it is, with no pass run."""
+    built = examples.mlp(dims=(784, 1024, 10))
+    peak = tfmem.simulate(built.graph, built.fetches, feed_shapes=built.feed_shapes).peak_bytes
+    opt = tfmem.optimize(built.graph, built.fetches, budget=2 * peak, feed_shapes=built.feed_shapes)
+    assert _same_nodes(opt.graph_def, built.graph.as_graph_def())
+    assert opt.report.passes == [] and opt.config.inter_op_parallelism_threads == 0
+    assert any("returned unchanged" in n for n in opt.report.notes)
+    assert opt.report.after.peak_bytes == opt.report.before.peak_bytes
+
+
+def test_a_budget_only_one_thread_meets_keeps_the_graph_and_sets_one_thread():
+    """Side by side, the branches of a wide graph need 44 MiB in the replay; one after another, 24 MiB. Between the
+    two the graph is kept, and the config runs it with one inter-op thread."""
+    built = examples.wide_branches()
+    one, two = (tfmem.simulate(built.graph, built.fetches, feed_shapes=built.feed_shapes, inter_op_threads=t)
+                for t in (1, 2))
+    assert two.peak_bytes > one.peak_bytes + 8 * 2**20
+    budget = (one.peak_bytes + two.peak_bytes) // 2
+    opt = tfmem.optimize(built.graph, built.fetches, budget=budget, feed_shapes=built.feed_shapes,
+                         inter_op_threads=2)
+    assert _same_nodes(opt.graph_def, built.graph.as_graph_def())
+    assert opt.config.inter_op_parallelism_threads == 1
+    assert opt.report.after.peak_bytes == one.peak_bytes
+    assert any("one inter-op thread" in n for n in opt.report.notes)
+
+
+def test_a_budget_the_graph_misses_is_still_planned():
+    """The shortcut must not swallow budgets the graph does not meet: at 0.6x, optimize plans (or refuses)."""
+    built = examples.mlp(batch=64, dims=(784, 1024, 1024, 10))
+    peak = tfmem.simulate(built.graph, built.fetches, feed_shapes=built.feed_shapes).peak_bytes
+    try:
+        opt = tfmem.optimize(built.graph, built.fetches, budget=int(0.6 * peak), feed_shapes=built.feed_shapes,
+                             device=DEVICE, host=HOST)
+    except InfeasibleBudgetError:   # refusing is not keeping: the shortcut did not take it
+        return
+    assert not any("returned unchanged" in n for n in opt.report.notes)
+    assert opt.report.after.peak_bytes < peak

@@ -4,7 +4,7 @@ Usage::
 
     tfmem analyze GRAPH [--fetch NAME ...] [--feed-shape x:0=32,784 ...] [--device-memory 12GiB] [--json]
     tfmem optimize GRAPH -o OUT [--budget 2GiB] [--passes auto|none|name,name] [--report R.md] [--plot M.png]
-                                [--trace T.json] [--fetch ...] [--feed-shape ...]
+                                [--trace T.json] [--inter-op-threads N] [--fetch ...] [--feed-shape ...]
     tfmem run GRAPH --testbed 1GiB [--steps 3] [--inter-op-threads N] [--fetch ...] [--feed-shape ...]
 
 Exit codes: 0 success; 2 bad input (one line ``tfmem: error: ...`` on stderr, never a traceback); 3 the graph
@@ -78,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--report", help="write the report as markdown to this file")
     o.add_argument("--plot", help="write device memory over one step, before vs after, as a PNG")
     o.add_argument("--trace", help="write the simulated schedule as Chrome trace JSON")
+    o.add_argument("--inter-op-threads", type=int,
+                   help="the inter-op threads the session will run with (default: TF's, one per core)")
     r = sub.add_parser("run", parents=[common], help="run steps for real on the memory-capped testbed")
     r.add_argument("--testbed", required=True, metavar="SIZE", help="device memory cap, e.g. 1GiB")
     r.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up step")
@@ -272,10 +274,22 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     passes = _passes(args.passes)
     ir, fetches, assumed = _load(args)
     _say_fetches(fetches, assumed)
+    if args.inter_op_threads is not None:
+        from tfmem.sim.arguments import check_count
+
+        check_count(args.inter_op_threads, "--inter-op-threads (0: TensorFlow's default)")
     opt = tfmem.optimize(ir, fetches, budget=budget, feed_shapes=args.feed_shapes, device=args.device,
-                         host=args.host, passes=passes)
+                         host=args.host, passes=passes, inter_op_threads=args.inter_op_threads or None)
     _write(Path(args.output), lambda p: _write_graph(opt.graph_def, p))
-    print(f"wrote {args.output} ({len(opt.graph_def.node)} ops)\n")
+    print(f"wrote {args.output} ({len(opt.graph_def.node)} ops)")
+    if opt.config.ByteSize():
+        # The GraphDef cannot carry it: a kept graph may need one inter-op thread, a graph Grappler rejects
+        # needs Grappler off (tests/test_cli.py::test_optimize_prints_the_session_config_to_run_with).
+        from google.protobuf import text_format
+
+        print(f"run it with this session config (tf.compat.v1.ConfigProto): "
+              f"{text_format.MessageToString(opt.config, as_one_line=True)}")
+    print()
     markdown = opt.report.to_markdown()
     print(markdown, end="")
     for path, write in ((args.report, lambda p: p.write_text(markdown)), (args.plot, opt.report.plot),

@@ -37,6 +37,11 @@ class Analysis:
         return {}
 
     @cached_property
+    def drawn_schedules(self) -> dict[tuple[bool, int], tuple[Schedule, ...]]:
+        """Every distinct emulated schedule over the draws of TF's hashed orders, by (GPU?, inter-op threads)."""
+        return {}
+
+    @cached_property
     def transfers(self) -> dict[tuple[object, ...], dict[str, list[Transfer]]]:
         """``transfers_into`` results by (placement, link), kept by ``tfmem.sim.memsim.simulate``."""
         return {}

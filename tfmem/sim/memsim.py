@@ -76,6 +76,7 @@ def simulate(
     cores: int | None = None,
     device_memory: int | None = None,
     large_request_margin: int = 0,
+    every_order: bool = False,
 ) -> MemoryProfile:
     """Simulate one step of ``graph`` computing ``fetches`` and return its ``MemoryProfile``.
 
@@ -105,6 +106,9 @@ def simulate(
         ``feed_orders`` (a session follows the caller's feed dict), the worst replay reported
     large_request_margin : with ``device_memory``, also count as failures the requests of half the device or
         more that leave less than this in their free chunk (``tfmem.sim.bfc.BFCAllocator.large_request_fits``)
+    every_order : replay every distinct draw of TF's hashed successor orders (``ORDER_SAMPLES``), not only the
+        median one, and report the worst: a session draws one per process, and near a cap one draw can fail
+        where the median fits (a ResNet-20 on one thread: experiments/results/allocator_fit.md)
 
     Raises
     ------
@@ -137,7 +141,7 @@ def simulate(
     # Passes score one graph more than once (a pass, then optimize's own before/after): keep the answer.
     key = (tuple(fetch_names), tuple(sorted(feed_names)), device, host,
            None if order is None else tuple(order), inter_op_threads, cost_device, cores, device_memory,
-           large_request_margin)
+           large_request_margin, every_order)
     if grappler:   # keyed by the graph given: the variables it shares and holds idle come from it
         cached = _GRAPPLER_PROFILES.get(graph, (runtime_key, key)) if isinstance(graph, GraphIR) else None
     else:
@@ -149,12 +153,18 @@ def simulate(
     eg, durations, expensive = analysis.eg, analysis.durations, analysis.expensive
     placement = Placement(device, host)
     if order is not None:
-        sched = fixed(units_in(eg, order), durations.__getitem__)
+        scheds: tuple[Schedule, ...] = (fixed(units_in(eg, order), durations.__getitem__),)
     else:
         gpu = "GPU" in (device or "").upper()  # TF's GPU kernels all count as cheap: everything runs inline
         key_s = (gpu, inter_op_threads)  # the same graph is often scored again with another capacity or cores
-        sched = analysis.schedules.get(key_s) or analysis.schedules.setdefault(key_s, _typical_schedule(
-            analysis, (lambda u: False) if gpu else expensive.__getitem__, inter_op_threads))
+        is_expensive = (lambda u: False) if gpu else expensive.__getitem__
+        if every_order:
+            scheds = analysis.drawn_schedules.get(key_s) or analysis.drawn_schedules.setdefault(
+                key_s, _drawn_schedules(analysis, is_expensive, inter_op_threads))
+        else:
+            scheds = (analysis.schedules.get(key_s) or analysis.schedules.setdefault(key_s, _typical_schedule(
+                analysis, is_expensive, inter_op_threads)),)
+    sched = scheds[0]
     # With a capacity, where the fed tensors land decides what fits, and TF allocates them in the order of the
     # caller's feed dict, which the graph does not say: replay a few orders and report the worst.
     # The initializers that decide which variables share a buffer are pruned from Grappler's rewrite of the step.
@@ -177,8 +187,9 @@ def simulate(
             _IDLE.put(graph, tuple(fetch_names), idle)
     profile = max((Replay(eg, placement, device_memory, analysis.views, feed_order=o,
                            large_request_margin=large_request_margin, sharing=sharing,
-                           copy_order=c, idle_variables=idle).run(sched)
-                   for o in (feed_orders(eg) if device_memory is not None else [None]) for c in copy_orders),
+                           copy_order=c, idle_variables=idle).run(sc)
+                   for sc in scheds for o in (feed_orders(eg) if device_memory is not None else [None])
+                   for c in copy_orders),
                   key=lambda p: (p.allocation_failures, p.peak_bytes))
     # A fixed order is one thread's schedule: its length is the estimate (and scoring orders stays cheap).
     if order is not None:
@@ -223,6 +234,18 @@ def feed_orders(eg: ExecutionGraph) -> list[tuple[TensorRef, ...]]:
 
 # Draws of TF's hashed successor orders (``ExecutionGraph.activation_order``) emulated per simulation.
 ORDER_SAMPLES = 5
+
+
+def _drawn_schedules(analysis: Analysis, expensive: Callable[[str], bool], threads: int) -> tuple[Schedule, ...]:
+    """The distinct emulated schedules over ``ORDER_SAMPLES`` draws of TF's hashed orders, the median one first."""
+    eg, durations = analysis.eg, analysis.durations
+    typical = _typical_schedule(analysis, expensive, threads)
+    drawn = {typical.order: typical}
+    for seed in range(ORDER_SAMPLES):
+        s = emulate(eg.units, eg.unit_preds, eg.activation_order(seed), durations.__getitem__, expensive, threads,
+                    seed=seed)
+        drawn.setdefault(s.order, s)
+    return tuple(drawn.values())
 
 
 def _typical_schedule(analysis: Analysis, expensive: Callable[[str], bool], threads: int) -> Schedule:

@@ -340,7 +340,8 @@ class Testbed:
         steps : int
             Timed steps after the warm-up; at least 1.
         config : ConfigProto, optional
-            The client session's config (Grappler options etc.).
+            The client session's config (Grappler options etc.). Its ``inter_op_parallelism_threads``, when set
+            and ``inter_op_threads`` is not, sizes the device's executor pool, as it would a local session's.
         inter_op_threads : int, optional
             The device's executor pool for this run; None means the Testbed's default. A change restarts the
             servers (the pool is fixed when a server starts).
@@ -377,6 +378,10 @@ class Testbed:
         ...     r = tb.run(graph, ["train_op", "loss:0"], {"x:0": batch}, steps=5)
         >>> r.device_peak_bytes, r.outputs["loss:0"]                         # doctest: +SKIP
         """
+        if inter_op_threads is None and config is not None and config.inter_op_parallelism_threads:
+            # A local session sizes its executor pool by the config; the device server's pool is fixed at its
+            # start, so the config's choice (``tfmem.optimize`` may set one thread) restarts the servers with it.
+            inter_op_threads = config.inter_op_parallelism_threads
         g, init, digest = self._prepare(graph, fetches, feeds, steps, inter_op_threads, init_ops)
         started = time.monotonic()
         limit = self._phase_limit(digest)
