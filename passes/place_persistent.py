@@ -57,7 +57,7 @@ from passes.transfer import (
 from tfmem.ir.devices import Placement
 from tfmem.ir.editor import DO_NOT_REMOVE, GraphEditor
 from tfmem.ir.execution import ExecutionGraph
-from tfmem.ir.frames import whole_frame_preds
+from tfmem.ir.frames import maybe_dead, whole_frame_preds
 from tfmem.ir.graph import GraphIR, OpNode, TensorRef
 from tfmem.ir.ops import IDENTITY_OPS, PERSISTENT_OUTPUT_OPS, REF_READ_OPS, REF_VARIABLE_OPS, VARIABLE_OPS
 from tfmem.pipeline import PassContext, PassReport, PassResult
@@ -190,10 +190,11 @@ def chain_to_host(graph: GraphIR, groups: list[PersistentGroup], timeline: StepT
     A prefetch whose trigger would make the chain wait for itself gets an earlier trigger instead.
     """
     members = {m for g in groups for m in g.members if m in graph}
+    dead = maybe_dead(graph)   # an item waiting for an op a TF1 cond skipped would never start
     readers: dict[TensorRef, list[str]] = {}
     for m in sorted(members):
         for t in graph[m].inputs:
-            if (t.node not in members and graph[t.node].device != host and t.node in timeline.rank
+            if (t.node not in members and t.node not in dead and graph[t.node].device != host and t.node in timeline.rank
                     and movable(graph, t) and (graph.spec(t).nbytes or 0) >= min_bytes):
                 readers.setdefault(t, []).append(m)
     receipts: dict[TensorRef, str] = {}
@@ -219,6 +220,7 @@ def chain_to_host(graph: GraphIR, groups: list[PersistentGroup], timeline: StepT
         # place in the chain, and would hold it: the chain waits for each item's readers in turn
         # (tests/test_swap_placement.py::test_a_small_copy_read_late_does_not_unchain_the_large_ones).
         if (node.attr_bool(PREFETCH_TAG) and graph.successors.get(node.name)
+                and not any(s in dead for s in graph.successors[node.name])
                 and (graph.spec(TensorRef(node.name, 0)).nbytes or 0) >= min_bytes):
             pending[node.name] = set(graph.successors[node.name])
             done_by[node.name] = list(graph.successors[node.name])
@@ -271,7 +273,8 @@ def _chain_order(graph: GraphIR, timeline: StepTimeline, items: Mapping[str, set
     soft = {n.name: set(n.control_inputs) for n in graph.nodes if n.attr_bool(PREFETCH_TAG) and n.control_inputs}
     urgency = {p: min((timeline.rank.get(c, len(index)) for c in graph.successors.get(p, ())), default=len(index))
                for p in soft}
-    early = ready_at_start(graph)     # never a released prefetch's trigger: these may run as the step starts
+    # never a released prefetch's trigger: these may run as the step starts, those a TF1 cond may skip
+    early = ready_at_start(graph) | maybe_dead(graph)
     position: dict[str, float] = {}   # the simulated rank; a node the simulation lacks runs once ready
     done: set[str] = set()
 
@@ -396,6 +399,7 @@ def persistent_groups(graph: GraphIR, eg: ExecutionGraph, placement: Placement, 
         if ra != rb:
             parent[rb] = ra
 
+    dead = maybe_dead(graph)
     variables = [n.name for n in graph.nodes if n.op in VARIABLE_OPS and n.name in eg.unit_of
                  and placement.domain(n.device) == "device"]
     for v in variables:
@@ -424,8 +428,8 @@ def persistent_groups(graph: GraphIR, eg: ExecutionGraph, placement: Placement, 
             for i in range(len(graph[m].outputs))
             if movable(graph, TensorRef(m, i)) and any(c not in members for c in eg.consumers(TensorRef(m, i)))
         )
-        if any(eg.is_region(c) for t in reads for c in eg.consumers(t)):
-            continue  # a frame reads it whole: a prefetch cannot be wired into one of its ops
+        if any(eg.is_region(c) for t in reads for c in eg.consumers(t)) or any(t.node in dead for t in reads):
+            continue  # a frame reads it whole, or a TF1 cond may skip it: no prefetch of it
         if nbytes >= min_bytes:
             ref = any(graph[v].op in REF_VARIABLE_OPS for v in roots)
             groups.append(PersistentGroup(tuple(sorted(roots)), tuple(sorted(members)), nbytes, reads, ref))

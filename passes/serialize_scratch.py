@@ -31,6 +31,7 @@ from typing import ClassVar
 from passes.timeline import StepTimeline
 from tfmem.ir.devices import Placement
 from tfmem.ir.editor import GraphEditor
+from tfmem.ir.frames import maybe_dead
 from tfmem.ir.graph import GraphIR
 from tfmem.ir.ops import ALIAS_OPS, PERSISTENT_OUTPUT_OPS, VARIABLE_READ_OPS
 from tfmem.pipeline import PassContext, PassReport, PassResult
@@ -80,7 +81,8 @@ def serialize_large_ops(graph: GraphIR, ctx: PassContext, min_bytes: int = 64 * 
     profile = ctx.simulate(graph, inter_op_threads=1)
     timeline = StepTimeline.build(graph, ctx.fetches, profile, ctx.feed_shapes)
     placement = Placement(ctx.device, ctx.host)
-    big = [u for u in timeline.order if not timeline.eg.is_region(u)
+    dead = maybe_dead(graph)  # an edge from an op a TF1 cond skips would stop the next one
+    big = [u for u in timeline.order if not timeline.eg.is_region(u) and u not in dead
            and placement.domain(graph[u].device) == "device"
            and measure(graph, u) >= min_bytes
            and graph[u].op not in UNCHAINED_OPS]

@@ -22,7 +22,7 @@ from tensorflow.core.framework import attr_value_pb2
 from passes.timeline import StepTimeline
 from tfmem.ir.editor import GraphEditor
 from tfmem.ir.execution import ExecutionGraph
-from tfmem.ir.frames import back_edges
+from tfmem.ir.frames import back_edges, maybe_dead
 from tfmem.ir.graph import GraphIR, TensorRef
 from tfmem.ir.ops import (
     IDENTITY_OPS,
@@ -66,9 +66,10 @@ def trigger_candidates(graph: GraphIR, timeline: StepTimeline) -> dict[str, bool
     """Units that may carry a trigger's control edge: plain ops that run in the step's order.
 
     Ops that are ready when the step starts (``ready_at_start``) time nothing, wherever the simulation put them;
-    frames cannot take control edges from outside their body.
+    frames cannot take control edges from outside their body; an op in a TF1 cond's branch may be dead, and a
+    copy waiting for it would be dead too (``tfmem.ir.frames.maybe_dead``).
     """
-    early = ready_at_start(graph)
+    early = ready_at_start(graph) | maybe_dead(graph)
     return {u: not timeline.eg.is_region(u) and u not in early for u in timeline.order}
 
 

@@ -21,7 +21,7 @@ import tfmem
 from tests.helpers import DEVICE, HOST, THREADS, placed, train_steps, values_equal
 from tfmem import cli, examples
 from tfmem.ir.execution import ExecutionGraph
-from tfmem.ir.frames import find_regions
+from tfmem.ir.frames import find_regions, maybe_dead
 from tfmem.ir.graph import GraphIR
 from tfmem.ir.shapes import annotate
 from tfmem.ir.verify import verify
@@ -294,3 +294,33 @@ def test_assertions_are_planned_as_without(budget_share):
     _assert_same_training(g, opt, _feeds())
     assert _plan(opt)[:2] == _plan(without)[:2]
     assert abs(opt.report.after.peak_bytes - without.report.after.peak_bytes) < 2**20
+
+
+def test_tf1_cond_branches_never_hold_back_ops_that_always_run():
+    """A TF1 ``cond`` (``Switch``/``Merge``, as under ``disable_v2_behavior``) kills the ops of its untaken branch,
+    and any op with a control input from one: a barrier after such an op stopped every update of the step."""
+    g = tf.Graph()
+    with g.as_default():
+        v1.disable_control_flow_v2()
+        try:
+            h = v1.placeholder(tf.float32, (BATCH, WIDTH), name="x")
+            for i in range(LAYERS):
+                w = v1.get_variable(f"dense{i}/w", (WIDTH, WIDTH), initializer=v1.glorot_uniform_initializer(seed=i))
+                if i in (2, 5):
+                    other = v1.get_variable(f"dense{i}/other", (WIDTH, WIDTH),
+                                            initializer=v1.glorot_uniform_initializer(seed=10 + i))
+                    h = tf.cond(tf.reduce_sum(h) > -1e30, lambda h=h, w=w: tf.nn.relu(tf.matmul(h, w)),
+                                lambda h=h, other=other: tf.tanh(tf.matmul(h, other)))
+                else:
+                    h = tf.nn.relu(tf.matmul(h, w))
+            loss = tf.reduce_mean(tf.square(h), name="loss")
+            v1.train.GradientDescentOptimizer(0.1).minimize(loss, name="train")
+        finally:
+            v1.enable_control_flow_v2()
+    dead = maybe_dead(GraphIR.from_graph_def(g.as_graph_def()))
+    assert "cond/MatMul_1" in dead and "loss" not in dead and "train" not in dead
+    opt = _optimize(g, None)
+    assert next(r for r in opt.report.passes if r.name == "limit_parallelism").changed
+    steps = train_steps(opt.graph, FETCHES, _feeds(), opt.config)
+    assert len(set(np.asarray(steps).tolist())) == 3   # the variables were updated
+    _assert_same_training(g, opt, _feeds())

@@ -1,4 +1,5 @@
-"""Find TF1 control-flow frames (``Enter``/``Exit``/``Merge``/``Switch``/``NextIteration``) and opaque regions.
+"""Find TF1 control-flow frames (``Enter``/``Exit``/``Merge``/``Switch``/``NextIteration``), opaque regions, and
+the branches of TF1 conds (``maybe_dead``).
 
 A v1 while loop is a cycle in the GraphDef (``NextIteration`` feeds ``Merge``). tfmem never looks inside
 one: every node of a top-level frame belongs to one opaque *region*, which the simulator treats as a single
@@ -13,9 +14,7 @@ Examples
 ...     tf.compat.v1.disable_control_flow_v2()
 ...     r = tf.compat.v1.while_loop(lambda i: i < 3, lambda i: i + 1, [tf.constant(0)], name="loop")
 ...     tf.compat.v1.enable_control_flow_v2()
->>> import networkx as nx
-
-from tfmem.ir.graph import GraphIR
+>>> from tfmem.ir.graph import GraphIR
 >>> regions = find_regions(GraphIR.from_graph_def(g.as_graph_def()))
 >>> sorted(set(regions.values()))
 ['loop/while_context']
@@ -28,8 +27,8 @@ from collections.abc import Mapping
 
 import networkx as nx
 
-from tfmem.ir.graph import GraphIR
-from tfmem.ir.ops import ENTER_OPS, EXIT_OPS, NEXT_ITERATION_OPS
+from tfmem.ir.graph import GraphIR, OpNode
+from tfmem.ir.ops import ENTER_OPS, EXIT_OPS, MERGE_OPS, NEXT_ITERATION_OPS, SWITCH_OPS
 
 
 def find_regions(graph: GraphIR) -> Mapping[str, str]:
@@ -120,3 +119,47 @@ def whole_frame_preds(graph: GraphIR) -> dict[str, tuple[str, ...]]:
             mine += reads[own]   # a first node of its frame
         out[name] = tuple(dict.fromkeys(mine))
     return out
+
+
+def maybe_dead(graph: GraphIR) -> frozenset[str]:
+    """Nodes outside v1 frames that a step may skip: the branches of TF1 ``cond`` (``Switch`` to ``Merge``).
+
+    In an untaken branch every node is *dead*, and so is any node with a dead input, control inputs included:
+    a control edge from one of these to an op that always runs can stop that op, and with it the training
+    step (``tests/test_loops.py``). A node is below a branch ``(switch, output)`` if an input is that output or is
+    below it; a ``Merge`` is below only what all its inputs are below (it forwards whichever is alive). Nodes in
+    frames count as one op: a loop's own ``Switch`` and ``Merge`` ops guard nothing outside it.
+
+    Examples
+    --------
+    >>> import tensorflow as tf
+    >>> g = tf.Graph()
+    >>> with g.as_default():
+    ...     tf.compat.v1.disable_control_flow_v2()
+    ...     x = tf.compat.v1.placeholder(tf.float32, (), name="x")
+    ...     y = tf.identity(tf.compat.v1.cond(x > 0, lambda: x * 2.0, lambda: x - 1.0), name="y")
+    ...     tf.compat.v1.enable_control_flow_v2()
+    >>> dead = maybe_dead(GraphIR.from_graph_def(g.as_graph_def()))
+    >>> "cond/mul" in dead, "y" in dead, "x" in dead
+    (True, False, False)
+    """
+    regions = find_regions(graph)
+    if not any(n.op in SWITCH_OPS and n.name not in regions for n in graph.nodes):
+        return frozenset()
+    below: dict[str, frozenset[tuple[str, int]]] = {}
+    position = {n.name: i for i, n in enumerate(graph.nodes)}
+    for name in nx.lexicographical_topological_sort(acyclic_view(graph), key=position.__getitem__):
+        node = graph[name]
+        reads = [below.get(t.node, frozenset()) | ({(t.node, t.index)} if _branches(graph[t.node], regions) else set())
+                 for t in node.inputs]
+        after = [below.get(c, frozenset()) | ({(c, -1)} if _branches(graph[c], regions) else set())
+                 for c in node.control_inputs]
+        if node.op in MERGE_OPS and name not in regions and reads:
+            below[name] = frozenset.intersection(*reads).union(*after)
+        else:
+            below[name] = frozenset().union(*reads, *after)
+    return frozenset(name for name, guards in below.items() if guards)
+
+
+def _branches(node: OpNode, regions: Mapping[str, str]) -> bool:
+    return node.op in SWITCH_OPS and node.name not in regions

@@ -67,8 +67,9 @@ BUFFER_FORWARDING_INPUTS: dict[str, tuple[int, ...]] = {
 ENTER_OPS = frozenset({"Enter", "RefEnter"})
 EXIT_OPS = frozenset({"Exit", "RefExit"})
 NEXT_ITERATION_OPS = frozenset({"NextIteration", "RefNextIteration"})
-CONTROL_FLOW_OPS = ENTER_OPS | EXIT_OPS | NEXT_ITERATION_OPS | {"Merge", "RefMerge", "Switch", "RefSwitch",
-                                                                "LoopCond"}
+SWITCH_OPS = frozenset({"Switch", "RefSwitch"})
+MERGE_OPS = frozenset({"Merge", "RefMerge"})
+CONTROL_FLOW_OPS = ENTER_OPS | EXIT_OPS | NEXT_ITERATION_OPS | SWITCH_OPS | MERGE_OPS | {"LoopCond"}
 # Ops that run a function or a TF2 control-flow body (tfmem plans v1 frames, not these).
 FUNCTIONAL_OPS = frozenset({"While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase",
                             "PartitionedCall", "StatefulPartitionedCall", "For", "RemoteCall"})
