@@ -216,6 +216,20 @@ def test_variable_shape_through_a_while_is_known():
     assert fills and all(n.outputs[0].shape == (LOOP_WIDTH, LOOP_WIDTH) for n in fills)
 
 
+def test_shape_arithmetic_on_a_handle_carried_by_a_while_is_evaluated():
+    g = tf.Graph()
+    with g.as_default():
+        v = v1.get_variable("v", (64, 8), use_resource=True)
+        _, handle = tf.while_loop(lambda i, h: i < 2, lambda i, h: (i + 1, h), [tf.constant(0), v.handle])
+        shape = tf.raw_ops.VariableShape(input=handle)
+        tf.zeros(tf.concat([shape[:1], [3]], 0), name="z")  # StridedSlice and ConcatV2 of the variable's shape
+    imported = tf.Graph()
+    with imported.as_default():  # imported, the While's output shapes drop the handle's shape
+        tf.graph_util.import_graph_def(g.as_graph_def(), name="")
+    assert not imported.get_tensor_by_name("z:0").shape.is_fully_defined()
+    assert annotate(g.as_graph_def()).spec("z:0").shape == (64, 3)
+
+
 # -- op determinism and assertions ----------------------------------------------------------------------------
 
 

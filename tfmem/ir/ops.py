@@ -93,6 +93,16 @@ NEVER_FOLDED = CONTROL_FLOW_OPS | FUNCTIONAL_OPS | RENDEZVOUS_OPS | FEEDABLE_OPS
 # rewrite never clones them.
 NEVER_CLONED = RENDEZVOUS_OPS | {"NoOp", "ControlTrigger"}
 
+# --- Shape arithmetic ----------------------------------------------------------------------------------------
+# Integer ops that shape-computing subgraphs are made of, whose output is no larger than their inputs together
+# (or their broadcast): ``tfmem.ir.static_values`` evaluates them on known values. Range, Fill and Tile are not
+# here: their output's size is a value, not an input's size.
+SHAPE_ARITHMETIC_OPS = frozenset({
+    "Pack", "Unpack", "ConcatV2", "Concat", "StridedSlice", "Slice", "Gather", "GatherV2", "Cast", "Reshape",
+    "Squeeze", "ExpandDims", "Add", "AddV2", "Sub", "Mul", "FloorDiv", "FloorMod", "Maximum", "Minimum", "Neg",
+    "Prod", "Sum", "Max", "Min", "BroadcastArgs", "Transpose", "Reverse", "ReverseV2",
+})
+
 # --- Cost ----------------------------------------------------------------------------------------------------
 # Ops that only pass a buffer along or touch metadata: they cost a launch, nothing more.
 FREE_OPS = IDENTITY_OPS | VIEW_OPS | RENDEZVOUS_OPS.intersection({"_Send", "_Recv"}) | {

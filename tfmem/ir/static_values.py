@@ -8,8 +8,9 @@ resource handle's shape on, so ``VariableShape`` of a variable carried through a
 ``complete_shapes`` walks the graph in topological order and, for each op with a partial output, asks
 TensorFlow's own shape function again, on a scratch graph of that op alone whose inputs are placeholders of the
 shapes known so far, or constants where their values are known statically: constants, the shape, size or rank
-of a tensor of known shape, the shape of a variable a handle reaches back to, and stateless integer ops on such
-values (evaluated by TensorFlow on the CPU). v1 control-flow frames and function calls are left as they are.
+of a tensor of known shape, the shape of a variable a handle reaches back to, and the integer arithmetic of
+shape subgraphs on such values (``SHAPE_ARITHMETIC_OPS``, evaluated by TensorFlow on the CPU). v1 control-flow
+frames and function calls are left as they are.
 """
 
 from __future__ import annotations
@@ -20,11 +21,17 @@ import networkx as nx
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, node_def_pb2
-from tensorflow.python.framework import op_def_registry, tensor_util
+from tensorflow.python.framework import tensor_util
 
 from tfmem.ir.frames import acyclic_view, find_regions
 from tfmem.ir.graph import GraphIR, OpNode, TensorRef
-from tfmem.ir.ops import CONTROL_FLOW_OPS, FUNCTIONAL_OPS, IDENTITY_OPS, NEVER_FOLDED, VARIABLE_READ_OPS
+from tfmem.ir.ops import (
+    CONTROL_FLOW_OPS,
+    FUNCTIONAL_OPS,
+    IDENTITY_OPS,
+    SHAPE_ARITHMETIC_OPS,
+    VARIABLE_READ_OPS,
+)
 
 Shapes = dict[TensorRef, tf.TensorShape]
 
@@ -135,8 +142,10 @@ class _Values:
         if self.graph.spec(t).dtype not in _INTEGER_DTYPES:
             return None
         if node.op == "Const":
-            value = tensor_util.MakeNdarray(node.attrs["value"].tensor)
-            return value if value.size <= MAX_VALUE_ELEMENTS else None
+            shape = self.graph.spec(t).shape
+            if shape is None or int(np.prod(shape)) > MAX_VALUE_ELEMENTS:  # type: ignore[arg-type]
+                return None
+            return np.asarray(tensor_util.MakeNdarray(node.attrs["value"].tensor))
         if node.op in _SHAPE_OPS or node.op == "ShapeN":
             source = self.shapes.get(node.inputs[t.index if node.op == "ShapeN" else 0], tf.TensorShape(None))
             return _shape_value(node.op, source, self.dtype(t))
@@ -148,14 +157,13 @@ class _Values:
         return self._evaluated(node, t)
 
     def _evaluated(self, node: OpNode, t: TensorRef) -> np.ndarray | None:
-        op_def = op_def_registry.get(node.op)
-        if (op_def is None or op_def.is_stateful or node.op in NEVER_FOLDED or not node.inputs
+        if (node.op not in SHAPE_ARITHMETIC_OPS or not node.inputs
                 or not all(self.graph.spec(s).dtype in _INTEGER_DTYPES for s in node.inputs)):
             return None
-        inputs = [self.value(s) for s in node.inputs]
-        if any(v is None for v in inputs):
+        inputs = [v for v in (self.value(s) for s in node.inputs) if v is not None]
+        if len(inputs) < len(node.inputs) or sum(v.size for v in inputs) > MAX_VALUE_ELEMENTS:
             return None
-        graph = _scratch_graph(node, [(self.dtype(s), tf.TensorShape(v.shape), v)  # type: ignore[union-attr]
+        graph = _scratch_graph(node, [(self.dtype(s), tf.TensorShape(v.shape), v)
                                       for s, v in zip(node.inputs, inputs, strict=True)])
         if graph is None:
             return None
