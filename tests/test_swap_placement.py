@@ -73,13 +73,16 @@ GRAPHS = {
 def case(request):
     built = GRAPHS[request.param]()
     peak = _vanilla_peak(built)
-    opt = _optimize(built, int(peak * 0.9), passes="auto")
+    # Below what the graph needs even with one inter-op thread, or optimize keeps it as it is (and sets one thread).
+    one = tfmem.simulate(placed(built.graph), built.fetches, feed_shapes=built.feed_shapes, device=DEVICE,
+                         host=HOST, inter_op_threads=1).peak_bytes
+    opt = _optimize(built, int(min(peak, one) * 0.9), passes="auto")
     return built, peak, opt
 
 
 def test_a_tighter_budget_is_met_with_identical_outputs(case):
     built, peak, opt = case
-    assert opt.report.after.peak_bytes <= int(peak * 0.9) < peak
+    assert opt.report.after.peak_bytes <= opt.report.budget_bytes < peak
     tensors = [f for f in built.fetches if ":" in f]
     before = session_run(placed(built.graph), tensors, built.feeds)
     after = session_run(opt.graph_def, tensors, built.feeds)
