@@ -41,7 +41,7 @@ from passes.transfer import identity_attrs
 from tfmem.ir.devices import Placement
 from tfmem.ir.editor import GraphEditor
 from tfmem.ir.execution import ExecutionGraph
-from tfmem.ir.frames import find_regions, maybe_dead
+from tfmem.ir.frames import find_regions, may_be_dead
 from tfmem.ir.graph import GraphIR, OpNode, TensorRef
 from tfmem.ir.ops import ALIAS_OPS, IDENTITY_OPS, PERSISTENT_OUTPUT_OPS, VARIABLE_READ_OPS
 from tfmem.pipeline import PassContext, PassReport, PassResult
@@ -79,9 +79,9 @@ class FenceTransfers:
         copied = [t for t in copied if not _fenced(graph, t, domain)]
         if not copied:
             return PassResult(graph, False, PassReport.empty(self.name, "every copy to the host is fenced already"))
-        # A copy of a tensor a TF1 cond may skip is dead with it, and would stop the op it fences.
-        dead = maybe_dead(graph)
-        copied = [t for t in copied if t.node not in dead]
+        # A copy of a tensor a TF1 cond may skip (a Switch's output, or below one) is dead with it, and would
+        # stop the op it fences.
+        copied = [t for t in copied if not may_be_dead(graph, t)]
         eg = ExecutionGraph.build(graph, ctx.fetches, ctx.feed_shapes)
         in_frames = find_regions(graph)
         order = [u for u in ctx.simulate(graph, inter_op_threads=1, grappler=False).schedule.order

@@ -57,7 +57,7 @@ from passes.transfer import (
 from tfmem.ir.devices import Placement
 from tfmem.ir.editor import DO_NOT_REMOVE, GraphEditor
 from tfmem.ir.execution import ExecutionGraph
-from tfmem.ir.frames import maybe_dead, whole_frame_preds
+from tfmem.ir.frames import may_be_dead, maybe_dead, whole_frame_preds
 from tfmem.ir.graph import GraphIR, OpNode, TensorRef
 from tfmem.ir.ops import IDENTITY_OPS, PERSISTENT_OUTPUT_OPS, REF_READ_OPS, REF_VARIABLE_OPS, VARIABLE_OPS
 from tfmem.pipeline import PassContext, PassReport, PassResult
@@ -190,11 +190,14 @@ def chain_to_host(graph: GraphIR, groups: list[PersistentGroup], timeline: StepT
     A prefetch whose trigger would make the chain wait for itself gets an earlier trigger instead.
     """
     members = {m for g in groups for m in g.members if m in graph}
-    dead = maybe_dead(graph)   # an item waiting for an op a TF1 cond skipped would never start
+    # An item waiting for an op a TF1 cond skipped would never start: no receipt of a tensor the cond may skip
+    # (a Switch's output, or below one), and no prefetch read by an op it may skip.
+    dead = maybe_dead(graph)
     readers: dict[TensorRef, list[str]] = {}
     for m in sorted(members):
         for t in graph[m].inputs:
-            if (t.node not in members and t.node not in dead and graph[t.node].device != host and t.node in timeline.rank
+            if (t.node not in members and not may_be_dead(graph, t) and graph[t.node].device != host
+                    and t.node in timeline.rank
                     and movable(graph, t) and (graph.spec(t).nbytes or 0) >= min_bytes):
                 readers.setdefault(t, []).append(m)
     receipts: dict[TensorRef, str] = {}
@@ -399,7 +402,6 @@ def persistent_groups(graph: GraphIR, eg: ExecutionGraph, placement: Placement, 
         if ra != rb:
             parent[rb] = ra
 
-    dead = maybe_dead(graph)
     variables = [n.name for n in graph.nodes if n.op in VARIABLE_OPS and n.name in eg.unit_of
                  and placement.domain(n.device) == "device"]
     for v in variables:
@@ -428,7 +430,7 @@ def persistent_groups(graph: GraphIR, eg: ExecutionGraph, placement: Placement, 
             for i in range(len(graph[m].outputs))
             if movable(graph, TensorRef(m, i)) and any(c not in members for c in eg.consumers(TensorRef(m, i)))
         )
-        if any(eg.is_region(c) for t in reads for c in eg.consumers(t)) or any(t.node in dead for t in reads):
+        if any(eg.is_region(c) for t in reads for c in eg.consumers(t)) or any(may_be_dead(graph, t) for t in reads):
             continue  # a frame reads it whole, or a TF1 cond may skip it: no prefetch of it
         if nbytes >= min_bytes:
             ref = any(graph[v].op in REF_VARIABLE_OPS for v in roots)

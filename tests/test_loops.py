@@ -19,13 +19,17 @@ import tensorflow as tf
 from tensorflow.python.framework import config as tf_config
 
 import tfmem
-from tests.helpers import DEVICE, HOST, THREADS, placed, train_steps, values_equal
+from passes.fence_transfers import FenceTransfers
+from passes.place_persistent import TO_HOST_TAG, PersistentGroup, chain_to_host
+from passes.timeline import StepTimeline
+from tests.helpers import DEVICE, HOST, THREADS, placed, session_run, train_steps, values_equal
 from tfmem import cli, examples
 from tfmem.ir.execution import ExecutionGraph
-from tfmem.ir.frames import find_regions, maybe_dead
-from tfmem.ir.graph import GraphIR
+from tfmem.ir.frames import find_regions, may_be_dead, maybe_dead
+from tfmem.ir.graph import GraphIR, TensorRef
 from tfmem.ir.shapes import annotate
 from tfmem.ir.verify import verify
+from tfmem.pipeline import PassContext
 
 v1 = tf.compat.v1
 BATCH, WIDTH, LAYERS, STEPS, LOOP_WIDTH = 512, 512, 8, 4, 64
@@ -339,3 +343,54 @@ def test_tf1_cond_branches_never_hold_back_ops_that_always_run():
     steps = train_steps(opt.graph, FETCHES, _feeds(), opt.config)
     assert len(set(np.asarray(steps).tolist())) == 3   # the variables were updated
     _assert_same_training(g, opt, _feeds())
+
+
+def _host_branch_cond() -> tf.Graph:
+    """A TF1 cond whose true branch is a host op reading a 1 MiB device tensor through the cond's ``Switch:1``,
+    then a device op on the cond's result that a second host op reads, and an op held back by a ``Switch``."""
+    g = tf.Graph()
+    with g.as_default():
+        v1.disable_control_flow_v2()
+        try:
+            p = v1.placeholder(tf.bool, (), name="p")
+            x = v1.placeholder(tf.float32, (512, 512), name="x")
+            h = tf.matmul(x, x, name="h")
+
+            def on_host() -> tf.Tensor:
+                with tf.device(HOST):
+                    return tf.multiply(h, 2.0, name="host_mul")
+
+            out = tf.cond(p, on_host, lambda: h * 3.0, name="c")
+            big = tf.matmul(out, x, name="big")
+            with tf.device(HOST):
+                tf.multiply(big, 0.5, name="host_big")
+            with tf.control_dependencies([g.get_operation_by_name("c/host_mul/Switch")]):
+                tf.identity(x, name="after_switch")   # a control edge from a Switch is as alive as the Switch
+        finally:
+            v1.enable_control_flow_v2()
+    return g
+
+
+def test_switch_outputs_get_no_fence_or_receipt_that_would_stop_the_step():
+    """One output of every ``Switch`` is dead each step, though the ``Switch`` is not: a fence or a host receipt
+    reading ``c/host_mul/Switch:1`` was dead when ``p`` was false, and so was the op it held back."""
+    g = _host_branch_cond()
+    ir = annotate(placed(g), {})
+    switch = TensorRef("c/host_mul/Switch", 1)
+    dead = maybe_dead(ir)
+    assert may_be_dead(ir, switch) and "c/host_mul/Switch" not in dead and "c/host_mul" in dead
+    assert not may_be_dead(ir, TensorRef("c/Merge", 0)) and "after_switch" not in dead
+    fetches = ("big:0", "host_big:0", "after_switch:0")
+    ctx = PassContext(fetches, device=DEVICE, host=HOST, inter_op_threads=THREADS, grappler=False)
+    fenced = FenceTransfers().run(ir, ctx)
+    assert all(d["tensor"] != str(switch) for d in fenced.report.details.get("fenced", []))
+    timeline = StepTimeline.build(ir, fetches, ctx.simulate(ir), ())
+    group = PersistentGroup((), ("c/host_mul", "host_big"), 0, (), False)   # the host ops, as placement makes them
+    chained = chain_to_host(ir, [group], timeline, HOST, in_flight=1)
+    assert [n.name for n in chained.nodes if n.attr_bool(TO_HOST_TAG)] == ["big/tfmem_to_host_0"]
+    feeds = {"x:0": np.random.default_rng(0).standard_normal((512, 512), dtype=np.float32)}
+    for p in (False, True):
+        want = session_run(placed(g), list(fetches), {**feeds, "p:0": p}, init=False)
+        for rewritten in (fenced.graph, chained):
+            assert values_equal(want, session_run(rewritten.to_graph_def(), list(fetches), {**feeds, "p:0": p},
+                                                  init=False))

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 
 import networkx as nx
 
-from tfmem.ir.graph import GraphIR, OpNode
+from tfmem.ir.graph import GraphIR, OpNode, TensorRef
 from tfmem.ir.ops import ENTER_OPS, EXIT_OPS, MERGE_OPS, NEXT_ITERATION_OPS, SWITCH_OPS
 
 
@@ -122,13 +122,19 @@ def whole_frame_preds(graph: GraphIR) -> dict[str, tuple[str, ...]]:
 
 
 def maybe_dead(graph: GraphIR) -> frozenset[str]:
-    """Nodes outside v1 frames that a step may skip: the branches of TF1 ``cond`` (``Switch`` to ``Merge``).
+    """Nodes that a step may skip: those below a TF1 ``cond``'s ``Switch`` (its branches), wherever they are.
 
-    In an untaken branch every node is *dead*, and so is any node with a dead input, control inputs included:
-    a control edge from one of these to an op that always runs can stop that op, and with it the training
-    step (``tests/test_loops.py``). A node is below a branch ``(switch, output)`` if an input is that output or is
-    below it; a ``Merge`` is below only what all its inputs are below (it forwards whichever is alive). Nodes in
-    frames count as one op: a loop's own ``Switch`` and ``Merge`` ops guard nothing outside it.
+    A ``Switch`` outside v1 frames forwards its input on one output and leaves the other *dead*; an op with a
+    dead input is dead, control inputs included, and so are its outputs (``Merge`` aside: it forwards whichever
+    input is alive). A control edge from a dead op to an op that always runs stops that op, and with it the
+    training step (``tests/test_loops.py``). A node is below a branch ``(switch, output)`` if an input is that
+    output or is below it; a ``Merge`` is below only what all its inputs are below. A control edge from a
+    ``Switch`` itself is as alive as the ``Switch`` (TensorFlow's executor marks only the untaken output dead).
+    Nodes in frames are included when they are below a cond outside, but a loop's own ``Switch`` and ``Merge``
+    ops guard nothing outside it.
+
+    A ``Switch`` is in the result only if its input may be dead: one of its outputs is dead every step, so
+    ask ``may_be_dead`` about a tensor, and use this set for control edges.
 
     Examples
     --------
@@ -140,8 +146,8 @@ def maybe_dead(graph: GraphIR) -> frozenset[str]:
     ...     y = tf.identity(tf.compat.v1.cond(x > 0, lambda: x * 2.0, lambda: x - 1.0), name="y")
     ...     tf.compat.v1.enable_control_flow_v2()
     >>> dead = maybe_dead(GraphIR.from_graph_def(g.as_graph_def()))
-    >>> "cond/mul" in dead, "y" in dead, "x" in dead
-    (True, False, False)
+    >>> "cond/mul" in dead, "y" in dead, "x" in dead, "cond/mul/Switch" in dead
+    (True, False, False, False)
     """
     regions = find_regions(graph)
     if not any(n.op in SWITCH_OPS and n.name not in regions for n in graph.nodes):
@@ -152,13 +158,34 @@ def maybe_dead(graph: GraphIR) -> frozenset[str]:
         node = graph[name]
         reads = [below.get(t.node, frozenset()) | ({(t.node, t.index)} if _branches(graph[t.node], regions) else set())
                  for t in node.inputs]
-        after = [below.get(c, frozenset()) | ({(c, -1)} if _branches(graph[c], regions) else set())
-                 for c in node.control_inputs]
+        after = [below.get(c, frozenset()) for c in node.control_inputs]
         if node.op in MERGE_OPS and name not in regions and reads:
             below[name] = frozenset.intersection(*reads).union(*after)
         else:
             below[name] = frozenset().union(*reads, *after)
     return frozenset(name for name, guards in below.items() if guards)
+
+
+def may_be_dead(graph: GraphIR, tensor: TensorRef) -> bool:
+    """Whether a step may skip ``tensor``: its op may be dead (``maybe_dead``), or it is an output of a ``Switch``.
+
+    Ask this of every tensor a pass makes a new op read where that op then holds back others (a fence, a
+    receipt): one output of each ``Switch`` is dead every step, though the ``Switch`` itself is not.
+
+    Examples
+    --------
+    >>> import tensorflow as tf
+    >>> g = tf.Graph()
+    >>> with g.as_default():
+    ...     tf.compat.v1.disable_control_flow_v2()
+    ...     x = tf.compat.v1.placeholder(tf.float32, (), name="x")
+    ...     y = tf.identity(tf.compat.v1.cond(x > 0, lambda: x * 2.0, lambda: x - 1.0), name="y")
+    ...     tf.compat.v1.enable_control_flow_v2()
+    >>> ir = GraphIR.from_graph_def(g.as_graph_def())
+    >>> [may_be_dead(ir, TensorRef(name, i)) for name, i in (("cond/mul/Switch", 1), ("cond/Merge", 0), ("y", 0))]
+    [True, False, False]
+    """
+    return graph[tensor.node].op in SWITCH_OPS or tensor.node in maybe_dead(graph)
 
 
 def _branches(node: OpNode, regions: Mapping[str, str]) -> bool:
