@@ -81,6 +81,27 @@ def test_feed_shapes_fill_unknown_dims_and_unknowns_are_listed_together():
     assert filled.spec("y:0").nbytes == 32 * 10 * 4
 
 
+def test_shapes_that_depend_on_a_fed_value_stay_unknown():
+    """Shape arithmetic on an int placeholder's value: Grappler once read the placeholder as a constant of zeros
+    and sized ``zeros(stack([n, 4]))`` at 0 bytes. Fed or not, with other unknowns (``unique``) or none."""
+    for unique in (False, True):
+        g = tf.Graph()
+        with g.as_default():
+            n = v1.placeholder(tf.int32, (), name="n")
+            x = v1.placeholder(tf.float32, (3, 5), name="x")
+            z = tf.zeros(tf.stack([n, 4]), name="z")
+            r = tf.reshape(x, tf.stack([n, -1]), name="r")
+            total = tf.reduce_sum(z) + tf.reduce_sum(r) + tf.reduce_sum(tf.zeros(tf.shape(x), name="s"))
+            if unique:
+                total += tf.reduce_sum(tf.unique(tf.reshape(z, [-1])).y)
+            tf.identity(total, name="y")
+        for feeds in (None, {"n:0": (), "x:0": (3, 5)}):
+            ir = annotate(g.as_graph_def(), feeds)
+            assert (ir.spec("z:0").shape, ir.spec("z:0").nbytes) == ((None, 4), None)
+            assert ir.spec("r:0").shape == (None, None)
+            assert ir.spec("s:0").nbytes == 3 * 5 * 4   # the shape of a fed tensor is known, and so is its Shape
+
+
 def test_feed_shape_errors_are_clear():
     g = tf.Graph()
     with g.as_default():

@@ -243,6 +243,8 @@ def _specs_from_grappler(
         return None
     patched = graph_pb2.GraphDef()
     patched.CopyFrom(gd)
+    names = {node.name for node in gd.node}
+    defaults = []
     for node in patched.node:
         if node.op not in FEEDABLE_OPS:
             continue
@@ -253,7 +255,8 @@ def _specs_from_grappler(
         full = tf.TensorShape(shape) if shape is not None else declared
         if not full.is_fully_defined():  # Grappler would drop even the known dimensions: import instead
             return None
-        _as_shape_only_const(node, full)
+        defaults.append(_as_shape_only_feed(node, full, names))
+    patched.node.extend(defaults)
     meta = meta_graph_pb2.MetaGraphDef()
     meta.graph_def.CopyFrom(patched)
     meta.collection_def["train_op"].node_list.value.extend(n.name for n in patched.node)
@@ -283,17 +286,36 @@ def _misfit(name: str, shape: tuple[int, ...], declared: tf.TensorShape) -> BadI
                          f"{declared}{fix}")
 
 
-def _as_shape_only_const(node: node_def_pb2.NodeDef, shape: tf.TensorShape) -> None:
-    # Grappler's inference treats placeholders as feeds of unknown shape; a Const of the same dtype and shape
-    # (no data: only its shape is read) states the shape, and this copy is never run.
+def _as_shape_only_feed(node: node_def_pb2.NodeDef, shape: tf.TensorShape, names: set[str]) -> node_def_pb2.NodeDef:
+    """Turn the placeholder ``node`` into a ``PlaceholderWithDefault`` of ``shape``; return the default it reads.
+
+    Grappler's inference takes a placeholder for a feed of unknown shape, so its shape must be stated another
+    way. The default is a data-less ``Const`` of that shape (this copy is never run). A ``Const`` in the
+    placeholder's place would state its value too: Grappler folds shape arithmetic on constants, and reads a
+    data-less one as zeros, so ``zeros(stack([n, 4]))`` of an int placeholder ``n`` came out ``(0, 4)``, 0 bytes.
+    Grappler evaluates nothing through a ``PlaceholderWithDefault``: what depends on the fed value stays unknown.
+    """
     dtype = node.attr["dtype"].type
+    default = node_def_pb2.NodeDef(name=_unique(f"{node.name}/tfmem_shape_only", names), op="Const")
+    default.attr["dtype"].type = dtype
+    default.attr["value"].tensor.dtype = dtype
+    default.attr["value"].tensor.tensor_shape.CopyFrom(shape.as_proto())
     del node.input[:]
-    node.op = "Const"
+    node.op = "PlaceholderWithDefault"
     node.attr.clear()
     node.attr["dtype"].type = dtype
-    value = node.attr["value"].tensor
-    value.dtype = dtype
-    value.tensor_shape.CopyFrom(shape.as_proto())
+    node.attr["shape"].shape.CopyFrom(shape.as_proto())
+    node.input.append(default.name)
+    return default
+
+
+def _unique(name: str, names: set[str]) -> str:
+    out, i = name, 0
+    while out in names:
+        i += 1
+        out = f"{name}_{i}"
+    names.add(out)
+    return out
 
 
 def _with_outputs(node: OpNode, outputs: tuple[TensorSpec, ...]) -> OpNode:
