@@ -34,21 +34,17 @@ from tfmem.units import format_bytes, parse_bytes
 # Above this many ops the graph is simulated as written, and the report says so: at 20,000 ops one simulation
 # after Grappler outlasts optimize's whole run as written (experiments/results/optimize_speed.md).
 GRAPPLER_SIMULATION_MAX_OPS = 10_000
-# A plan aims for the budget less 5%, at least 4 MiB: simulated peaks are a few percent off measured ones, and a
-# plan's measured peak varies with the executor's order (experiments/results/simulator_accuracy.md, peak_variance.md).
-SAFETY_MARGIN = 0.05
-SAFETY_MARGIN_MIN_BYTES = 4 * 2**20
-# A plan's allocator-layout replay must serve every request on a device this share and 4 MiB smaller than the
-# budget (``layout_room``): near its cap the testbed lays tensors out a few MiB worse (tests/test_guarantee.py).
-CAPACITY_SLACK = 0.02
-# In that replay a request of half the device or more must also leave this much in its free chunk: where it lands
-# depends on every tensor placed before it (``BFCAllocator.large_request_fits``; tests/test_guarantee.py, the U-Net).
-LARGE_REQUEST_MARGIN = 4 * 2**20
+# A plan must fit, in total and in its allocator replay (in the session's interleaving and in the one-thread
+# order), the budget less 5% and 1 MiB (``plan_room``): on the testbed, plans needed up to 5 MiB (5.6%) more than
+# their replay, as the executor's order and the copies' timing vary from run to run
+# (experiments/results/allocator_fit.md, plans; peak_variance.md).
+PLAN_MARGIN_SHARE = 0.05
+PLAN_MARGIN_BYTES = 2**20
 # A graph kept as it is (``_kept_as_is``) must fit the allocator replay, every draw of TF's hashed orders, on the
-# budget less 3% and 1 MiB: the testbed needed up to 1 MiB more than the replay on small graphs and 3 MiB more
-# (3.5%) on a ResNet-20 with one thread, whose hashed orders vary more than 5 draws show
+# budget less 2% and 1 MiB: the testbed needed up to 1 MiB more than the replay on small graphs and 3 MiB more
+# (3.6%) on a ResNet-20 with one thread, whose hashed orders vary more than 5 draws show
 # (experiments/results/allocator_fit.md).
-AS_IS_MARGIN_SHARE = 0.03
+AS_IS_MARGIN_SHARE = 0.02
 AS_IS_MARGIN_BYTES = 2**20
 
 
@@ -57,10 +53,10 @@ def as_is_room(budget_bytes: int) -> int:
     return budget_bytes - int(budget_bytes * AS_IS_MARGIN_SHARE) - AS_IS_MARGIN_BYTES
 
 
-def target_bytes_for(budget_bytes: int) -> int:
-    """The highest target a plan may aim for so that running it within ``budget_bytes`` does not run out of
-    memory: the budget less the safety margin."""
-    return budget_bytes - max(int(budget_bytes * SAFETY_MARGIN), SAFETY_MARGIN_MIN_BYTES)
+def plan_room(budget_bytes: int) -> int:
+    """The most a plan may need within ``budget_bytes``: its simulated peak, and the device its allocator replay
+    serves every request on (the budget less ``PLAN_MARGIN_SHARE`` and ``PLAN_MARGIN_BYTES``)."""
+    return budget_bytes - int(budget_bytes * PLAN_MARGIN_SHARE) - PLAN_MARGIN_BYTES
 
 
 @dataclass(frozen=True)
@@ -189,7 +185,7 @@ def optimize(
     ir = load(graph, shapes_given)
     parse_fetches(ir, fetch_list)  # fail early, with the fetch's name, on a typo
     faithful = len(ir) <= GRAPPLER_SIMULATION_MAX_OPS if grappler is None else grappler
-    max_target = target_bytes_for(budget_bytes) if budget_bytes is not None else None
+    max_target = plan_room(budget_bytes) if budget_bytes is not None else None
     shapes = shapes_given or {}
     config = session_config()
     grappler_off = grappler_rejects(with_default_device(ir.to_graph_def(), device or DEFAULT_DEVICE), fetch_list)
@@ -225,13 +221,12 @@ def optimize(
         ctx = dataclasses.replace(base, target_bytes=max_target)
         bound, _ = lower_bound_bytes(ir, ctx)
         feeds_floor, _ = fed_layout_floor(ExecutionGraph.build(ir, ctx.fetches, ctx.feed_shapes))
-        if bound > max_target or feeds_floor > layout_room(budget_bytes):
+        if bound > max_target or feeds_floor > max_target:
             raise _infeasible(ir, ctx, budget_bytes, before, unplanned=True)
     search = Search(ir, pipeline, base, before)
     first = None
     if budget_bytes is not None and max_target is not None:
-        room = layout_room(budget_bytes)
-        first = min(max_target, room)   # the layout replay never needs less than the plan's total
+        first = room = max_target
         if layout_check:
             search.fits_layout = lambda c: _fits_layout(base, c, room)
             search.layout_step = lambda c: _layout_step(base, c, room, budget_bytes)
@@ -251,7 +246,7 @@ def optimize(
                             "pass grappler=True to simulate what the session runs, slower on large graphs)")
     if budget_bytes is not None:
         report.notes.append(f"planned for {format_bytes(chosen.target_bytes or 0)}: the budget less a safety margin "
-                            "for allocator rounding, fragmentation and executor order")
+                            "for the run-to-run spread of the executor's order")
     report.notes.append(search.log.summary())
     if not fits:
         assert budget_bytes is not None and max_target is not None
@@ -281,7 +276,7 @@ def _kept_as_is(ir: GraphIR, base: PassContext, budget_bytes: int, before: Memor
     config.CopyFrom(base.session_config or session_config())
     for threads in dict.fromkeys((base.threads, 1)):
         ctx = dataclasses.replace(base, inter_op_threads=threads, grappler=True)
-        if layout_failures(ctx, ir, device_memory, large_request_margin=0, every_order=True):
+        if layout_failures(ctx, ir, device_memory, every_order=True):
             continue
         after = before if threads == base.threads else base.simulate(ir, inter_op_threads=threads)
         report = Report(budget_bytes, before, after, [])
@@ -299,11 +294,6 @@ def _kept_as_is(ir: GraphIR, base: PassContext, budget_bytes: int, before: Memor
             tf.graph_util.import_graph_def(graph_def, name="")
         return Optimized(tf_graph, graph_def, config, report, ir)
     return None
-
-
-def layout_room(budget_bytes: int) -> int:
-    """The device size a plan's allocator-layout replay must fit in (``CAPACITY_SLACK`` and 4 MiB less)."""
-    return max(budget_bytes - int(budget_bytes * CAPACITY_SLACK) - SAFETY_MARGIN_MIN_BYTES, 1)
 
 
 def _fits_layout(base: PassContext, candidate: Candidate, room: int) -> bool:
@@ -327,17 +317,16 @@ def _layout_step(base: PassContext, candidate: Candidate, room: int, budget_byte
             f" with {format_bytes(budget_bytes - room)} to spare (its layout needs a {format_bytes(needed)} device)")
 
 
-def layout_failures(ctx: PassContext, graph: GraphIR, device_memory: int,
-                    large_request_margin: int = LARGE_REQUEST_MARGIN, every_order: bool = False) -> int:
-    """Requests the allocator replay of ``graph`` on ``device_memory`` bytes leaves unserved, large ones held to
-    ``large_request_margin``, in the worst of the session's emulated interleaving and the one-thread order.
+def layout_failures(ctx: PassContext, graph: GraphIR, device_memory: int, every_order: bool = False) -> int:
+    """Requests the allocator replay of ``graph`` on ``device_memory`` bytes leaves unserved, in the worst of the
+    session's emulated interleaving and the one-thread order (``every_order``: and of TF's hashed orders).
 
     Where a request lands depends on which ops ran side by side before it, and the executor's interleaving
     varies from run to run (``experiments/results/peak_variance.md``): one plan's replay can fail in the
     one-thread order while the emulated interleaving fits.
     """
-    return max(ctx.simulate(graph, device_memory=device_memory, large_request_margin=large_request_margin,
-                            inter_op_threads=threads, every_order=every_order).allocation_failures
+    return max(ctx.simulate(graph, device_memory=device_memory, inter_op_threads=threads,
+                            every_order=every_order).allocation_failures
                for threads in sorted({ctx.threads, 1}))
 
 
@@ -370,7 +359,7 @@ def device_floor_bytes(ir: GraphIR, ctx: PassContext) -> tuple[int, str]:
 
     The second is about the allocator, not the sum of live bytes: BFC can hand a fed tensor a whole chunk
     near twice its size (``tfmem.sim.bounds.fed_layout_floor``). A plan is accepted only if its layout replay fits
-    ``layout_room(budget)``, so a budget whose room is below this floor is refused before planning.
+    ``plan_room(budget)``, so a budget whose room is below this floor is refused before planning.
     """
     working, op = lower_bound_bytes(ir, ctx)
     layout, why = fed_layout_floor(ExecutionGraph.build(ir, ctx.fetches, ctx.feed_shapes))
@@ -391,12 +380,11 @@ def _infeasible(ir: GraphIR, ctx: PassContext, budget: int, after: MemoryProfile
         + ("the lower bound alone exceeds it less its safety margin, so nothing was tried; vanilla peak "
            if unplanned else "best peak found ")
         + f"{format_bytes(after.peak_bytes)} "
-        f"(simulator) at {after.peak_unit}; a plan must stay under {format_bytes(max(target_bytes_for(budget), 0))} "
-        f"(the budget less {SAFETY_MARGIN:.0%} or {format_bytes(SAFETY_MARGIN_MIN_BYTES)}, whichever is more, for "
-        f"allocator rounding and fragmentation); lower bound {format_bytes(bound)} ({where}){floor}; "
+        f"(simulator) at {after.peak_unit}; a plan must stay under {format_bytes(max(plan_room(budget), 0))} "
+        f"(the budget less {PLAN_MARGIN_SHARE:.0%} and {format_bytes(PLAN_MARGIN_BYTES)}, for the run-to-run "
+        f"spread of the executor's order); lower bound {format_bytes(bound)} ({where}){floor}; "
         f"largest live: {top}. "
-        + ("The best plan fits in total but not in the device allocator's chunks with a safe margin. "
-           if fragmented else "")
+        + ("The best plan fits in total but not in the device allocator's chunks. " if fragmented else "")
         + "Give a larger budget, or enable more passes (passes='auto')."
         + (f" ({search.summary()})" if search is not None else ""),
         budget_bytes=budget, best_peak_bytes=after.peak_bytes, lower_bound_bytes=bound,
