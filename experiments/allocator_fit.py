@@ -91,7 +91,7 @@ def smallest_sim_cap(case: Case, threads: int | None) -> int:
     peak = ctx.simulate(ir).peak_bytes
 
     def fits(mib: int) -> bool:
-        return layout_failures(ctx, ir, mib * MiB, large_request_margin=0, every_order=case.every_order) == 0
+        return layout_failures(ctx, ir, mib * MiB, every_order=case.every_order) == 0
 
     low, high = max(peak // MiB - 1, 1), peak // MiB + 2
     while not fits(high):

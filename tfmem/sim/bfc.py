@@ -50,8 +50,7 @@ class _Chunk:
 class BFCAllocator:
     """Replays BFC allocation; ``in_use_bytes`` and ``peak_bytes`` match TF's ``get_memory_info``."""
 
-    def __init__(self, limit_bytes: int = 1 << 50, allow_growth: bool = False, large_request_margin: int = 0,
-                 ) -> None:
+    def __init__(self, limit_bytes: int = 1 << 50, allow_growth: bool = False) -> None:
         # The testbed's device reserves its budget up front: a first 2 MiB region, then one region of the rest
         # (a GPU's BFC is one region of the whole memory). allow_growth starts at 2 MiB and doubles instead.
         self.limit_bytes = limit_bytes
@@ -64,9 +63,6 @@ class BFCAllocator:
         self._handles: dict[int, _Chunk] = {}
         self._next_handle = 0
         self.failures = 0          # requests no free chunk could serve within the limit (TF: out of memory)
-        # With a margin: a request of half the limit or more whose largest free chunk has less than the margin
-        # to spare counts as a failure too (see ``large_request_fits``).
-        self.large_request_margin = large_request_margin
         if not allow_growth:  # TF's first region (2 MiB), then the rest in one: what the testbed reserves
             self._extend(INITIAL_REGION)
             rest = limit_bytes - self.region_bytes
@@ -77,8 +73,6 @@ class BFCAllocator:
     def allocate(self, nbytes: int) -> int:
         """Allocate ``nbytes``; returns a handle for ``free``."""
         size = rounded_bytes(nbytes)
-        if self.large_request_margin and not self.large_request_fits(size):
-            self.failures += 1
         chunk = self._find(size)
         if chunk is None:
             self._extend(size)
@@ -108,25 +102,6 @@ class BFCAllocator:
             self._unbin(before)
             chunk = self._merge(before, chunk)
         self._bin_chunk(chunk)
-
-    def large_request_fits(self, size: int) -> bool:
-        """Whether a request of ``size`` bytes is small next to the limit, or finds a free chunk with
-        ``large_request_margin`` to spare (regions not yet reserved count as free).
-
-        A request of much of the device needs one free stretch that long, and where it starts depends on
-        every long-lived tensor placed before it: if the session's allocations run in a slightly different
-        order than the replay's, such a request fails where the replay served it (``tests/test_guarantee.py``:
-        a U-Net at 58 MiB). Only requests of half the device or more are held to it: held from a quarter, a
-        small MLP's 4 MiB activations on an 18 MiB device cannot be planned at all.
-
-        >>> bfc = BFCAllocator(limit_bytes=64 << 20, large_request_margin=4 << 20)
-        >>> bfc.large_request_fits(58 << 20), bfc.large_request_fits(60 << 20), bfc.large_request_fits(20 << 20)
-        (True, False, True)
-        """
-        if 2 * size < self.limit_bytes:
-            return True
-        largest = max((c.size for c in self.free_chunks.values()), default=0)
-        return max(largest, self.limit_bytes - self.region_bytes) - size >= self.large_request_margin
 
     def _find(self, size: int) -> _Chunk | None:
         for b in range(_bin(size), NUM_BINS):

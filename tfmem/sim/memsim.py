@@ -75,7 +75,6 @@ def simulate(
     config: config_pb2.ConfigProto | None = None,
     cores: int | None = None,
     device_memory: int | None = None,
-    large_request_margin: int = 0,
     every_order: bool = False,
 ) -> MemoryProfile:
     """Simulate one step of ``graph`` computing ``fetches`` and return its ``MemoryProfile``.
@@ -104,8 +103,6 @@ def simulate(
         (Adam or momentum slots, biases: ``tfmem.ir.shared_init``) into a new chunk mid-region as it first
         updates it, and later steps run around those chunks; and the fed tensors are allocated in each of
         ``feed_orders`` (a session follows the caller's feed dict), the worst replay reported
-    large_request_margin : with ``device_memory``, also count as failures the requests of half the device or
-        more that leave less than this in their free chunk (``tfmem.sim.bfc.BFCAllocator.large_request_fits``)
     every_order : replay every distinct draw of TF's hashed successor orders (``ORDER_SAMPLES``), not only the
         median one, and report the worst: a session draws one per process, and near a cap one draw can fail
         where the median fits (a ResNet-20 on one thread: experiments/results/allocator_fit.md)
@@ -141,7 +138,7 @@ def simulate(
     # Passes score one graph more than once (a pass, then optimize's own before/after): keep the answer.
     key = (tuple(fetch_names), tuple(sorted(feed_names)), device, host,
            None if order is None else tuple(order), inter_op_threads, cost_device, cores, device_memory,
-           large_request_margin, every_order)
+           every_order)
     if grappler:   # keyed by the graph given: the variables it shares and holds idle come from it
         cached = _GRAPPLER_PROFILES.get(graph, (runtime_key, key)) if isinstance(graph, GraphIR) else None
     else:
@@ -185,8 +182,7 @@ def simulate(
         idle = idle_variables(graph, eg)
         if isinstance(graph, GraphIR):
             _IDLE.put(graph, tuple(fetch_names), idle)
-    profile = max((Replay(eg, placement, device_memory, analysis.views, feed_order=o,
-                           large_request_margin=large_request_margin, sharing=sharing,
+    profile = max((Replay(eg, placement, device_memory, analysis.views, feed_order=o, sharing=sharing,
                            copy_order=c, idle_variables=idle).run(sc)
                    for sc in scheds for o in (feed_orders(eg) if device_memory is not None else [None])
                    for c in copy_orders),

@@ -46,7 +46,7 @@ class Replay:
 
     def __init__(self, eg: ExecutionGraph, placement: Placement, device_memory: int | None = None,
                  views: dict[TensorRef, int] | None = None, feed_order: Sequence[TensorRef] | None = None,
-                 large_request_margin: int = 0, sharing: dict[Hashable, list[str]] | None = None,
+                 sharing: dict[Hashable, list[str]] | None = None,
                  copy_order: str = "schedule", idle_variables: Sequence[tuple[str, int, str]] = ()) -> None:
         self.eg, self.graph = eg, eg.graph
         self.placement = placement
@@ -63,8 +63,7 @@ class Replay:
         self.allocators = {d: BFCAllocator() for d in ("device", "host", "other")}
         self.bounded = device_memory is not None
         if device_memory is not None:
-            self.allocators["device"] = BFCAllocator(limit_bytes=device_memory,
-                                                     large_request_margin=large_request_margin)
+            self.allocators["device"] = BFCAllocator(limit_bytes=device_memory)
         self.persistent = {"device": 0, "host": 0, "other": 0}
         self.buffers: dict[tuple[TensorRef, str], _Buffer] = {}   # (tensor, domain) -> buffer
         self.var_storage: dict[str, _Buffer] = {}
