@@ -264,10 +264,23 @@ def _gates(eg: ExecutionGraph, part: list[str]) -> list[str]:
 
 
 def _exits(eg: ExecutionGraph, part: list[str], dead: frozenset[str] = frozenset()) -> list[str]:
-    """The ops a barrier after ``part`` waits for: its last ones, less those a TF1 cond may skip (``dead``),
-    whose control edge would stop the barrier and every op it gates (tests/test_loops.py)."""
+    """The ops a barrier after ``part`` waits for: its last ones, in ``part``'s order. One a TF1 cond may skip
+    (``dead``) would stop the barrier, and every op it gates, with it (tests/test_loops.py): the barrier waits
+    for its nearest predecessors in ``part`` that always run instead. v1 frames take no control edge out."""
     members = set(part)
-    return [u for u in part if not eg.is_region(u) and u not in dead and not any(s in members for s in eg.unit_succs[u])]
+    chosen: set[str] = set()
+    seen: set[str] = set()
+    stack = [u for u in part if not eg.is_region(u) and not any(s in members for s in eg.unit_succs[u])]
+    while stack:
+        u = stack.pop()
+        if u in seen or eg.is_region(u):
+            continue
+        seen.add(u)
+        if u in dead:
+            stack += (p for p in eg.unit_preds[u] if p in members)
+        else:
+            chosen.add(u)
+    return [u for u in part if u in chosen]
 
 
 def _node(eg: ExecutionGraph, unit: str, last: bool) -> str:

@@ -229,7 +229,7 @@ def chain_to_host(graph: GraphIR, groups: list[PersistentGroup], timeline: StepT
             done_by[node.name] = list(graph.successors[node.name])
     if not pending:
         return graph
-    plan = _chain_order(graph, timeline, pending, host, in_flight)
+    plan = _chain_order(graph, timeline, pending, host, in_flight, dead)
     waits = {start: done_by[earlier] for start, earlier in plan.follows.items()}
     nodes: list[OpNode] = []
     for name in plan.order:
@@ -257,7 +257,7 @@ class ChainPlan:
 
 
 def _chain_order(graph: GraphIR, timeline: StepTimeline, items: Mapping[str, set[str]], host: str,
-                 in_flight: int) -> ChainPlan:
+                 in_flight: int, dead: frozenset[str]) -> ChainPlan:
     """Kahn's algorithm over ``graph``'s nodes (each v1 frame as one op), in the simulation's order, where an
     item (a key of ``items``) may come only once one of ``in_flight`` slots is free: empty, or its last item
     is over (that item's set of nodes all came). The item takes that slot, and follows its last item.
@@ -265,6 +265,7 @@ def _chain_order(graph: GraphIR, timeline: StepTimeline, items: Mapping[str, set
     When only held items are left ready, a prefetch that waits for nothing but its trigger is released (its
     trigger becomes the device op laid out last: prefetch triggers only time a copy, the simulated order
     interleaves experts, and a chain cannot follow that); failing that, a held op stays out of the chain.
+    A node in ``dead`` (``maybe_dead``), which a TF1 cond may skip, is never the new trigger.
     """
     index = {n.name: i for i, n in enumerate(graph.nodes)}
     preds = whole_frame_preds(graph)
@@ -277,7 +278,7 @@ def _chain_order(graph: GraphIR, timeline: StepTimeline, items: Mapping[str, set
     urgency = {p: min((timeline.rank.get(c, len(index)) for c in graph.successors.get(p, ())), default=len(index))
                for p in soft}
     # never a released prefetch's trigger: these may run as the step starts, those a TF1 cond may skip
-    early = ready_at_start(graph) | maybe_dead(graph)
+    early = ready_at_start(graph) | dead
     position: dict[str, float] = {}   # the simulated rank; a node the simulation lacks runs once ready
     done: set[str] = set()
 

@@ -23,11 +23,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-import networkx as nx
 from tensorflow.python.framework import op_def_registry
 
 from tfmem.ir.execution import parse_fetches
-from tfmem.ir.frames import acyclic_view, find_regions
+from tfmem.ir.frames import find_regions, topological_order
 from tfmem.ir.graph import GraphIR, OpNode, TensorRef
 from tfmem.ir.ops import NEVER_FOLDED
 from tfmem.pipeline import PassContext, PassReport, PassResult
@@ -88,14 +87,15 @@ class ShareConstants:
 
 
 def _kept_nodes(graph: GraphIR, ctx: PassContext) -> set[str]:
-    """Nodes whose outputs the user names (fetched or fed), or a v1 loop reads: never merged away.
+    """Nodes whose outputs the user names (fetched or fed), or a v1 loop waits for: never merged away.
 
-    A loop's ops stay exactly as they are (tests/test_loops.py), so what they read is kept.
+    A loop's ops stay exactly as they are (tests/test_loops.py), so the nodes outside it that they read or have
+    a control input from are kept (the frame's own nodes never compute constants here).
     """
     tensors, targets = parse_fetches(graph, ctx.fetches)
     fed = {TensorRef.parse(f).node for f in ctx.feed_shapes}
     in_frames = find_regions(graph)
-    read_by_loops = {t.node for n in graph.nodes if n.name in in_frames for t in n.inputs}
+    read_by_loops = {p for n in graph.nodes if n.name in in_frames for p in n.predecessors if p not in in_frames}
     return {t.node for t in tensors} | set(targets) | fed | read_by_loops
 
 
@@ -114,7 +114,6 @@ def shared_constants(graph: GraphIR, kept: frozenset[str] = frozenset()) -> dict
     [('b', 'a'), ('mul_1', 'mul'), ('mul_1/y', 'mul/y')]
     """
     in_frames = find_regions(graph)
-    order = {n.name: i for i, n in enumerate(graph.nodes)}
     first_with: dict[tuple[object, ...], str] = {}
     same_as: dict[str, str] = {}
     constant: set[str] = set()
@@ -122,7 +121,7 @@ def shared_constants(graph: GraphIR, kept: frozenset[str] = frozenset()) -> dict
     def first(n: str) -> str:
         return same_as.get(n, n)
 
-    for name in nx.lexicographical_topological_sort(acyclic_view(graph), key=order.__getitem__):
+    for name in topological_order(graph):
         node = graph[name]
         if not _computes_constant(node, constant, in_frames):
             continue

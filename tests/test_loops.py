@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+import networkx as nx
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -20,13 +21,15 @@ from tensorflow.python.framework import config as tf_config
 
 import tfmem
 from passes.fence_transfers import FenceTransfers
+from passes.limit_parallelism import _exits
 from passes.place_persistent import TO_HOST_TAG, PersistentGroup, chain_to_host
 from passes.timeline import StepTimeline
 from tests.helpers import DEVICE, HOST, THREADS, placed, session_run, train_steps, values_equal
 from tfmem import cli, examples
+from tfmem.errors import MalformedGraphError
 from tfmem.ir.execution import ExecutionGraph
-from tfmem.ir.frames import find_regions, may_be_dead, maybe_dead
-from tfmem.ir.graph import GraphIR, TensorRef
+from tfmem.ir.frames import find_regions, may_be_dead, maybe_dead, topological_order, whole_frame_preds
+from tfmem.ir.graph import GraphIR, OpNode, TensorRef, TensorSpec
 from tfmem.ir.shapes import annotate
 from tfmem.ir.verify import verify
 from tfmem.pipeline import PassContext
@@ -394,3 +397,60 @@ def test_switch_outputs_get_no_fence_or_receipt_that_would_stop_the_step():
         for rewritten in (fenced.graph, chained):
             assert values_equal(want, session_run(rewritten.to_graph_def(), list(fetches), {**feeds, "p:0": p},
                                                   init=False))
+
+
+def test_whole_frame_preds_grow_with_the_graph_and_frame_analyses_are_kept_per_graph():
+    """A loop of 60 variables reads 60 tensors from outside: each of its 61 ``Enter`` ops once got all 61
+    reads as predecessors. One entry per frame waits for them now, and the order they imply is the same."""
+    g = tf.Graph()
+    with g.as_default():
+        v1.disable_control_flow_v2()
+        try:
+            xs = [v1.placeholder(tf.float32, (4,), name=f"x{i}") for i in range(60)]
+            outs = v1.while_loop(lambda i, *a: i < 3, lambda i, *a: (i + 1, *(t * 2.0 for t in a)),
+                                 [tf.constant(0), *xs], name="loop")
+            tf.add_n(outs[1:], name="y")
+        finally:
+            v1.enable_control_flow_v2()
+    ir = GraphIR.from_graph_def(g.as_graph_def())
+    preds = whole_frame_preds(ir)
+    assert sum(map(len, preds.values())) <= 2 * sum(len(n.predecessors) for n in ir.nodes)
+    dag = nx.DiGraph([(p, n) for n, ps in preds.items() for p in ps])
+    assert nx.is_directed_acyclic_graph(dag)
+    members = [n for n, r in find_regions(ir).items() if r == "loop/while_context"]
+    assert all({x.op.name for x in xs} <= nx.ancestors(dag, m) for m in members if ir[m].op == "Enter")
+    assert set(members) <= nx.ancestors(dag, "y")
+    assert whole_frame_preds(ir) is preds and topological_order(ir) is topological_order(ir)
+
+
+def test_a_cycle_outside_loops_is_refused_not_dropped():
+    spec = (TensorSpec("float32", (), 4),)
+    ir = GraphIR((OpNode("a", "Identity", (TensorRef("b"),), outputs=spec),
+                  OpNode("b", "Identity", (TensorRef("a"),), outputs=spec),
+                  OpNode("c", "Identity", (TensorRef("b"),), outputs=spec)))
+    with pytest.raises(MalformedGraphError, match="cycle"):
+        topological_order(ir)
+    with pytest.raises(MalformedGraphError, match="cycle"):   # its units were left out of the order
+        _ = ExecutionGraph.build(ir, ["c:0"]).topological_units
+
+
+def test_a_barrier_waits_for_the_live_ops_before_a_cond_branch_it_may_not_wait_for():
+    """A partition that ends inside a TF1 cond's branches: its last ops may be dead, so the barrier after it
+    waits for their nearest predecessors that always run (the cond's ``Switch`` ops) rather than for nothing."""
+    g = tf.Graph()
+    with g.as_default():
+        v1.disable_control_flow_v2()
+        try:
+            p = v1.placeholder(tf.bool, (), name="p")
+            a = tf.nn.relu(v1.placeholder(tf.float32, (64, 64), name="x"), name="a")
+            out = tf.cond(p, lambda: a * 2.0, lambda: a * 3.0, name="c")
+            tf.identity(out, name="y")
+        finally:
+            v1.enable_control_flow_v2()
+    ir = annotate(g.as_graph_def())
+    eg = ExecutionGraph.build(ir, ["y:0"])
+    dead = maybe_dead(ir)
+    part = [u for u in eg.topological_units if u not in ("c/Merge", "y")]   # up to the branches' last ops
+    assert {"c/mul", "c/mul_1"} <= dead
+    exits = _exits(eg, part, dead)
+    assert {"c/mul/Switch", "c/mul_1/Switch"} <= set(exits) and not set(exits) & dead

@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
-from tfmem.errors import BadInputError
-from tfmem.ir.frames import back_edges, find_regions
+from tfmem.errors import BadInputError, MalformedGraphError
+from tfmem.ir.frames import back_edges, find_regions, region_members
 from tfmem.ir.graph import GraphIR, OpNode, TensorRef
 from tfmem.ir.ops import ALIAS_OPS, PLACEHOLDER_OPS
 
@@ -126,7 +126,7 @@ class ExecutionGraph:
         tensors, targets = parse_fetches(graph, fetches)
         fed = {TensorRef.parse(f) if isinstance(f, str) else f for f in feeds}
         regions = find_regions(graph)
-        needed = _ancestors(graph, [t.node for t in tensors] + targets, fed, regions)
+        needed = _ancestors(graph, [t.node for t in tensors] + targets, fed)
         for node in needed:  # TF requires every reachable placeholder to be fed
             if graph[node].op in PLACEHOLDER_OPS:
                 fed.add(TensorRef(node, 0))
@@ -157,6 +157,11 @@ class ExecutionGraph:
         A v1 frame's unit sits at its first node, and gradients add nodes that feed it later (a stack that the
         forward loop pushes to), so GraphDef order alone can put a frame before its inputs
         (``tests/test_loops.py``).
+
+        Raises
+        ------
+        MalformedGraphError
+            When the units form a cycle (a graph TensorFlow cannot run): no order would hold every unit.
         """
         position = {u: i for i, u in enumerate(self.units)}
         pending = {u: len(self.unit_preds[u]) for u in self.units}
@@ -174,6 +179,10 @@ class ExecutionGraph:
                 pending[s] -= 1
                 if not pending[s]:
                     heapq.heappush(ready, position[s])
+        if len(order) < len(self.units):
+            cyclic = [u for u in self.units if pending[u]]
+            raise MalformedGraphError(f"{len(cyclic)} ops never become ready: they are on a cycle outside v1 loops, or "
+                                      f"wait for one (e.g. {', '.join(cyclic[:5])}); TensorFlow cannot run the graph")
         return tuple(order)
 
     @cached_property
@@ -281,10 +290,8 @@ class ExecutionGraph:
         ]
 
 
-def _ancestors(graph: GraphIR, roots: Sequence[str], fed: set[TensorRef], regions: Mapping[str, str]) -> list[str]:
-    region_members: dict[str, list[str]] = {}
-    for n, r in regions.items():
-        region_members.setdefault(r, []).append(n)
+def _ancestors(graph: GraphIR, roots: Sequence[str], fed: set[TensorRef]) -> list[str]:
+    regions, members = find_regions(graph), region_members(graph)
     seen: set[str] = set()
     stack = list(roots)
     while stack:
@@ -294,7 +301,7 @@ def _ancestors(graph: GraphIR, roots: Sequence[str], fed: set[TensorRef], region
         seen.add(name)
         node = graph[name]
         if name in regions:  # a frame runs whole: pull in every member
-            stack.extend(m for m in region_members[regions[name]] if m not in seen)
+            stack.extend(m for m in members[regions[name]] if m not in seen)
         stack.extend(_needed_preds(node, fed))
     return [n.name for n in graph.nodes if n.name in seen]
 

@@ -23,11 +23,12 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import functools
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import networkx as nx
 from tensorflow.core.framework import attr_value_pb2, function_pb2, graph_pb2, node_def_pb2, versions_pb2
@@ -36,6 +37,7 @@ from tfmem.errors import MalformedGraphError
 from tfmem.ir.devices import device_parse_error
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, order=True)
@@ -248,3 +250,33 @@ class GraphIR:
         if ref.index >= len(node.outputs):
             raise KeyError(f"{ref} does not exist or has no spec ({node.op} has {len(node.outputs)} specs)")
         return node.outputs[ref.index]
+
+
+def cached_on_graph(fn: Callable[[GraphIR], T]) -> Callable[[GraphIR], T]:
+    """Compute ``fn(graph)`` once per ``GraphIR`` object, for analyses that live outside this module.
+
+    The result is kept on the graph as ``functools.cached_property`` keeps its own (in the instance's
+    ``__dict__``): a ``GraphIR`` never changes, and the result goes with it. A new graph (``replace_nodes``, an
+    editor's ``finish``) starts with none. Callers must not mutate the result.
+
+    Examples
+    --------
+    >>> calls = []
+    >>> @cached_on_graph
+    ... def size(graph: GraphIR) -> int:
+    ...     calls.append(graph)
+    ...     return len(graph)
+    >>> g = GraphIR((OpNode("x", "Const"),))
+    >>> size(g), size(g), len(calls), size(g.replace_nodes(g.nodes)), len(calls)
+    (1, 1, 1, 1, 2)
+    """
+    key = f"_cached_on_graph:{fn.__module__}.{fn.__qualname__}"
+
+    @functools.wraps(fn)
+    def cached(graph: GraphIR) -> T:
+        store = graph.__dict__
+        if key not in store:
+            store[key] = fn(graph)
+        return cast(T, store[key])
+
+    return cached
