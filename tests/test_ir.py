@@ -8,9 +8,11 @@ import tensorflow as tf
 
 from tfmem import examples
 from tfmem.errors import BadInputError, MalformedGraphError, UnknownShapeError
+from tfmem.ir import shape_arithmetic, static_values
 from tfmem.ir.frames import find_regions
 from tfmem.ir.graph import GraphIR, TensorRef
 from tfmem.ir.loading import load, to_graph_def
+from tfmem.ir.ops import SHAPE_ARITHMETIC_OPS
 from tfmem.ir.shapes import annotate, parse_feed_shapes, require_known
 
 v1 = tf.compat.v1
@@ -159,3 +161,104 @@ def test_v1_loop_frame_is_one_region():
     members = {n for n, r in regions.items()}
     assert any(ir[n].op == "NextIteration" for n in members)
     assert "y" not in regions and "x" not in regions
+
+
+def _arithmetic_cases() -> tf.Graph:
+    """One op of each ``SHAPE_ARITHMETIC_OPS`` type on constants, in the forms shape code uses and the corners
+    where numpy and TensorFlow part (negative strides and indices, floor division of negatives, clamped ends)."""
+    g = tf.Graph()
+    with g.as_default():
+        s = tf.constant([8, 5, 3, 2], name="s")
+        m = tf.constant([[1, 2, 3], [4, 5, 6]], tf.int64, name="m")
+        n = tf.constant([7, -7, 6], name="n")
+        tf.stack([s[0], 4, s[-1]], name="pack")
+        tf.unstack(m, axis=1, name="unpack")
+        tf.concat([s[:2], [3], s[2:]], 0, name="concat")
+        tf.raw_ops.Concat(concat_dim=1, values=[m, m], name="concat_v1")
+        for i, key in enumerate([np.s_[1:], np.s_[::-1], np.s_[-2], np.s_[5:-9:-2], np.s_[:100], np.s_[-100:2]]):
+            tf.identity(s[key], name=f"strided_{i}")
+        tf.identity(m[1, ::-1], name="strided_2d")
+        tf.slice(m, [0, 1], [-1, 2], name="slice")
+        tf.gather(s, [3, 3, 0], name="gather")
+        tf.gather(m, [2, 0], axis=1, name="gather_axis")
+        tf.raw_ops.Gather(params=s, indices=[1, 1], name="gather_v1")
+        tf.cast(m, tf.int32, name="cast")
+        tf.reshape(m, [-1], name="reshape")
+        tf.squeeze(tf.reshape(s, [1, 4, 1]), axis=[0], name="squeeze")
+        tf.expand_dims(s, -1, name="expand")
+        tf.raw_ops.Add(x=s, y=1, name="add")
+        tf.raw_ops.AddV2(x=n, y=n, name="addv2")
+        tf.subtract(s, [1], name="sub")
+        tf.multiply(m, [[2], [3]], name="mul")
+        tf.math.floordiv(n, 4, name="floordiv")
+        tf.math.floormod(n, -4, name="floormod")
+        tf.maximum(n, 0, name="max2")
+        tf.minimum(n, 0, name="min2")
+        tf.negative(n, name="neg")
+        tf.reduce_prod(s, name="prod")
+        tf.reduce_sum(m, axis=0, keepdims=True, name="sum")
+        tf.reduce_max(m, axis=-1, name="max")
+        tf.reduce_min(m, axis=[0, 1], name="min")
+        tf.raw_ops.BroadcastArgs(s0=tf.constant([4, 1, 3]), s1=tf.constant([5, 1]), name="bcast")
+        tf.transpose(m, [1, 0], name="transpose")
+        tf.reverse(s, [0], name="reverse")
+    return g
+
+
+def test_shape_arithmetic_is_evaluated_as_tensorflow_does():
+    g = _arithmetic_cases()
+    ops = [op for op in g.get_operations() if op.type in SHAPE_ARITHMETIC_OPS]
+    assert {op.type for op in ops} == SHAPE_ARITHMETIC_OPS == set(shape_arithmetic.RULES)
+    with v1.Session(graph=g) as sess:
+        want = sess.run([list(op.outputs) for op in ops])
+        inputs = sess.run([list(op.inputs) for op in ops])
+    for op, outputs, values in zip(ops, want, inputs, strict=True):
+        for index, expected in enumerate(outputs):
+            got = shape_arithmetic.evaluate(op.type, dict(op.node_def.attr), values, index)
+            assert got.dtype == expected.dtype and np.array_equal(got, expected), (op.name, got, expected)
+    with pytest.raises(IndexError):   # numpy would wrap the index; TensorFlow refuses it
+        shape_arithmetic.evaluate("GatherV2", {}, [np.array([1, 2]), np.array(-1), np.array(0)])
+    with pytest.raises(shape_arithmetic.Unsupported):
+        shape_arithmetic.evaluate("Range", {}, [np.array(0), np.array(4), np.array(1)])
+
+
+def test_partial_shapes_that_nothing_can_complete_cost_no_scratch_graph(monkeypatch):
+    """A convnet with an unknown batch and no feed_shapes: every activation is partial, and nothing tfmem
+    knows beyond the import's shapes can complete one, so no op is inferred again (each once took a scratch
+    graph of its own)."""
+    built = examples.residual_convnet(blocks=4)
+    gd = built.graph.as_graph_def()
+    for node in gd.node:
+        if node.op == "Placeholder":
+            node.attr["shape"].shape.dim[0].size = -1
+    scratch: list[str] = []
+    real = static_values._scratch_graph
+    monkeypatch.setattr(static_values, "_scratch_graph", lambda node, inputs: scratch.append(node.name) or
+                        real(node, inputs))
+    ir = annotate(gd)
+    assert sum(not s.known for n in ir.nodes for s in n.outputs) > 20 and ir.spec("stem/w:0").known
+    assert scratch == []
+
+
+def test_static_values_follow_a_long_chain_without_recursion():
+    g = tf.Graph()
+    with g.as_default():
+        s = tf.constant([64, 3], name="s")
+        for i in range(3000):
+            s = tf.identity(s, name=f"chain_{i}") if i % 2 else tf.raw_ops.AddV2(x=s, y=[0, 0], name=f"chain_{i}")
+    ir = annotate(g.as_graph_def())
+    values = static_values._Values(ir, {})
+    assert values.value(TensorRef("chain_2999")).tolist() == [64, 3]
+
+
+def test_a_fed_tensor_has_no_static_value():
+    """``n`` is a constant, but fed: ``zeros`` of a shape built from it keeps that dimension unknown, though the
+    variable's shape (through ``VariableShape``) fills the other."""
+    g = tf.Graph()
+    with g.as_default():
+        v = v1.get_variable("v", (5, 3), use_resource=True)
+        n = tf.constant([3], name="n")
+        shape = tf.concat([tf.raw_ops.VariableShape(input=v.handle)[:1], n], 0)
+        tf.identity(tf.reduce_sum(tf.zeros(shape, name="z")), name="y")
+    assert annotate(g.as_graph_def()).spec("z:0").shape == (5, 3)
+    assert annotate(g.as_graph_def(), {"n:0": (1,)}).spec("z:0").shape == (5, None)

@@ -94,13 +94,15 @@ NEVER_FOLDED = CONTROL_FLOW_OPS | FUNCTIONAL_OPS | RENDEZVOUS_OPS | FEEDABLE_OPS
 NEVER_CLONED = RENDEZVOUS_OPS | {"NoOp", "ControlTrigger"}
 
 # --- Shape arithmetic ----------------------------------------------------------------------------------------
-# Integer ops that shape-computing subgraphs are made of, whose output is no larger than their inputs together
-# (or their broadcast): ``tfmem.ir.static_values`` evaluates them on known values. Range, Fill and Tile are not
-# here: their output's size is a value, not an input's size.
+# Integer ops that shape-computing subgraphs are made of: ``tfmem.ir.static_values`` evaluates them on known
+# values (``tfmem.ir.shape_arithmetic`` has a rule for each). A result can be larger than its inputs together (a
+# Gather that repeats indices, a broadcasting Mul), by at most a product of input sizes; what bounds the values
+# kept is the check after evaluation (``static_values.MAX_VALUE_ELEMENTS``). Range, Fill and Tile are not here:
+# their output's size is an input's value, as large as ``Range(0, 2**40)`` before any check could run.
 SHAPE_ARITHMETIC_OPS = frozenset({
     "Pack", "Unpack", "ConcatV2", "Concat", "StridedSlice", "Slice", "Gather", "GatherV2", "Cast", "Reshape",
     "Squeeze", "ExpandDims", "Add", "AddV2", "Sub", "Mul", "FloorDiv", "FloorMod", "Maximum", "Minimum", "Neg",
-    "Prod", "Sum", "Max", "Min", "BroadcastArgs", "Transpose", "Reverse", "ReverseV2",
+    "Prod", "Sum", "Max", "Min", "BroadcastArgs", "Transpose", "ReverseV2",
 })
 
 # --- Cost ----------------------------------------------------------------------------------------------------

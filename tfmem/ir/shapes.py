@@ -208,23 +208,36 @@ def annotate(gd: graph_pb2.GraphDef, feed_shapes: FeedShapes | None = None, *, c
         declared = graph.get_operation_by_name(ref.node).outputs[ref.index].shape
         if not declared.is_compatible_with(tf.TensorShape(shape)):
             raise _misfit(str(ref), shape, declared)
+    ir, refined = _merged(base, graph, feeds, fast)
+    if all(s.known for n in ir.nodes for s in n.outputs):
+        return ir
+    done = complete_shapes(ir, {TensorRef(n.name, i): _shape(s) for n in ir.nodes for i, s in enumerate(n.outputs)},
+                           refined=refined, fed=feeds)
+    return ir.replace_nodes(tuple(
+        _with_outputs(n, tuple(spec_of(tf.as_dtype(s.dtype), done[TensorRef(n.name, i)])
+                               for i, s in enumerate(n.outputs))) for n in ir.nodes))
+
+
+def _merged(base: GraphIR, graph: tf.Graph, feeds: dict[TensorRef, tuple[int, ...]],
+            fast: dict[str, tuple[TensorSpec, ...]] | None) -> tuple[GraphIR, list[TensorRef]]:
+    """``base`` with the specs of the imported ``graph`` (a fed tensor: its feed's shape), merged with Grappler's
+    (``fast``) where it has them; and the tensors where Grappler's said more than the import's."""
     nodes = []
+    refined = []
     for node in base.nodes:
         op = graph.get_operation_by_name(node.name)
         specs = []
         for i, t in enumerate(op.outputs):
-            shape = tf.TensorShape(feeds[TensorRef(node.name, i)]) if TensorRef(node.name, i) in feeds else t.shape
+            ref = TensorRef(node.name, i)
+            shape = tf.TensorShape(feeds[ref]) if ref in feeds else t.shape
             if fast is not None and shape.is_compatible_with(_shape(fast[node.name][i])):
-                shape = shape.merge_with(_shape(fast[node.name][i]))
+                merged = shape.merge_with(_shape(fast[node.name][i]))
+                if merged.as_proto() != shape.as_proto():
+                    refined.append(ref)
+                shape = merged
             specs.append(spec_of(t.dtype, shape))
         nodes.append(_with_outputs(node, tuple(specs)))
-    ir = base.replace_nodes(tuple(nodes), annotated=True)
-    if all(s.known for n in ir.nodes for s in n.outputs):
-        return ir
-    done = complete_shapes(ir, {TensorRef(n.name, i): _shape(s) for n in ir.nodes for i, s in enumerate(n.outputs)})
-    return ir.replace_nodes(tuple(
-        _with_outputs(n, tuple(spec_of(tf.as_dtype(s.dtype), done[TensorRef(n.name, i)])
-                               for i, s in enumerate(n.outputs))) for n in ir.nodes))
+    return base.replace_nodes(tuple(nodes), annotated=True), refined
 
 
 def _shape(spec: TensorSpec) -> tf.TensorShape:

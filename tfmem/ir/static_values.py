@@ -5,25 +5,30 @@ survive serialization. The one that matters most: a ``While`` op with an ``outpu
 resource handle's shape on, so ``VariableShape`` of a variable carried through a TF2 loop, and the
 ``zeros(VariableShape(...))`` its gradient starts from, come out unknown (``tests/test_loops.py``).
 
-``complete_shapes`` walks the graph in topological order and, for each op with a partial output, asks
-TensorFlow's own shape function again, on a scratch graph of that op alone whose inputs are placeholders of the
-shapes known so far, or constants where their values are known statically: constants, the shape, size or rank
-of a tensor of known shape, the shape of a variable a handle reaches back to, and the integer arithmetic of
-shape subgraphs on such values (``SHAPE_ARITHMETIC_OPS``, evaluated by TensorFlow on the CPU). v1 control-flow
-frames and function calls are left as they are.
+``complete_shapes`` starts where tfmem may know more than TensorFlow's import did: ``VariableShape`` ops and
+variable reads of a partial shape (their handle's shape, lost through a ``While``), and the tensors whose shape
+Grappler knew better (``refined``). It follows only what those feed, in topological
+order, and only while each op it reaches learns something: an op reached that way with a partial
+output asks TensorFlow's own shape function again, on a scratch graph of that op alone whose inputs are
+placeholders of the shapes known so far, or constants where their values are known statically (constants, the
+shape, size or rank of a tensor of known shape, the shape of a variable a handle reaches back to, and the
+integer arithmetic of shape subgraphs on such values: ``SHAPE_ARITHMETIC_OPS``, evaluated with numpy by
+``tfmem.ir.shape_arithmetic``, else by TensorFlow). An op none of that reaches costs nothing: its shape is
+the import's. v1 control-flow frames and function calls are left as they are.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import heapq
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
-import networkx as nx
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 from tensorflow.python.framework import tensor_util
 
-from tfmem.ir.frames import acyclic_view, find_regions
+from tfmem.ir import shape_arithmetic
+from tfmem.ir.frames import find_regions, topological_order
 from tfmem.ir.graph import GraphIR, OpNode, TensorRef
 from tfmem.ir.ops import (
     CONTROL_FLOW_OPS,
@@ -42,30 +47,63 @@ _WHILE_OPS = frozenset({"While", "StatelessWhile"})
 _INTEGER_DTYPES = frozenset({"int32", "int64"})
 
 
-def complete_shapes(graph: GraphIR, shapes: Mapping[TensorRef, tf.TensorShape]) -> Shapes:
+def complete_shapes(graph: GraphIR, shapes: Mapping[TensorRef, tf.TensorShape], *,
+                    refined: Iterable[TensorRef] = (), fed: Collection[TensorRef] = ()) -> Shapes:
     """Return ``shapes`` with the partial ones refined where TensorFlow can say more (see the module doc).
 
-    ``shapes`` has one entry per output of ``graph``'s nodes; the result has the same keys. Nothing is ever
-    made less specific, and an op TensorFlow's shape function rejects is left as it was.
+    Parameters
+    ----------
+    graph : the graph, with TensorFlow's import's specs
+    shapes : one entry per output of ``graph``'s nodes; the result has the same keys
+    refined : tensors whose shape in ``shapes`` says more than the import's (e.g. Grappler's): what they feed
+        is inferred again
+    fed : tensors fed at run time: their shapes are as given, their values never static
+
+    Nothing is ever made less specific, and an op TensorFlow's shape function rejects is left as it was.
     """
     out: Shapes = dict(shapes)
-    partial = [n for n in graph.nodes if any(_partial(n, i, out) for i in range(len(n.outputs)))]
-    if not partial:
+    # where the import may have lost a handle's shape (through a While), and what Grappler knew better
+    seeds = [n.name for n in graph.nodes if n.op == "VariableShape"
+             or n.op in VARIABLE_READ_OPS and any(_partial(n, i, out) for i in range(len(n.outputs)))]
+    seeds += (c for t in refined for c in graph.consumers.get(t, ()))
+    if not seeds:
         return out
     regions = find_regions(graph)
     functions = {f.signature.name for f in graph.library.function}
-    values = _Values(graph, out)
-    position = {n.name: i for i, n in enumerate(graph.nodes)}
-    for name in nx.lexicographical_topological_sort(acyclic_view(graph), key=position.__getitem__):
-        node = graph[name]
-        if (name in regions or node.op in CONTROL_FLOW_OPS or node.op in FUNCTIONAL_OPS or node.op in functions
-                or not any(_partial(node, i, out) for i in range(len(node.outputs)))):
+    values = _Values(graph, out, frozenset(fed))
+    order = topological_order(graph)
+    position = {name: i for i, name in enumerate(order)}
+    queue: list[int] = []
+    queued: set[str] = set()
+
+    def visit(names: Iterable[str]) -> None:
+        for name in names:
+            if name not in queued and name not in regions:
+                queued.add(name)
+                heapq.heappush(queue, position[name])
+
+    visit(seeds)
+    while queue:  # in topological order: a node comes after every node it reads that could still change
+        node = graph[order[heapq.heappop(queue)]]
+        if node.op in CONTROL_FLOW_OPS or node.op in FUNCTIONAL_OPS or node.op in functions:
             continue
-        for i, shape in enumerate(_infer(node, out, values)):
-            ref = TensorRef(name, i)
-            if ref in out and shape.is_compatible_with(out[ref]):
-                out[ref] = out[ref].merge_with(shape)
+        news = []   # outputs that now say more than the import knew: a shape, or a static value
+        if any(_partial(node, i, out) for i in range(len(node.outputs))):
+            for i, shape in enumerate(_infer(node, out, values)):
+                ref = TensorRef(node.name, i)
+                if ref in out and shape.is_compatible_with(out[ref]) and _more_specific(shape, out[ref]):
+                    out[ref] = out[ref].merge_with(shape)
+                    news.append(ref)
+        news += (TensorRef(node.name, i) for i in range(len(node.outputs))
+                 if values.value(TensorRef(node.name, i)) is not None)
+        for ref in news:
+            visit(graph.consumers.get(ref, ()))
     return out
+
+
+def _more_specific(shape: tf.TensorShape, than: tf.TensorShape) -> bool:
+    return shape.rank is not None and (than.rank is None or any(
+        a is not None and b is None for a, b in zip(shape.as_list(), than.as_list(), strict=True)))
 
 
 def _partial(node: OpNode, index: int, shapes: Shapes) -> bool:
@@ -121,25 +159,53 @@ def _scratch_graph(node: OpNode, inputs: Sequence[tuple[tf.DType, tf.TensorShape
 
 
 class _Values:
-    """Integer tensors whose values are known without running the graph, computed on demand and kept."""
+    """Integer tensors whose values are known without running the graph, computed on demand and kept.
 
-    def __init__(self, graph: GraphIR, shapes: Shapes) -> None:
+    ``shapes`` is read as it stands when a value is first asked for: ``complete_shapes`` asks in topological
+    order, once every shape upstream is final.
+    """
+
+    def __init__(self, graph: GraphIR, shapes: Shapes, fed: frozenset[TensorRef] = frozenset()) -> None:
         self.graph = graph
         self.shapes = shapes
+        self.fed = fed
         self.known: dict[TensorRef, np.ndarray | None] = {}
 
     def dtype(self, t: TensorRef) -> tf.DType:
         return tf.as_dtype(self.graph.spec(t).dtype)
 
     def value(self, t: TensorRef) -> np.ndarray | None:
-        if t not in self.known:
-            self.known[t] = None  # a cycle (none outside frames) finds no value
-            self.known[t] = self._compute(t)
+        """The value of ``t``, or None. The tensors it is computed from come first (a depth-first post-order, a
+        topological order of what it reads), without recursion: a chain of shape arithmetic may be thousands of
+        ops long."""
+        stack = [(t, False)]
+        expanded: set[TensorRef] = set()
+        while stack:
+            ref, sources_done = stack.pop()
+            if ref in self.known:
+                continue
+            if sources_done:
+                self.known[ref] = self._compute(ref)
+            elif ref not in expanded:   # (one already expanded, and not known, is on a cycle: no value through it)
+                expanded.add(ref)
+                stack.append((ref, True))
+                stack += ((s, False) for s in self._sources(ref) if s not in self.known)
         return self.known[t]
+
+    def _sources(self, t: TensorRef) -> Sequence[TensorRef]:
+        """The tensors whose values ``_compute(t)`` reads."""
+        node = self.graph[t.node]
+        if t in self.fed or self.graph.spec(t).dtype not in _INTEGER_DTYPES:
+            return ()
+        if node.op in IDENTITY_OPS:
+            return node.inputs[:1]
+        if node.op in SHAPE_ARITHMETIC_OPS and all(self.graph.spec(s).dtype in _INTEGER_DTYPES for s in node.inputs):
+            return node.inputs
+        return ()
 
     def _compute(self, t: TensorRef) -> np.ndarray | None:
         node = self.graph[t.node]
-        if self.graph.spec(t).dtype not in _INTEGER_DTYPES:
+        if t in self.fed or self.graph.spec(t).dtype not in _INTEGER_DTYPES:
             return None
         if node.op == "Const":
             shape = self.graph.spec(t).shape
@@ -153,16 +219,26 @@ class _Values:
             dims = self.handle_shape(node.inputs[0])
             return None if dims is None else np.array(dims, dtype=self.dtype(t).as_numpy_dtype)
         if node.op in IDENTITY_OPS:
-            return self.value(node.inputs[0])
+            return self.known.get(node.inputs[0]) if node.inputs else None
         return self._evaluated(node, t)
 
     def _evaluated(self, node: OpNode, t: TensorRef) -> np.ndarray | None:
-        if (node.op not in SHAPE_ARITHMETIC_OPS or not node.inputs
-                or not all(self.graph.spec(s).dtype in _INTEGER_DTYPES for s in node.inputs)):
+        sources = self._sources(t)
+        inputs = [v for v in (self.known.get(s) for s in sources) if v is not None]
+        if not sources or len(inputs) < len(sources) or sum(v.size for v in inputs) > MAX_VALUE_ELEMENTS:
             return None
-        inputs = [v for v in (self.value(s) for s in node.inputs) if v is not None]
-        if len(inputs) < len(node.inputs) or sum(v.size for v in inputs) > MAX_VALUE_ELEMENTS:
+        try:
+            value: np.ndarray | None = shape_arithmetic.evaluate(node.op, node.attrs, inputs, t.index)
+        except shape_arithmetic.Unsupported:
+            value = self._run(node, t, inputs)
+        except Exception:  # inputs TensorFlow refuses too: no value
             return None
+        if value is None or value.size > MAX_VALUE_ELEMENTS:
+            return None
+        return value.astype(self.dtype(t).as_numpy_dtype, copy=False)
+
+    def _run(self, node: OpNode, t: TensorRef, inputs: Sequence[np.ndarray]) -> np.ndarray | None:
+        """``node`` run by TensorFlow on the CPU, for the forms ``shape_arithmetic`` has no rule for."""
         graph = _scratch_graph(node, [(self.dtype(s), tf.TensorShape(v.shape), v)
                                       for s, v in zip(node.inputs, inputs, strict=True)])
         if graph is None:
@@ -172,7 +248,7 @@ class _Values:
                 value = sess.run(graph.get_operation_by_name(node.name).outputs[t.index])
         except Exception:
             return None
-        return value if isinstance(value, np.ndarray) and value.size <= MAX_VALUE_ELEMENTS else None
+        return value if isinstance(value, np.ndarray) else None
 
     def handle_shape(self, t: TensorRef) -> tuple[int, ...] | None:
         """The full shape of the variable whose handle ``t`` is, following the ops that pass handles on."""
