@@ -70,11 +70,17 @@ class RecomputePlan:
 def is_recomputable(graph: GraphIR, name: str) -> bool:
     """Whether ``name`` can run a second time with the same result (stateless, no refs, not a source).
 
-    False for a v1 frame's unit (``frame:<name>``, no node of the graph): a loop is never cloned.
+    ``name`` is a node of ``graph`` or a unit of its ``ExecutionGraph``: False for a v1 frame's unit
+    (``frame:<name>``, which no node name can be, having a colon), as a loop is never cloned.
+
+    Raises
+    ------
+    KeyError
+        For any other name that is not a node of ``graph``: a caller asking about another graph's node.
     """
-    node = graph.by_name.get(name)
-    if node is None:
+    if name.startswith("frame:") and name not in graph:
         return False
+    node = graph[name]
     if node.op in NEVER_CLONED or node.op in PERSISTENT_OUTPUT_OPS or node.op in PLACEHOLDER_OPS:
         return False
     op_def = op_def_registry.get(node.op)
