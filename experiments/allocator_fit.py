@@ -207,6 +207,7 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         "## Graphs as written",
         "",
+        *([f"Replay: {result['graphs_replay']}.", ""] if result.get("graphs_replay") else []),
         *head, *_rows(result["graphs"]),
         "",
         f"Largest testbed - sim: {_worst(result['graphs'])} MiB. `optimize` keeps a graph as it is when its replay "
@@ -214,8 +215,12 @@ def markdown(result: dict[str, Any]) -> str:
         "(`tfmem.optimizer.as_is_room`).",
     ]
     if result.get("plans"):
+        run = result.get("plans_run")   # when the plans were measured by a run of their own (--only plans)
         lines += ["", f"## Plans (`optimize` for {PLAN_FRACTION}x the simulated one-thread peak, layout check off, "
-                  "device and host given)", "", *head, *_rows(result["plans"]), "",
+                  "device and host given)", "",
+                  *([f"Command: `{run['command']}` ({run['date']}; load average {run['load_average']} before the "
+                     "run). A row whose ops equal the graph's own is a graph `optimize` kept as it is.", ""]
+                    if run else []), *head, *_rows(result["plans"]), "",
                   f"Largest testbed - sim: {_worst(result['plans'])} MiB."]
     return "\n".join(lines) + "\n"
 
@@ -244,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
                 result["plans"][name] = ({"refused": how} if case is None
                                          else {**measure(case, runs, POOLS[:1]), "plan": how})
                 bar.update(1)
-    write("allocator_fit", result, markdown(result), args.out)
+    write("allocator_fit_tiny" if args.tiny else "allocator_fit", result, markdown(result), args.out)
     return 0
 
 

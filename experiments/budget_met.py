@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                 bar.set_postfix_str(f"{name} at {mib} MiB")
                 result["graphs"][name].append(measure(built, mib, rounds))
                 bar.update(1)
-    write("budget_met", result, markdown(result), args.out)
+    write("budget_met_tiny" if args.tiny else "budget_met", result, markdown(result), args.out)
     return 0
 
 

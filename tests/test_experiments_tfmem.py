@@ -8,6 +8,8 @@ import pytest
 
 from experiments import (
     _planner_report,
+    allocator_fit,
+    budget_met,
     moe_placement,
     optimize_speed,
     optimize_time,
@@ -315,3 +317,31 @@ def test_held_out_run_of_some_graphs_replaces_their_rows_and_keeps_the_others(mo
     assert [g["guarantee"][0]["mark"] for g in graphs.values()] == ["first", "second"]
     assert "--graph B" in graphs["B net"]["command"] and "--graph" not in graphs["A net"]["command"]
     assert "--graph B" in (tmp_path / "planner_heldout.md").read_text()
+
+
+@pytest.mark.testbed
+def test_allocator_fit_tiny(tmp_path):
+    assert allocator_fit.main(["--tiny", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "allocator_fit_tiny.json").read_text())
+    (row,) = data["graphs"].values()
+    for pool in ("default pool", "one thread"):
+        r = row[pool]
+        # the testbed search brackets its answer: one cap below it ran out of memory, the answer ran
+        assert r["testbed_mib"] is not None and r["tried"][str(r["testbed_mib"])] == "ran"
+        assert r["tried"].get(str(r["testbed_mib"] - 1), "oom") != "ran"
+        assert r["testbed_minus_sim_mib"] == r["testbed_mib"] - r["sim_mib"]
+    (plan,) = data["plans"].values()
+    assert "refused" in plan or plan["default pool"]["sim_mib"] > 0
+    assert "## Graphs as written" in (tmp_path / "allocator_fit_tiny.md").read_text()
+
+
+@pytest.mark.testbed
+def test_budget_met_tiny(tmp_path):
+    assert budget_met.main(["--tiny", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "budget_met_tiny.json").read_text())
+    rows = data["graphs"]["mlp-784-1024-10"]
+    assert [r["budget_bytes"] for r in rows] == [9 * 2**20, 12 * 2**20]
+    roomy = rows[-1]   # 12 MiB: the graph needs 9; optimize keeps it, and it runs like the graph itself
+    assert roomy["optimize"] == "kept" and roomy["runs"]["tfmem"]["ending"] == "ran"
+    assert roomy["runs"]["tfmem"]["measured_peak_bytes"] <= roomy["budget_bytes"]
+    assert "| mlp-784-1024-10 | 12 MiB |" in (tmp_path / "budget_met_tiny.md").read_text()
