@@ -36,7 +36,7 @@ import tfmem
 from experiments._common import RESULTS, load_average, provenance, write
 from tfmem import examples
 from tfmem.ir.loading import load
-from tfmem.optimizer import AS_IS_MARGIN_BYTES, AS_IS_MARGIN_SHARE, layout_failures
+from tfmem.optimizer import AS_IS_MARGIN_SHARE, layout_failures
 from tfmem.pipeline import PassContext
 from tfmem.units import format_bytes
 
@@ -141,16 +141,51 @@ def _run(case: Case, mib: int, threads: int | None) -> Any:
         return RunResult.failed(e)
 
 
+def exact_need(case: Case, threads: int | None, sim_mib: int) -> int:
+    """The smallest device, to 64 KiB, on which the replay serves every request (below ``sim_mib``, which fits)."""
+    built = case.built
+    ctx = PassContext(tuple(built.fetches), device=case.device, host=case.host,
+                      feed_shapes=dict(built.feed_shapes or {}), inter_op_threads=threads, session_config=case.config)
+    ir = load(case.graph, ctx.feed_shapes or None)
+    low, high = (sim_mib - 1) * MiB, sim_mib * MiB
+    while high - low > 64 * 1024:
+        mid = (low + high) // 2
+        low, high = (mid, high) if layout_failures(ctx, ir, mid, every_order=case.every_order) else (low, mid)
+    return high
+
+
+def with_need(entry: dict[str, Any], need: int) -> dict[str, Any]:
+    """``entry`` with the replay's exact need, and the share of the cap below the testbed's smallest that a margin
+    must exceed for ``optimize`` to refuse that cap (negative: the replay alone refuses it)."""
+    tb = entry["testbed_mib"]
+    below = None if tb is None else ((tb - 1) * MiB - need) / ((tb - 1) * MiB)
+    return {**entry, "need_bytes": need, "margin_to_refuse_share": below}
+
+
 def measure(case: Case, runs: int, pools: tuple[tuple[str, int | None], ...] = POOLS) -> dict[str, Any]:
-    """Both smallest caps, and their difference, for each of ``pools``."""
+    """Both smallest caps, and their difference, for each of ``pools``; the replay's exact need."""
     row: dict[str, Any] = {"ops": len(load(case.graph).nodes)}
     for label, threads in pools:
         sim = smallest_sim_cap(case, threads)
         found = smallest_testbed_cap(case, threads, sim, runs)
         tb = found["smallest_mib"]
-        row[label] = {"sim_mib": sim, "testbed_mib": tb, "tried": found["tried"],
-                      "testbed_minus_sim_mib": None if tb is None else tb - sim}
+        row[label] = with_need({"sim_mib": sim, "testbed_mib": tb, "tried": found["tried"],
+                                "testbed_minus_sim_mib": None if tb is None else tb - sim},
+                               exact_need(case, threads, sim))
     return row
+
+
+def replay_again(result: dict[str, Any], chosen: dict[str, Any]) -> None:
+    """Recompute the replay's figures of the graphs as written in ``result`` with this code, keeping the testbed's
+    (the graphs and TF are the same; the replay changed): ``--replay-again``."""
+    for name, row in result["graphs"].items():
+        for label, threads in POOLS:
+            case = Case(chosen[name].graph, chosen[name])
+            sim = smallest_sim_cap(case, threads)
+            tb = row[label]["testbed_mib"]
+            row[label] = with_need({**row[label], "sim_mib": sim,
+                                    "testbed_minus_sim_mib": None if tb is None else tb - sim},
+                                   exact_need(case, threads, sim))
 
 
 def plan_case(built: Any) -> tuple[Case | None, str]:
@@ -172,14 +207,17 @@ def _rows(section: dict[str, Any]) -> list[str]:
     lines = []
     for name, row in section.items():
         if "refused" in row:
-            lines.append(f"| {name} | - | - | - | - | {row['refused']} |")
+            lines.append(f"| {name} | - | - | - | - | - | - | {row['refused']} |")
             continue
         for label in (k for k, _ in POOLS if k in row):
             r = row[label]
             tried = "; ".join(f"{k}: {v}" for k, v in r["tried"].items())
             tb = "none within the span" if r["testbed_mib"] is None else f"{r['testbed_mib']} MiB"
             diff = "-" if r["testbed_minus_sim_mib"] is None else f"{r['testbed_minus_sim_mib']:+d} MiB"
-            lines.append(f"| {name} ({row['ops']}) | {label} | {r['sim_mib']} MiB | {tb} | {diff} | {tried} |")
+            need = f"{r['need_bytes'] / MiB:.2f} MiB" if r.get("need_bytes") else "-"
+            share = "-" if r.get("margin_to_refuse_share") is None else f"{r['margin_to_refuse_share']:+.1%}"
+            lines.append(f"| {name} ({row['ops']}) | {label} | {r['sim_mib']} MiB | {tb} | {diff} | {need} | {share} "
+                         f"| {tried} |")
     return lines
 
 
@@ -190,8 +228,8 @@ def _worst(section: dict[str, Any]) -> int | None:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    head = ["| graph (ops) | pool | sim | testbed | testbed - sim | caps tried (MiB: endings) |",
-            "|---|---|---:|---:|---:|---|"]
+    head = ["| graph (ops) | pool | sim | testbed | testbed - sim | replay needs | margin to refuse testbed - 1 | "
+            "caps tried (MiB: endings) |", "|---|---|---:|---:|---:|---:|---:|---|"]
     lines = [
         "# The smallest device a graph runs on: allocator replay vs testbed",
         "",
@@ -203,7 +241,9 @@ def markdown(result: dict[str, Any]) -> str:
         "`sim`: the smallest whole-MiB cap on which tfmem's allocator replay serves every request (default pool: "
         "in the emulated interleaving and in the one-thread order). `testbed`: the smallest whole-MiB cap on which "
         "every run ran. A positive difference is a cap the replay accepts and the testbed does not; a negative "
-        "one, a cap the testbed runs and the replay refuses.",
+        "one, a cap the testbed runs and the replay refuses. `replay needs`: the smallest device, to 64 KiB, the "
+        "replay fits. `margin to refuse testbed - 1`: the share of the cap one MiB below the testbed's smallest "
+        "that a margin must exceed for the replay to refuse it (negative: the replay alone refuses it).",
         "",
         "## Graphs as written",
         "",
@@ -211,8 +251,7 @@ def markdown(result: dict[str, Any]) -> str:
         *head, *_rows(result["graphs"]),
         "",
         f"Largest testbed - sim: {_worst(result['graphs'])} MiB. `optimize` keeps a graph as it is when its replay "
-        f"fits the budget less {AS_IS_MARGIN_SHARE:.0%} and {format_bytes(AS_IS_MARGIN_BYTES)} "
-        "(`tfmem.optimizer.as_is_room`).",
+        f"fits the budget less {AS_IS_MARGIN_SHARE:.1%} (`tfmem.optimizer.as_is_room`).",
     ]
     if result.get("plans"):
         run = result.get("plans_run")   # when the plans were measured by a run of their own (--only plans)
@@ -230,10 +269,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true", help="CI smoke run: one small MLP, one run per cap")
     parser.add_argument("--runs", type=int, default=None, help="testbed runs per cap (default 2; --tiny 1)")
     parser.add_argument("--only", choices=("graphs", "plans"), help="measure only graphs as written, or only plans")
+    parser.add_argument("--replay-again", type=Path, metavar="JSON",
+                        help="recompute the replay's figures of the graphs as written in this results file, keeping "
+                             "its testbed runs (after a change to the replay; no testbed run)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     runs = args.runs or (1 if args.tiny else 2)
     chosen = graphs(args.tiny)
+    if args.replay_again is not None:
+        import json
+
+        result = json.loads(args.replay_again.read_text())
+        replay_again(result, chosen)
+        result["graphs_replay"] = (f"every draw of TF's hashed orders, recomputed by `python -m experiments."
+                                   f"allocator_fit --replay-again` on {provenance(argv)['date']}; testbed runs "
+                                   "from the run above")
+        write("allocator_fit_tiny" if args.tiny else "allocator_fit", result, markdown(result), args.out)
+        return 0
     result = provenance(argv, runs=runs, load_average=load_average())
     result["graphs"], result["plans"] = {}, {}
     sections = [k for k in ("graphs", "plans") if args.only in (None, k)]

@@ -84,7 +84,7 @@ def _smallest_kept(built: examples.Built, **kwargs: object) -> tfmem.Optimized:
 
 @pytest.mark.testbed
 def test_a_graph_kept_as_it_is_runs_at_the_smallest_budget_it_is_kept_for():
-    """At the edge of the shortcut (the allocator replay fits the budget, less ``AS_IS_MARGIN``) the unchanged graph
+    """At the edge of the shortcut (the allocator replay fits ``as_is_room(budget)``) the unchanged graph
     runs on a testbed capped at that budget: the replay is no more generous than TF's allocator."""
     built = examples.mlp(dims=(784, 1024, 10))
     opt = _smallest_kept(built)
