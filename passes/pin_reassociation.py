@@ -211,9 +211,28 @@ def _runs_as_written(graph: GraphIR, runtime: Mapping[str, node_def_pb2.NodeDef]
 
 def _runs_as_written_leaf(graph: GraphIR, runtime: Mapping[str, node_def_pb2.NodeDef], t: TensorRef) -> bool:
     """A tensor's value at runtime is its value here unless Grappler turned its op into another (a folded op
-    keeps its name but may compute what constant folding pushed into it)."""
+    keeps its name but may compute what constant folding pushed into it). An op computed from constants alone
+    that Grappler folded holds its own value: a push-down needs a non-constant operand."""
     rt = runtime.get(t.node)
-    return rt is None or rt.op == graph[t.node].op
+    return rt is None or rt.op == graph[t.node].op or (rt.op == "Const" and _of_constants(graph, t.node))
+
+
+def _of_constants(graph: GraphIR, name: str) -> bool:
+    """Whether ``name``'s value depends on ``Const`` ops alone: every op it reads, transitively, is one or has
+    inputs that all are (no placeholder)."""
+    stack, seen = [name], set()
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        node = graph[op]
+        if node.op == "Const":
+            continue
+        if not node.inputs or node.op.startswith("Placeholder"):   # a PlaceholderWithDefault may be fed
+            return False
+        stack.extend(t.node for t in node.inputs)
+    return True
 
 
 def _same_operands(graph: GraphIR, runtime_inputs: list[TensorRef], inputs: tuple[TensorRef, ...]) -> bool:
