@@ -39,7 +39,7 @@ MiB = 2**20
 def budget_planning_for(target: int) -> int:
     """The smallest budget (in 64 KiB steps) whose plan ``optimize`` makes for at least ``target`` bytes."""
     budget = target
-    while optimizer.plan_room(budget) < target:
+    while min(optimizer.target_bytes_for(budget), optimizer.layout_room(budget)) < target:
         budget += 64 * 1024
     return budget
 

@@ -20,7 +20,7 @@ from tfmem import examples
 from tfmem.ir.editor import GraphEditor
 from tfmem.ir.execution import ExecutionGraph
 from tfmem.ir.shapes import annotate
-from tfmem.optimizer import device_floor_bytes, plan_room
+from tfmem.optimizer import device_floor_bytes, layout_room
 from tfmem.pipeline import PassContext, run_pipeline
 from tfmem.sim.bounds import fed_layout_floor, feeds_fit, feeds_floor
 from tfmem.testbed import DEVICE, HOST
@@ -136,8 +136,8 @@ def test_fed_layout_floor_refuses_a_budget_the_feeds_cannot_be_laid_out_in():
     assert (floor, why) == device_floor_bytes(ir, ctx)
     fed = 1.5 * MiB + 6 * MiB
     assert floor > fed + 2 * MiB and "whole free chunk" in why
-    budget = int((floor + MiB) / 0.95) - MiB // 4          # its plan room is just under the floor
-    assert plan_room(budget) < floor
+    budget = int((floor + 4 * MiB) / 0.98) - MiB          # its layout room is just under the floor
+    assert layout_room(budget) < floor
     with pytest.raises(tfmem.InfeasibleBudgetError) as err:
         tfmem.optimize(built.graph, built.fetches, budget=budget, feed_shapes=built.feed_shapes,
                        device=DEVICE, host=HOST)

@@ -61,7 +61,7 @@ def _optimize(built, budget, passes=MOVING_PASSES):
                           device=DEVICE, host=HOST, passes=passes, inter_op_threads=THREADS)
 
 
-# Budgets of tens of MiB: optimize keeps 5% and 1 MiB in reserve (see tfmem.optimizer.plan_room).
+# Budgets of tens of MiB: optimize keeps at least 4 MiB in reserve (see tfmem.optimizer.target_bytes_for).
 GRAPHS = {
     "mlp_adam": lambda: examples.mlp(batch=512, dims=(512, 1024, 1024, 1024, 10), optimizer="adam"),
     "convnet": lambda: examples.residual_convnet(batch=32, size=32, channels=32, blocks=2),

@@ -21,8 +21,8 @@ A pass list without the planner has one attempt: ``the passes as given``.
 
 The rule (``choose``): of the candidates within the target, the least estimated step time (the earlier
 attempt on a tie); when none is, the lowest peak. Across targets (``Search.run``): the first is the budget
-less the plan margin (``tfmem.optimizer.plan_room``). Candidates within the highest target are replayed on the
-device allocator's layout (``layout_order``: those within the current target quickest first, then the others lowest first), at most
+less the plan margin (``tfmem.optimizer.target_bytes_for``). Candidates within the highest target are replayed on
+the device allocator's layout (``layout_order``: those within the current target quickest first, then the others lowest first), at most
 ``LAYOUT_CHECKS`` per target; the first that fits is accepted. When candidates fit in total but none fits the
 layout, the next target is lower by the least that one of the refused plans' layouts needed (``replan for less
 after a layout refusal``, at most ``CAPACITY_RETRIES`` times), and once a plan is accepted after a refusal,
