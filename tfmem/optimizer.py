@@ -155,8 +155,9 @@ def optimize(
         core); how much parallelism is safe to keep depends on it
     grappler : simulate the graph after Grappler's rewrites, as the session runs it; default: for graphs of
         up to ``GRAPPLER_SIMULATION_MAX_OPS`` ops
-    layout_check : also replay each plan on the device allocator's layout and plan again for less where a
-        request would go unserved (the guarantee; switch it off only to study what the planner reaches)
+    layout_check : keep the graph as it is where its allocator replay fits, and replay each plan on the device
+        allocator's layout and plan again for less where a request would go unserved (the guarantee; switch it
+        off only to study what the planner reaches: it then always plans)
 
     Raises
     ------
@@ -203,7 +204,7 @@ def optimize(
     base = PassContext(tuple(fetch_list), None, device, host, shapes, check=check,
                        inter_op_threads=inter_op_threads, grappler=faithful, session_config=config)
     before = base.simulate(ir)  # the budget does not change the unoptimized graph's peak
-    if budget_bytes is not None:
+    if budget_bytes is not None and layout_check:   # keeping the graph rests on the same allocator replay
         kept = _kept_as_is(ir, base, budget_bytes, before)
         if kept is not None:
             return kept
