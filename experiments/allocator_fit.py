@@ -81,13 +81,18 @@ class Case:
     every_order: bool = True   # replay every draw of TF's hashed orders, as optimize checks a graph it keeps
 
 
-def smallest_sim_cap(case: Case, threads: int | None) -> int:
-    """The smallest whole-MiB cap on which the replay of what the session runs serves every request, as
-    ``optimize`` checks a graph (``tfmem.optimizer.layout_failures``, no margin)."""
+def _replayed(case: Case, threads: int | None) -> tuple[PassContext, Any]:
+    """The context and loaded graph ``optimize`` would replay ``case`` with, on ``threads`` inter-op threads."""
     built = case.built
     ctx = PassContext(tuple(built.fetches), device=case.device, host=case.host,
                       feed_shapes=dict(built.feed_shapes or {}), inter_op_threads=threads, session_config=case.config)
-    ir = load(case.graph, ctx.feed_shapes or None)
+    return ctx, load(case.graph, ctx.feed_shapes or None)
+
+
+def smallest_sim_cap(case: Case, threads: int | None) -> int:
+    """The smallest whole-MiB cap on which the replay of what the session runs serves every request, as
+    ``optimize`` checks a graph (``tfmem.optimizer.layout_failures``, no margin)."""
+    ctx, ir = _replayed(case, threads)
     peak = ctx.simulate(ir).peak_bytes
 
     def fits(mib: int) -> bool:
@@ -143,10 +148,7 @@ def _run(case: Case, mib: int, threads: int | None) -> Any:
 
 def exact_need(case: Case, threads: int | None, sim_mib: int) -> int:
     """The smallest device, to 64 KiB, on which the replay serves every request (below ``sim_mib``, which fits)."""
-    built = case.built
-    ctx = PassContext(tuple(built.fetches), device=case.device, host=case.host,
-                      feed_shapes=dict(built.feed_shapes or {}), inter_op_threads=threads, session_config=case.config)
-    ir = load(case.graph, ctx.feed_shapes or None)
+    ctx, ir = _replayed(case, threads)
     low, high = (sim_mib - 1) * MiB, sim_mib * MiB
     while high - low > 64 * 1024:
         mid = (low + high) // 2

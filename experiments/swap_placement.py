@@ -125,7 +125,7 @@ def run_case(built: examples.Built, vanilla: RunResult, fraction: float, fits: f
                              device=DEVICE, host=HOST)
     with Testbed(fit_budget) as tb:
         base = tb.run(built.graph, fetches, feeds, steps=steps)
-        tuned = tb.run(opt_fit.graph, fetches, feeds, steps=steps)
+        tuned = tb.run(opt_fit.graph, fetches, feeds, steps=steps, config=opt_fit.config)
     row["fits"] = {"budget_bytes": fit_budget, "vanilla_step_s": base.step_time_s, "tfmem_step_s": tuned.step_time_s,
                    "tfmem_oom": tuned.oom, "changed": [p.name for p in opt_fit.report.passes if p.changed]}
     return row

@@ -260,11 +260,16 @@ def optimize(
         assert budget_bytes is not None and max_target is not None
         raise _infeasible(new_ir, ctx, budget_bytes, after, fragmented=after.peak_bytes <= max_target,
                           reachable=chosen.floor_bytes, search=search.log)
-    graph_def = new_ir.to_graph_def()
+    return _optimized(new_ir, config, report)
+
+
+def _optimized(ir: GraphIR, config: config_pb2.ConfigProto, report: Report) -> Optimized:
+    """What ``optimize`` returns for ``ir``: its GraphDef and a ``tf.Graph`` imported from it."""
+    graph_def = ir.to_graph_def()
     tf_graph = tf.Graph()
     with tf_graph.as_default():
         tf.graph_util.import_graph_def(graph_def, name="")
-    return Optimized(tf_graph, graph_def, config, report, new_ir)
+    return Optimized(tf_graph, graph_def, config, report, ir)
 
 
 def _kept_as_is(ir: GraphIR, base: PassContext, budget_bytes: int, before: MemoryProfile) -> Optimized | None:
@@ -296,11 +301,7 @@ def _kept_as_is(ir: GraphIR, base: PassContext, budget_bytes: int, before: Memor
             # One thread runs the ops in one order; the executor's default pool runs some side by side and
             # together they need more than the budget (the replay of that interleaving does not fit).
             config.inter_op_parallelism_threads = 1
-        tf_graph = tf.Graph()
-        graph_def = ir.to_graph_def()
-        with tf_graph.as_default():
-            tf.graph_util.import_graph_def(graph_def, name="")
-        return Optimized(tf_graph, graph_def, config, report, ir)
+        return _optimized(ir, config, report)
     return None
 
 
