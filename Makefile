@@ -7,9 +7,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint typecheck bench clean-venv
 
-$(STAMP): requirements.lock pyproject.toml
+$(STAMP): requirements.lock requirements-zoo.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -r requirements-zoo.lock
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
