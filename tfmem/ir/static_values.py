@@ -40,6 +40,15 @@ from tfmem.ir.ops import (
 
 Shapes = dict[TensorRef, tf.TensorShape]
 
+# Outputs whose shape TensorFlow's shape function leaves unknown but whose kernel always gives one: fused batch
+# norm's third reserve space is a scalar of type ``U`` from the Eigen CPU kernel (a 0-element vector with oneDNN; a
+# GPU's is cuDNN's workspace, sized at run time), and nothing reads its values but the gradient kernel. The zoos'
+# default batch norm (tests/test_zoo.py).
+KERNEL_OUTPUT_SHAPES: dict[str, dict[int, tuple[int, ...]]] = {
+    "FusedBatchNormV3": {5: ()},
+    "_FusedBatchNormEx": {5: ()},
+}
+
 # Values larger than this are never materialised: shape-computing tensors hold a few dozen numbers.
 MAX_VALUE_ELEMENTS = 4096
 _SHAPE_OPS = frozenset({"Shape", "Size", "Rank"})
@@ -62,6 +71,9 @@ def complete_shapes(graph: GraphIR, shapes: Mapping[TensorRef, tf.TensorShape], 
     Nothing is ever made less specific, and an op TensorFlow's shape function rejects is left as it was.
     """
     out: Shapes = dict(shapes)
+    kernel_known = _kernel_shapes(graph, out)
+    out.update(kernel_known)
+    refined = [*refined, *kernel_known]
     # where the import may have lost a handle's shape (through a While), and what Grappler knew better
     seeds = [n.name for n in graph.nodes if n.op == "VariableShape"
              or n.op in VARIABLE_READ_OPS and any(_partial(n, i, out) for i in range(len(n.outputs)))]
@@ -98,6 +110,17 @@ def complete_shapes(graph: GraphIR, shapes: Mapping[TensorRef, tf.TensorShape], 
                  if values.value(TensorRef(node.name, i)) is not None)
         for ref in news:
             visit(graph.consumers.get(ref, ()))
+    return out
+
+
+def _kernel_shapes(graph: GraphIR, shapes: Shapes) -> Shapes:
+    """``KERNEL_OUTPUT_SHAPES`` for the outputs of ``graph`` that ``shapes`` leaves partial."""
+    out: Shapes = {}
+    for node in graph.nodes:
+        for index, dims in KERNEL_OUTPUT_SHAPES.get(node.op, {}).items():
+            ref = TensorRef(node.name, index)
+            if index < len(node.outputs) and _partial(node, index, shapes) and shapes[ref].is_compatible_with(dims):
+                out[ref] = tf.TensorShape(dims)
     return out
 
 
