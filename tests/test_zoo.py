@@ -11,12 +11,11 @@ import pytest
 import tensorflow as tf
 
 import tfmem
+from tests.helpers import run_on_testbed
 from tfmem.examples import Built
 from tfmem.ir.graph import TensorRef
 from tfmem.ir.shapes import annotate
 from tfmem.testbed import DEVICE, HOST
-
-from tests.helpers import run_on_testbed
 
 v1 = tf.compat.v1
 slim = pytest.importorskip("tf_slim", reason="make installs tf-slim (requirements-zoo.lock)")
