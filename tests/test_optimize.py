@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -42,6 +43,23 @@ def test_budget_below_any_plan_raises_with_lower_bound(small):
     e = err.value
     assert e.budget_bytes == 1024 and e.best_peak_bytes > 1024 and e.lower_bound_bytes > 0
     assert e.live_at_peak and "lower bound" in str(e)
+
+
+def test_refusal_advice(small):
+    """A refusal suggests only what could help, and the smallest budget it names is one optimize plans for."""
+    with pytest.raises(InfeasibleBudgetError, match="nothing was tried") as err:
+        tfmem.optimize(small.graph, small.fetches, budget=1024, passes=["partition"])
+    assert "passes='auto'" in str(err.value) and "host=" in str(err.value)
+    with pytest.raises(InfeasibleBudgetError) as err:
+        tfmem.optimize(small.graph, small.fetches, budget=1024, device=DEVICE, host=HOST)
+    text = str(err.value)
+    assert "passes='auto'" not in text and "host=" not in text
+    smallest = re.search(r"a budget of at least ([0-9]+ MiB)", text)
+    assert smallest is not None
+    try:   # the budget named is planned for: at worst refused after a search, never refused at once
+        tfmem.optimize(small.graph, small.fetches, budget=smallest.group(1), device=DEVICE, host=HOST)
+    except InfeasibleBudgetError as e:
+        assert "nothing was tried" not in str(e)
 
 
 def test_generous_budget_is_accepted(small):

@@ -189,6 +189,7 @@ def optimize(
         raise BadInputError(f"host={host!r} and device={device!r} can name the same device; swapped tensors must "
                             "leave the device: pass two different devices, e.g. device='/GPU:0', host='/CPU:0'")
     pipeline = resolve_passes(passes)
+    all_passes = {p.name for p in resolve_passes("auto")} <= {p.name for p in pipeline}
     ir = load(graph, shapes_given)
     parse_fetches(ir, fetch_list)  # fail early, with the fetch's name, on a typo
     faithful = len(ir) <= GRAPPLER_SIMULATION_MAX_OPS if grappler is None else grappler
@@ -229,7 +230,8 @@ def optimize(
         bound, _ = lower_bound_bytes(ir, ctx)
         feeds_floor, _ = fed_layout_floor(ExecutionGraph.build(ir, ctx.fetches, ctx.feed_shapes))
         if bound > max_target or feeds_floor > layout_room(budget_bytes):
-            raise _infeasible(ir, ctx, budget_bytes, before, unplanned=True)
+            raise _infeasible(ir, ctx, budget_bytes, before, unplanned=True, all_passes=all_passes,
+                              smallest=smallest_planned_budget(bound, feeds_floor))
     search = Search(ir, pipeline, base, before)
     first = None
     if budget_bytes is not None and max_target is not None:
@@ -259,7 +261,7 @@ def optimize(
     if not fits:
         assert budget_bytes is not None and max_target is not None
         raise _infeasible(new_ir, ctx, budget_bytes, after, fragmented=after.peak_bytes <= max_target,
-                          reachable=chosen.floor_bytes, search=search.log)
+                          reachable=chosen.floor_bytes, search=search.log, all_passes=all_passes)
     return _optimized(new_ir, config, report)
 
 
@@ -378,9 +380,32 @@ def device_floor_bytes(ir: GraphIR, ctx: PassContext) -> tuple[int, str]:
     return (layout, why) if layout > working else (working, f"working set of {op}")
 
 
+def smallest_planned_budget(bound: int, feeds_floor: int) -> int:
+    """The smallest budget ``optimize`` plans for (rather than refusing at once) when no plan goes below ``bound``
+    and the fed tensors' layout needs ``feeds_floor``: its target must reach the one and its replay room the other."""
+    budget = max(bound + PLAN_MARGIN_MIN_BYTES, -(-bound * 100 // 95),
+                 -(-(feeds_floor + LAYOUT_MARGIN_BYTES) * 100 // 98))
+    while target_bytes_for(budget) < bound or layout_room(budget) < feeds_floor:
+        budget += 1024
+    return budget
+
+
+def _advice(ctx: PassContext, all_passes: bool, smallest: int | None) -> str:
+    """What to change after a refusal: only what could help (tests/test_optimize.py::test_refusal_advice)."""
+    # in whole MiB, rounded up: a figure the user can pass back as it is
+    options = [f"a budget of at least {-(-smallest // 2**20)} MiB (the least optimize plans for)"
+               if smallest is not None else "a larger budget"]
+    if not all_passes:
+        options.append("more passes (passes='auto')")
+    if ctx.host is None:
+        options.append("host memory to swap to (host=, or --host in the CLI)")
+    return "Give " + (", or ".join(options)) + "."
+
+
 def _infeasible(ir: GraphIR, ctx: PassContext, budget: int, after: MemoryProfile,
                 fragmented: bool = False, unplanned: bool = False, reachable: int | None = None,
-                search: SearchLog | None = None) -> InfeasibleBudgetError:
+                search: SearchLog | None = None, all_passes: bool = True,
+                smallest: int | None = None) -> InfeasibleBudgetError:
     bound, where = device_floor_bytes(ir, ctx)
     # The planner's reachable floor is said, not reported as the bound: it holds for its moves on one order, and
     # a plan made for another budget, on another order, can go below it.
@@ -398,7 +423,7 @@ def _infeasible(ir: GraphIR, ctx: PassContext, budget: int, after: MemoryProfile
         f"{format_bytes(bound)} ({where}){floor}; "
         f"largest live: {top}. "
         + ("The best plan fits in total but not in the device allocator's chunks. " if fragmented else "")
-        + "Give a larger budget, or enable more passes (passes='auto')."
+        + _advice(ctx, all_passes, smallest)
         + (f" ({search.summary()})" if search is not None else ""),
         budget_bytes=budget, best_peak_bytes=after.peak_bytes, lower_bound_bytes=bound,
         live_at_peak=after.live_at_peak[:10], search=search,
