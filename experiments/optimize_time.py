@@ -8,7 +8,7 @@ by counts, so it must). Results are written after every graph.
 
 Graphs: the project's examples and models, an unrolled RNN of about 20,000 ops (simulated as written), and,
 when installed (``pip install --no-deps tf-slim==1.1.0 tf-keras==2.21.0``), TF-Slim's ResNet-50 v1 and
-tf_keras' MobileNetV2 (``experiments/_zoo.py``).
+tf_keras' MobileNetV2 (``models/zoo.py``).
 
     python -m experiments.optimize_time                    # every graph, 3 repeats
     python -m experiments.optimize_time --graph resnet50-slim --repeats 1
@@ -30,9 +30,8 @@ from typing import Any
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tfmem
-from experiments import _zoo
 from experiments._common import RESULTS, load_average, provenance, testbed_run, write
-from models import moe_transformer
+from models import moe_transformer, zoo
 from tfmem import examples
 from tfmem.errors import InfeasibleBudgetError
 from tfmem.examples import Built
@@ -46,8 +45,8 @@ GRAPHS: dict[str, Callable[[], Built]] = {
     "moe-transformer": lambda: moe_transformer.build(experts=4, layers=2, d_model=64, d_ff=128, heads=2, seq=32,
                                                      batch=8, vocab=256),
     "rnn-20k": lambda: examples.unrolled_rnn(steps=425, batch=8, hidden=64, inputs=32),
-    "resnet50-slim": lambda: _zoo.slim_resnet50(batch=8, size=64),
-    "mobilenetv2-keras": lambda: _zoo.keras_mobilenet_v2(batch=16, size=96),
+    "resnet50-slim": lambda: zoo.slim_resnet50(batch=8, size=64),
+    "mobilenetv2-keras": lambda: zoo.keras_mobilenet_v2(batch=16, size=96),
 }
 ZOO = {"resnet50-slim", "mobilenetv2-keras"}
 UNCAPPED = 16 * 2**30
@@ -131,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.tiny:
         names, fractions, repeats = ["mlp"], [0.5], 1
     else:
-        names = args.graph or [n for n in GRAPHS if n not in ZOO or _zoo.available()]
+        names = args.graph or [n for n in GRAPHS if n not in ZOO or zoo.available()]
         fractions, repeats = [float(f) for f in args.fractions.split(",")], max(1, args.repeats)
     name = "optimize_time_tiny" if args.tiny else "optimize_time"
     run = provenance(argv)

@@ -344,13 +344,13 @@ def case_ctrl_c(interrupts: int, burners: int) -> dict[str, Any]:
 
 
 def case_zoo() -> list[dict[str, Any]]:
-    from experiments import _zoo
+    from models import zoo
 
-    if not _zoo.available():
+    if not zoo.available():
         return [{"case": "zoo", "expected": "-", "ending": "skipped: tf_keras or tf_slim not installed"}]
     rows = []
-    for name, build, fractions in (("keras-resnet50", _zoo.keras_resnet50, (0.7, 0.5, 0.35)),
-                                   ("slim-inception-v3", _zoo.slim_inception_v3, (0.7,))):
+    for name, build, fractions in (("keras-resnet50", zoo.keras_resnet50, (0.7, 0.5, 0.35)),
+                                   ("slim-inception-v3", zoo.slim_inception_v3, (0.7,))):
         built = build()
         with Testbed(ROOMY) as roomy:
             peak = roomy.run(built.graph, built.fetches, built.feeds, steps=1).device_peak_bytes or 0

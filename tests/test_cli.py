@@ -191,6 +191,29 @@ def test_default_fetches_are_the_sinks_that_are_not_bookkeeping() -> None:
     assert cli.default_fetches(tfmem.load(built.graph)) == ["loss:0", "train_op"]
 
 
+def test_a_read_after_an_update_others_run_is_not_a_default_fetch() -> None:
+    """tf_keras reads each batch-norm moving average after updating it; the step runs the updates already."""
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, (4,), name="x")
+        kept = tf.Variable(tf.zeros(()), name="kept")   # updated by the step, read after: bookkeeping
+        alone = tf.Variable(tf.zeros(()), name="alone")  # updated by nothing else: its read is what runs it
+        update = kept.assign_sub(tf.reduce_mean(x), read_value=False)
+        with tf.control_dependencies([update]):   # as tf_keras builds it: a bare read waiting on the update
+            tf.raw_ops.ReadVariableOp(resource=kept.handle, dtype=tf.float32, name="kept_read")
+            tf.identity(tf.reduce_sum(x), name="loss")
+        with tf.control_dependencies([alone.assign_add(1.0, read_value=False)]):
+            tf.raw_ops.ReadVariableOp(resource=alone.handle, dtype=tf.float32, name="alone_read")
+    fetches = cli.default_fetches(tfmem.load(g))
+    assert "loss:0" in fetches and "alone_read:0" in fetches and "kept_read:0" not in fetches
+
+
+def test_a_long_list_of_fetches_is_said_briefly(capsys: pytest.CaptureFixture[str]) -> None:
+    cli._say_fetches([f"t{i}:0" for i in range(20)], assumed=True)
+    line = capsys.readouterr().out
+    assert "t7:0" in line and "t8:0" not in line and "and 12 more" in line
+
+
 @pytest.mark.parametrize("name", ["mlp", "mlp.pbtxt", "meta"])
 def test_analyze_prints_both_instruments_and_the_peak(name: str, files: dict[str, Path],
                                                       capsys: pytest.CaptureFixture[str]) -> None:

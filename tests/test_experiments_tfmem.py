@@ -296,6 +296,9 @@ def test_testbed_calibration_tiny(tmp_path):
 
 
 @pytest.mark.testbed
+# Two optimize runs at a 7 MiB budget, where the 4 MiB plan margin leaves 3 MiB: 505 s alone on 2 cores
+# (2026-11-28), past the suite's 600 s under load.
+@pytest.mark.timeout(900)
 def test_moe_placement_tiny(tmp_path):
     assert moe_placement.main(["--tiny", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "moe_placement_tiny.json").read_text())

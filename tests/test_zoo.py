@@ -46,9 +46,9 @@ def test_fused_batch_norm_reserve_space_has_the_kernels_shape() -> None:
 
 def _slim_batch_norm_mlp(batch: int = 1024, width: int = 512, layers: int = 4) -> Built:
     """An MLP with TF-Slim's default (fused) batch norm, its TF1 loss and ``create_train_op``."""
-    from experiments._zoo import _legacy_layers_alias
+    from models.zoo import legacy_layers_alias
 
-    _legacy_layers_alias()
+    legacy_layers_alias()
     graph = tf.Graph()
     rng = np.random.default_rng(0)
     feeds = {"x:0": rng.standard_normal((batch, 256)).astype(np.float32),
@@ -74,7 +74,11 @@ def test_slim_fused_batch_norm_step_is_planned_and_keeps_its_values() -> None:
     assert any(n.op == "FusedBatchNormV3" for n in built.graph.as_graph_def().node)
     peak = tfmem.simulate(built.graph, built.fetches, device=DEVICE, host=HOST).peak_bytes
     budget = int(peak * 0.7)
-    opt = tfmem.optimize(built.graph, built.fetches, budget=budget, device=DEVICE, host=HOST)
+    # Grappler's rewrite of the moving averages' chains does not match the graph, so they are left to it: the
+    # updates they feed may round differently, and optimize says so rather than staying silent
+    with pytest.warns(UserWarning, match="may differ from the unoptimized session's in the last bits"):
+        opt = tfmem.optimize(built.graph, built.fetches, budget=budget, device=DEVICE, host=HOST)
+    assert any("the update of bn" in note for note in opt.report.notes)
     assert opt.graph is not built.graph and opt.report.after.peak_bytes < peak
     vanilla = run_on_testbed(2**30, built.graph, built, steps=2)
     planned = run_on_testbed(budget, opt.graph, built, steps=2, config=opt.config)

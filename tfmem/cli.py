@@ -34,7 +34,7 @@ import numpy as np
 import tfmem
 from tfmem.errors import BadInputError, TfmemError
 from tfmem.ir.graph import GraphIR
-from tfmem.ir.ops import CHECKPOINT_OPS, INIT_CHECK_OPS, PLACEHOLDER_OPS, VARIABLE_OPS
+from tfmem.ir.ops import CHECKPOINT_OPS, INIT_CHECK_OPS, PLACEHOLDER_OPS, VARIABLE_OPS, VARIABLE_READ_OPS
 from tfmem.units import format_bytes, parse_bytes
 
 EXIT_OK, EXIT_INTERNAL, EXIT_BAD_INPUT, EXIT_OOM, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -149,7 +149,8 @@ def default_fetches(ir: GraphIR) -> list[str]:
     A sink is a node no other node reads or waits for. Left out, because they are not what a step computes:
     nodes without inputs (constants, placeholders, variables), variable initializers (``v/Assign``,
     ``VarIsInitializedOp`` and NoOps that only group initializers), bare reads of a variable or constant
-    (``v/Read/ReadVariableOp``), helpers ``tf.gradients`` leaves unused (anything in a ``gradients*/`` scope)
+    (``v/Read/ReadVariableOp``), reads of a variable after an update that another sink runs already (tf_keras'
+    batch-norm moving averages), helpers ``tf.gradients`` leaves unused (anything in a ``gradients*/`` scope)
     and checkpoint ops (a ``save/`` scope). A sink with outputs is fetched as tensors (``loss:0``), one without
     (``train_op``) as an op.
 
@@ -172,7 +173,7 @@ def default_fetches(ir: GraphIR) -> list[str]:
 
     inits = set(initializer_names(ir.to_graph_def()))
     sources = {n.name for n in ir if not n.predecessors or n.op in _SOURCE_OPS}
-    fetches: list[str] = []
+    sinks = []
     for node in ir:
         preds = node.predecessors
         scope = node.name.split("/", 1)[0]
@@ -181,10 +182,32 @@ def default_fetches(ir: GraphIR) -> list[str]:
                 or scope.startswith("gradients") or scope == "save"
                 or all(p in sources for p in preds) or (node.op == "NoOp" and all(p in inits for p in preds))):
             continue
+        sinks.append(node)
+    # A variable read after its update (tf_keras reads each batch-norm moving average so) is bookkeeping when
+    # the other sinks run that update already.
+    reads = [n for n in sinks if n.op in VARIABLE_READ_OPS]
+    kept = [n for n in sinks if n.op not in VARIABLE_READ_OPS]
+    ran = _ancestors(ir, [n.name for n in kept])
+    kept += [n for n in reads if not kept or not set(n.predecessors) - sources <= ran]
+    order = {n.name: i for i, n in enumerate(sinks)}
+    fetches: list[str] = []
+    for node in sorted(kept, key=lambda n: order[n.name]):
         fetches += [f"{node.name}:{i}" for i in range(len(node.outputs))] or [node.name]
     if not fetches:
         raise BadInputError("found no sink to fetch in the graph; name what a step computes with --fetch")
     return fetches
+
+
+def _ancestors(ir: GraphIR, names: list[str]) -> set[str]:
+    """Every node ``names`` read or wait for, directly or not."""
+    seen: set[str] = set()
+    todo = [p for n in names for p in ir[n].predecessors]
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo.extend(ir[name].predecessors)
+    return seen
 
 
 def _load(args: argparse.Namespace) -> tuple[GraphIR, list[str], bool]:
@@ -203,9 +226,13 @@ def _load(args: argparse.Namespace) -> tuple[GraphIR, list[str], bool]:
     return ir, list(args.fetch), False
 
 
+SAID_FETCHES = 8   # fetches named in the printed line; --json lists them all
+
+
 def _say_fetches(fetches: list[str], assumed: bool) -> None:
     how = "assumed: the graph's sinks; choose with --fetch" if assumed else "given"
-    print(f"fetches ({how}): {', '.join(fetches)}")
+    more = f" and {len(fetches) - SAID_FETCHES} more" if len(fetches) > SAID_FETCHES else ""
+    print(f"fetches ({how}): {', '.join(fetches[:SAID_FETCHES])}{more}")
 
 
 # -- analyze ------------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ The result keeps every node name, so the user's feeds and fetches work unchanged
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import takewhile
@@ -24,6 +25,7 @@ from tfmem.ir.loading import GraphSource, load
 from tfmem.ir.shapes import FeedShapes
 from tfmem.pipeline import Pass, PassContext, run_pipeline
 from tfmem.report import Report
+from tfmem.rounding import rounding_caveat
 from tfmem.search import Candidate, Search, SearchLog
 from tfmem.sim.arguments import check_count, checked_arguments
 from tfmem.sim.bounds import fed_layout_floor, largest_working_set
@@ -258,6 +260,10 @@ def optimize(
         report.notes.append(f"planned for {format_bytes(chosen.target_bytes or 0)}: the budget less a safety margin "
                             "for the run-to-run spread of the executor's order")
     report.notes.append(search.log.summary())
+    caveat = rounding_caveat(new_ir, reports, fetch_list) if fits else None
+    if caveat is not None:   # never silent: in the report, and once as a warning
+        report.notes.append(caveat)
+        warnings.warn(caveat, stacklevel=2)
     if not fits:
         assert budget_bytes is not None and max_target is not None
         raise _infeasible(new_ir, ctx, budget_bytes, after, fragmented=after.peak_bytes <= max_target,

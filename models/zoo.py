@@ -1,9 +1,10 @@
 """Training steps of model-zoo networks nobody here wrote: TF-Slim's ResNet-50 v1 and tf_keras' MobileNetV2.
 
 Each is one TF1 graph-mode step (forward, softmax cross-entropy averaged over the batch, Momentum update) with
-batch norm in training mode. Batch norm is built unfused: the fused kernel's reserve-space outputs have no
-static shape on CPU, which ``tfmem.load`` cannot plan for yet (issue 32). ``pip install --no-deps
-tf-slim==1.1.0 tf-keras==2.21.0`` provides the zoos; ``available()`` says whether they are installed.
+batch norm in training mode. ``slim_resnet50`` and ``keras_mobilenet_v2`` build batch norm unfused, as
+``experiments/optimize_time`` measured them; tfmem plans the zoos' default fused batch norm too
+(``tests/test_zoo.py``). ``make`` installs the zoos (``requirements-zoo.lock``, ``--no-deps``);
+``available()`` says whether they are installed.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def _step(build_logits: Callable[[tf.Tensor], tf.Tensor], batch: int, size: int,
     return Built(graph, ["loss:0", train.name], feeds, params)
 
 
-def _legacy_layers_alias() -> None:
+def legacy_layers_alias() -> None:
     """TensorFlow 2.21 loads ``tf.compat.v1.layers``' batch norm (TF-Slim's unfused one) from
     ``tf_keras.legacy_tf_layers``, which tf_keras 2.21 ships as ``tf_keras.src.legacy_tf_layers`` only."""
     import tf_keras.src.legacy_tf_layers as legacy
@@ -63,7 +64,7 @@ def slim_resnet50(batch: int = 8, size: int = 64, classes: int = 100) -> Built:
     import tf_slim as slim
     from tf_slim.nets import resnet_v1
 
-    _legacy_layers_alias()
+    legacy_layers_alias()
 
     def logits(images: tf.Tensor) -> tf.Tensor:
         with slim.arg_scope(resnet_v1.resnet_arg_scope()), slim.arg_scope([slim.batch_norm], fused=False):
@@ -74,12 +75,11 @@ def slim_resnet50(batch: int = 8, size: int = 64, classes: int = 100) -> Built:
 
 
 def slim_inception_v3(batch: int = 8, size: int = 96, classes: int = 100) -> Built:
-    """TF-Slim's ``inception_v3`` as the zoo builds it (fused batch norm, auxiliary logits off): for the testbed
-    (``experiments/reliability``), not for planning."""
+    """TF-Slim's ``inception_v3`` as the zoo builds it (fused batch norm, auxiliary logits off)."""
     import tf_slim as slim
     from tf_slim.nets import inception_v3
 
-    _legacy_layers_alias()
+    legacy_layers_alias()
 
     def logits(images: tf.Tensor) -> tf.Tensor:
         with slim.arg_scope(inception_v3.inception_v3_arg_scope()):
@@ -110,13 +110,13 @@ def _unfused_keras_batch_norm() -> Iterator[None]:
 
 def keras_mobilenet_v2(batch: int = 16, size: int = 96, classes: int = 100) -> Built:
     """tf_keras' ``applications.MobileNetV2`` (``weights=None``; about 5,000 ops as a training step), with unfused
-    batch norm (tfmem cannot size the fused one's reserve space: issue 32)."""
+    batch norm (as ``experiments/optimize_time`` measured it)."""
     return _keras_application("MobileNetV2", batch, size, classes, fused=False)
 
 
 def keras_resnet50(batch: int = 8, size: int = 64, classes: int = 100) -> Built:
     """tf_keras' ``applications.ResNet50`` (``weights=None``; about 14,000 ops as a training step) as the zoo
-    builds it, fused batch norm included: for the testbed (``experiments/reliability``), not for planning."""
+    builds it, fused batch norm included."""
     return _keras_application("ResNet50", batch, size, classes, fused=True)
 
 
