@@ -263,7 +263,7 @@ def optimize(
     caveat = rounding_caveat(new_ir, reports, fetch_list) if fits else None
     if caveat is not None:   # never silent: in the report, and once as a warning
         report.notes.append(caveat)
-        warnings.warn(caveat, stacklevel=2)
+        warnings.warn(caveat, stacklevel=3)   # the caller of optimize, past without_gc_pauses
     if not fits:
         assert budget_bytes is not None and max_target is not None
         raise _infeasible(new_ir, ctx, budget_bytes, after, fragmented=after.peak_bytes <= max_target,
