@@ -37,11 +37,8 @@ MiB = 2**20
 
 
 def budget_planning_for(target: int) -> int:
-    """The smallest budget (in 64 KiB steps) whose plan ``optimize`` makes for at least ``target`` bytes."""
-    budget = target
-    while min(optimizer.target_bytes_for(budget), optimizer.layout_room(budget)) < target:
-        budget += 64 * 1024
-    return budget
+    """The smallest budget whose plan ``optimize`` makes for at least ``target`` bytes, in total and in its replay."""
+    return optimizer.smallest_planned_budget(target, target)
 
 
 def plan_without_layout_check(built: examples.Built, target: int) -> tfmem.Optimized | tfmem.InfeasibleBudgetError:

@@ -296,8 +296,8 @@ def test_testbed_calibration_tiny(tmp_path):
 
 
 @pytest.mark.testbed
-# Two optimize runs at a 7 MiB budget, where the 4 MiB plan margin leaves 3 MiB: 505 s alone on 2 cores
-# (2026-11-28), past the suite's 600 s under load.
+# Two optimize runs at a 7 MiB budget, where the 4 MiB plan margin leaves 3 MiB (182 s and 323 s): 565 s for
+# the whole run alone on 2 cores (2026-11-28), past the suite's 600 s under load.
 @pytest.mark.timeout(900)
 def test_moe_placement_tiny(tmp_path):
     assert moe_placement.main(["--tiny", "--out", str(tmp_path)]) == 0

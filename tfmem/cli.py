@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+import networkx as nx
 import numpy as np
 
 import tfmem
@@ -187,7 +188,7 @@ def default_fetches(ir: GraphIR) -> list[str]:
     # the other sinks run that update already.
     reads = [n for n in sinks if n.op in VARIABLE_READ_OPS]
     kept = [n for n in sinks if n.op not in VARIABLE_READ_OPS]
-    ran = _ancestors(ir, [n.name for n in kept])
+    ran = set().union(*(nx.ancestors(ir.nx, n.name) for n in kept))
     kept += [n for n in reads if not kept or not set(n.predecessors) - sources <= ran]
     order = {n.name: i for i, n in enumerate(sinks)}
     fetches: list[str] = []
@@ -196,18 +197,6 @@ def default_fetches(ir: GraphIR) -> list[str]:
     if not fetches:
         raise BadInputError("found no sink to fetch in the graph; name what a step computes with --fetch")
     return fetches
-
-
-def _ancestors(ir: GraphIR, names: list[str]) -> set[str]:
-    """Every node ``names`` read or wait for, directly or not."""
-    seen: set[str] = set()
-    todo = [p for n in names for p in ir[n].predecessors]
-    while todo:
-        name = todo.pop()
-        if name not in seen:
-            seen.add(name)
-            todo.extend(ir[name].predecessors)
-    return seen
 
 
 def _load(args: argparse.Namespace) -> tuple[GraphIR, list[str], bool]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import networkx as nx
+
 from tfmem.ir.graph import GraphIR, TensorRef
 from tfmem.ir.ops import ASSIGN_OPS
 from tfmem.ir.shared_init import updates_in_place
@@ -18,15 +20,9 @@ def rounding_caveat(ir: GraphIR, reports: Sequence[PassReport], fetches: Sequenc
     left = next((r.details.get("unmatched") for r in reports if r.name == "pin_reassociation"), None)
     if not isinstance(left, list) or not left:
         return None
-    reached: set[str] = set()
-    todo = [name for name in left if name in ir.by_name]
-    while todo:
-        name = todo.pop()
-        if name in reached:
-            continue
-        reached.add(name)
-        for i in range(len(ir[name].outputs)):
-            todo.extend(ir.consumers.get(TensorRef(name, i), ()))
+    data = nx.subgraph_view(ir.nx, filter_edge=lambda a, b: not ir.nx[a][b]["control"])
+    present = [name for name in left if name in ir.by_name]
+    reached = set(present).union(*(nx.descendants(data, name) for name in present))
     outputs = sorted(f for f in fetches if ":" in f and TensorRef.parse(f).node in reached)
     updated = sorted({ir[n].inputs[0].node for n in reached if ir[n].inputs and (
         ir[n].op in ASSIGN_OPS or updates_in_place(ir[n].op) or ir[n].op.startswith("Apply"))})
