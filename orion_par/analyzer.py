@@ -11,6 +11,7 @@ an ``unknown`` subscript or a write of a whole view, never a missed access.
 from __future__ import annotations
 
 import ast
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,7 @@ from orion_par.absval import (
     ArrayRef,
     IndexItem,
     index_view,
+    join,
     join_env,
     region,
     views_of,
@@ -29,7 +31,8 @@ from orion_par.absval import (
 from orion_par.access import UNKNOWN, Access, ConstSub, KeySub
 from orion_par.body import BodySource
 from orion_par.errors import BadBodyError, NotParallelizableError
-from orion_par.expressions import ExprEvaluator, binop
+from orion_par.expressions import ExprEvaluator, Scope, binop, object_value
+from orion_par.helpers import CallGraph, Helper, body_graph
 
 _MAX_LOOP_PASSES = 8
 
@@ -43,7 +46,8 @@ class BodyAnalysis:
     key_names: tuple[str, ...]
 
 
-def analyze_body(body: BodySource, captured: Mapping[str, Any], key_ndim: int, value_ndim: int = 1) -> BodyAnalysis:
+def analyze_body(body: BodySource, captured: Mapping[str, Any], key_ndim: int, value_ndim: int = 1,
+                 graph: CallGraph | None = None) -> BodyAnalysis:
     """Classify every subscript of a shared array in ``body``.
 
     Parameters
@@ -51,11 +55,14 @@ def analyze_body(body: BodySource, captured: Mapping[str, Any], key_ndim: int, v
     body : BodySource
         From ``load_body``.
     captured : mapping
-        Current values of the body's free names; ndarrays among them are the shared arrays.
+        Current values of the body's free names, and of the data its helpers reach (``CallGraph.values``);
+        ndarrays among them are the shared arrays.
     key_ndim : int
         Number of key fields.
     value_ndim : int
         ``values.ndim`` of the dataset (a record's value is a row when it is > 1).
+    graph : CallGraph, optional
+        The functions the body calls (``helpers.body_graph``; found here when not given).
 
     Returns
     -------
@@ -74,7 +81,11 @@ def analyze_body(body: BodySource, captured: Mapping[str, Any], key_ndim: int, v
     >>> [x.describe(a.key_names) for x in a.accesses]
     ['read w (line 4) = W[u, :]', 'write w (line 4) = W[u, :]']
     """
-    walker = _Walker(body, captured, key_ndim, value_ndim)
+    if graph is None:
+        graph = body_graph(body, captured)
+        captured = {**graph.values(), **captured}
+    walker = _Walker(body, captured, key_ndim, graph)
+    walker.start_body(value_ndim)
     walker.walk(body.tree.body)
     if walker.value_writes:
         raise BadBodyError(
@@ -85,12 +96,51 @@ def analyze_body(body: BodySource, captured: Mapping[str, Any], key_ndim: int, v
 
 
 class _Walker(ExprEvaluator):
-    def __init__(self, body: BodySource, captured: Mapping[str, Any], key_ndim: int, value_ndim: int) -> None:
-        super().__init__(body, captured, key_ndim)
+    def __init__(self, body: BodySource, captured: Mapping[str, Any], key_ndim: int, graph: CallGraph,
+                 scope: Scope | None = None) -> None:
+        super().__init__(body, captured, key_ndim, graph, scope)
         self.key_names = [""] * key_ndim
-        self.env[body.key_param] = AbsVal(is_key=True)
-        row = ArrayRef.whole(body.value_param, value_ndim - 1)
-        self.env[body.value_param] = AbsVal(views=frozenset({row})) if value_ndim > 1 else SCALAR
+        self.returns: list[AbsVal] = []
+        self.memo: dict[tuple[Any, ...], AbsVal] = {}
+
+    def start_body(self, value_ndim: int) -> None:
+        self.env[self.body.key_param] = AbsVal(is_key=True)
+        row = ArrayRef.whole(self.body.value_param, value_ndim - 1)
+        self.env[self.body.value_param] = AbsVal(views=frozenset({row})) if value_ndim > 1 else SCALAR
+
+    # -- calls of the user's functions -------------------------------------------------------------
+    def call_helper(self, node: ast.Call, helper: Helper) -> AbsVal:
+        """Walk into ``helper`` with its parameters bound to the call's arguments; returns its result.
+
+        Its accesses are the body's (reported at the calling line); its global data are read under their
+        canonical names.  A call with the same arguments at the same line is walked once.
+        """
+        args: list[AbsVal] = []
+        spread: set[ArrayRef] = set()
+        for a in node.args:
+            if isinstance(a, ast.Starred):
+                spread |= self.eval(a.value).views
+            else:
+                args.append(self.eval(a))
+        kws = {kw.arg: self.eval(kw.value) for kw in node.keywords if kw.arg is not None}
+        for kw in node.keywords:
+            if kw.arg is None:
+                spread |= self.eval(kw.value).views
+        site = self.scope.site if self.scope.site is not None else node.lineno
+        memo_key = (id(helper.fn), site, tuple(args), tuple(sorted(kws.items())), frozenset(spread))
+        if memo_key in self.memo:
+            return self.memo[memo_key]
+        where = f"`{helper.name}` ({os.path.basename(helper.filename)}"
+        scope = Scope(helper.fn, helper.data, site, where, (*self.scope.stack, helper.name))
+        callee = _Walker(self.body, self.captured, self.key_ndim, self.graph, scope)
+        callee.accesses, callee.value_writes, callee.memo = self.accesses, self.value_writes, self.memo
+        callee.env = _bind_params(helper, args, kws, spread)
+        callee.walk(helper.tree.body)
+        out = NOTHING
+        for r in callee.returns:
+            out = join(out, r)
+        self.memo[memo_key] = out
+        return out
 
     def walk(self, stmts: list[ast.stmt]) -> None:
         for s in stmts:
@@ -139,6 +189,8 @@ class _Walker(ExprEvaluator):
         val = self.eval(node.value) if simple else self.use(node.value)
         for t in node.targets:
             self.bind(t, val, node.value)
+            if isinstance(node.value, ast.Lambda) and isinstance(t, ast.Name):
+                self.inner_defs.add(t.id)
 
     def stmt_AnnAssign(self, node: ast.AnnAssign) -> None:
         if node.value is not None:
@@ -167,7 +219,10 @@ class _Walker(ExprEvaluator):
         self.use(node.value)
 
     def stmt_Return(self, node: ast.Return) -> None:
-        self.use(node.value)
+        if self.scope.site is None:
+            self.use(node.value)
+        elif node.value is not None:
+            self.returns.append(self.eval(node.value))  # the caller decides how the result is used
 
     def stmt_Global(self, node: ast.Global | ast.Nonlocal) -> None:
         kw = "global" if isinstance(node, ast.Global) else "nonlocal"
@@ -183,6 +238,7 @@ class _Walker(ExprEvaluator):
     def stmt_FunctionDef(self, node: ast.FunctionDef | ast.ClassDef) -> None:
         self.closure_use(node)
         self.env[node.name] = NOTHING
+        self.inner_defs.add(node.name)
 
     stmt_ClassDef = stmt_AsyncFunctionDef = stmt_FunctionDef
 
@@ -317,6 +373,34 @@ class _Walker(ExprEvaluator):
         return NOTHING
 
     eval_SetComp = eval_GeneratorExp = eval_DictComp = eval_ListComp
+
+
+def _bind_params(helper: Helper, args: list[AbsVal], kws: dict[str, AbsVal], spread: set[ArrayRef]) -> dict[str, AbsVal]:
+    """A helper's parameters bound to a call's arguments (defaults as the function holds them)."""
+    a = helper.tree.args
+    positional = [p.arg for p in a.posonlyargs + a.args]
+    defaults = dict(zip(positional[len(positional) - len(helper.fn.__defaults__ or ()):],
+                        helper.fn.__defaults__ or (), strict=True))
+    defaults.update(helper.fn.__kwdefaults__ or {})
+    unknown = views_of(spread, opaque=True) if spread else NOTHING  # *args, **kwargs: any parameter
+    env: dict[str, AbsVal] = {}
+    for i, name in enumerate(positional + [p.arg for p in a.kwonlyargs]):
+        if i < len(positional) and i < len(args):
+            val = args[i]
+        elif name in kws:
+            val = kws.pop(name)
+        elif spread:
+            val = unknown
+        else:
+            val = object_value(name, defaults.get(name))
+        env[name] = join(val, unknown) if spread else val
+    extra = args[len(positional):] + list(kws.values())
+    rest = views_of({r for v in extra for r in v.views} | spread, opaque=True)
+    if a.vararg is not None:
+        env[a.vararg.arg] = rest
+    if a.kwarg is not None:
+        env[a.kwarg.arg] = rest
+    return env
 
 
 def _widen(old: dict[str, AbsVal], new: dict[str, AbsVal]) -> dict[str, AbsVal]:

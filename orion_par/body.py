@@ -26,7 +26,7 @@ _MISSING = object()
 class BodySource:
     """A parsed loop body ``def body(key, value): ...``."""
 
-    fn: Callable[..., Any]
+    fn: types.FunctionType
     name: str
     filename: str
     tree: ast.FunctionDef
@@ -81,13 +81,13 @@ def load_body(fn: Callable[..., Any]) -> BodySource:
         first_line=first,
         key_param=params[0],
         value_param=params[1],
-        captured=_free_names(fn, fdef),
+        captured=free_names(fn, fdef),
     )
 
 
-def _free_names(fn: types.FunctionType, fdef: ast.FunctionDef) -> tuple[str, ...]:
-    # Global and closure names of the body and of code nested in it (comprehensions, inner defs), minus
-    # the body's own locals; co_names also lists attribute names, hence the intersection with Name nodes.
+def free_names(fn: types.FunctionType, fdef: ast.FunctionDef) -> tuple[str, ...]:
+    """Global and closure names ``fn`` reads (with code nested in it: comprehensions, inner defs)."""
+    # Minus its own locals; co_names also lists attribute names, hence the intersection with Name nodes.
     names: set[str] = set()
     stack = [fn.__code__]
     while stack:

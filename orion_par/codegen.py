@@ -20,6 +20,7 @@ import os
 import re
 import sys
 import tempfile
+import textwrap
 import types
 import warnings
 from collections.abc import Callable
@@ -30,9 +31,10 @@ from typing import Any
 import numba
 import numpy as np
 
-from orion_par import prefetch, sync
+from orion_par import helpers, prefetch, sync
 from orion_par.body import BodySource
 from orion_par.errors import CompileFallbackWarning
+from orion_par.helpers import CallGraph, apply_edits, call_edits, helper_source
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _LOADED: dict[tuple[str, bool], Any] = {}
@@ -70,24 +72,35 @@ def cache_dir() -> Path:
 
 
 def generate_source(body: BodySource, param_names: tuple[str, ...], key_ndim: int,
-                    prefetch_rows: tuple[prefetch.Row, ...] = ()) -> str:
+                    prefetch_rows: tuple[prefetch.Row, ...] = (), graph: CallGraph | None = None) -> str:
     """The generated module's text: ``_orion_body``, ``_orion_block``, ``_orion_seed`` and ``_orion_drive``
-    (a worker's calls of ``_orion_block`` with the token waits between them, all without the GIL).
+    (a worker's calls of ``_orion_block`` with the token waits between them, all without the GIL), and
+    the functions the body calls, rewritten to take their data as parameters (``helpers``).
 
     ``prefetch_rows`` (``prefetch.rows``): subscripts whose rows ``_orion_block`` prefetches
     ``prefetch.DISTANCE`` records ahead."""
+    graph = graph if graph is not None else CallGraph()
     tree = body.tree
     first_stmt = tree.body[0].lineno
     params = ", ".join((body.key_param, body.value_param, *param_names))
     head = f"def _orion_body({params}):"
     if first_stmt > tree.lineno and first_stmt - 1 >= 1:
         # Keep the user's line numbers: numba's messages and tracebacks then point at their file's lines.
+        lines = apply_edits(list(body.source_lines), body.first_line, call_edits(body.fn, tree, graph))
         start = first_stmt - body.first_line
         stop = tree.end_lineno - body.first_line + 1  # type: ignore[operator]
-        text = "\n" * (first_stmt - 2) + head + "\n" + "\n".join(body.source_lines[start:stop])
+        text = "\n" * (first_stmt - 2) + head + "\n" + "\n".join(lines[start:stop])
     else:
-        inner = ast.unparse(ast.Module(body=tree.body, type_ignores=[]))
-        text = head + "\n" + "\n".join("    " + ln for ln in inner.splitlines())
+        one_line = list(body.source_lines[: tree.end_lineno - body.first_line + 1])  # type: ignore[operator]
+        edited = apply_edits(one_line, body.first_line, call_edits(body.fn, tree, graph))
+        inner = ast.parse(textwrap.dedent("\n".join(edited))).body[0]
+        assert isinstance(inner, ast.FunctionDef)
+        stmts = ast.unparse(ast.Module(body=inner.body, type_ignores=[]))
+        text = head + "\n" + "\n".join("    " + ln for ln in stmts.splitlines())
+    for h in graph.helpers.values():
+        text += "\n\n\n" + helper_source(h, graph)
+    options = {h.gen_name: h.options for h in graph.helpers.values() if h.options}
+    text += f"\n\n\n_orion_options = {options!r}\n" if options else ""
     key = "(" + ", ".join(f"keys[_orion_r, {j}]" for j in range(key_ndim)) + ("," if key_ndim == 1 else "") + ")"
     rest = ", ".join(param_names)
     args = f"{key}, values[_orion_r]" + (f", {rest}" if rest else "")
@@ -118,13 +131,17 @@ def generate_source(body: BodySource, param_names: tuple[str, ...], key_ndim: in
     )
 
 
-def injected_globals(body: BodySource, captured: dict[str, Any], param_names: tuple[str, ...]) -> dict[str, Any]:
-    """Captured names that stay globals of the generated module (modules, functions)."""
+def injected_globals(body: BodySource, captured: dict[str, Any], param_names: tuple[str, ...],
+                     graph: CallGraph | None = None) -> dict[str, Any]:
+    """Captured names that stay globals of the generated module (modules, functions), and the globals the
+    rewritten helpers need; the helpers themselves are generated, not injected."""
+    graph = graph if graph is not None else CallGraph()
     out: dict[str, Any] = {"_orion_np": np, "_orion_sync": sync, "_orion_mem": prefetch}
     for name, value in captured.items():
-        if name in param_names or value is getattr(builtins, name, object()):
+        if name in param_names or value is getattr(builtins, name, object()) or graph.helper(value) is not None:
             continue
         out[name] = value
+    out.update(helpers.injected(graph))
     return out
 
 
@@ -164,6 +181,9 @@ def _jit_module(source: str, injected: dict[str, Any], cache: bool) -> types.Mod
         # inline="always" puts the body into the block loop at numba IR level: no call per record.
         mod.__dict__["_orion_body"] = numba.njit(nogil=True, cache=cache, inline="always",
                                                  error_model="numpy")(mod.__dict__["_orion_body"])
+        for name in [n for n in mod.__dict__ if n.startswith("_orion_fn_")]:  # the body's helpers
+            options = mod.__dict__.get("_orion_options", {}).get(name, {})
+            mod.__dict__[name] = numba.njit(nogil=True, cache=cache, error_model="numpy", **options)(mod.__dict__[name])
         mod.__dict__["_orion_block"] = jit(mod.__dict__["_orion_block"])  # _orion_drive calls the compiled one
         mod.__dict__["_orion_jit"] = (mod.__dict__["_orion_block"], jit(mod.__dict__["_orion_seed"]),
                                       jit(mod.__dict__["_orion_drive"]))

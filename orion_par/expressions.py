@@ -11,6 +11,7 @@ import ast
 import builtins
 import types
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,31 +32,54 @@ from orion_par.absval import (
 )
 from orion_par.access import UNKNOWN, Access, ConstSub, KeySub, Sub
 from orion_par.body import BodySource, is_missing, resolve
-from orion_par.errors import BadBodyError
+from orion_par.errors import BadBodyError, NotParallelizableError
+from orion_par.helpers import CallGraph, Helper, opaque_callable, python_function
 from orion_par.purity import NO_READ_ATTRS, READONLY_METHODS, VIEW_ATTRS, VIEW_METHODS, call_kind
 
 _SCALAR_METHODS = {"item", "argmax", "argmin"}
 
 
+@dataclass(frozen=True)
+class Scope:
+    """Where an evaluator runs: the body itself, or a helper the body calls (see ``helpers``).
+
+    In a helper, free names that hold data are read under their canonical names (``names``), and every
+    access is reported at the body's line that made the call (``site``), naming the helper's own line.
+    """
+
+    fn: types.FunctionType
+    names: Mapping[str, str]  # free name -> canonical name of the datum (identity in the body)
+    site: int | None = None  # the body's line of the outermost call
+    where: str = ""  # "helper (file.py" for messages
+    stack: tuple[str, ...] = ()  # helpers entered, outermost first
+
+
 class ExprEvaluator:
     """Evaluates expressions against ``self.env``; subclasses walk statements."""
 
-    def __init__(self, body: BodySource, captured: Mapping[str, Any], key_ndim: int) -> None:
+    def __init__(self, body: BodySource, captured: Mapping[str, Any], key_ndim: int,
+                 graph: CallGraph | None = None, scope: Scope | None = None) -> None:
         self.body = body
         self.captured = captured
         self.key_ndim = key_ndim
+        self.graph = graph if graph is not None else CallGraph()
+        self.scope = scope if scope is not None else Scope(body.fn, {})
         self.env: dict[str, AbsVal] = {}
         self.accesses: set[Access] = set()
         self.value_writes: list[int] = []
+        self.inner_defs: set[str] = set()  # local names bound to an inner def or lambda
 
     # -- recording -------------------------------------------------------------------------------
     def record(self, ref: ArrayRef, subs: tuple[Sub, ...], is_write: bool, node: ast.AST) -> None:
         line = getattr(node, "lineno", self.body.tree.lineno)
+        text = ast.unparse(node)
+        if self.scope.site is not None:
+            text, line = f"{text} in {self.scope.where}:{line})", self.scope.site
         if ref.array == self.body.value_param:
             if is_write:
                 self.value_writes.append(line)
             return
-        self.accesses.add(Access(ref.array, subs, is_write, line, ast.unparse(node)))
+        self.accesses.add(Access(ref.array, subs, is_write, line, text))
 
     def read_views(self, val: AbsVal, node: ast.AST, *, write: bool = False) -> None:
         for ref in val.views:
@@ -86,7 +110,14 @@ class ExprEvaluator:
     def lookup(self, name: str) -> AbsVal:
         if name in self.env:
             return self.env[name]
-        value = self.captured.get(name)
+        if self.scope.site is None:
+            value = self.captured.get(name)
+        elif name in self.scope.names:
+            name = self.scope.names[name]
+            value = self.captured.get(name)
+        else:
+            value = resolve(self.scope.fn, name)  # a helper's module, function or constant
+            value = None if is_missing(value) else value
         if isinstance(value, np.ndarray):
             return AbsVal(views=frozenset({ArrayRef.whole(name, value.ndim)}))
         return object_value(name, value)
@@ -214,7 +245,7 @@ class ExprEvaluator:
         if isinstance(node, ast.Name):
             if node.id in self.env:
                 return None
-            value = resolve(self.body.fn, node.id)
+            value = resolve(self.scope.fn, node.id)
             return None if is_missing(value) else value
         if isinstance(node, ast.Attribute):
             base = self.resolve_object(node.value)
@@ -238,7 +269,32 @@ class ExprEvaluator:
         if obj is builtins.int:
             v = self.use(node.args[0]) if node.args else NOTHING
             return AbsVal(v.sub, scalar=True)
+        helper = self.graph.helper(obj) if obj is not None else None
+        if helper is not None:
+            return self.call_helper(node, helper)
+        self.check_visible(node, obj)
         return self.generic_call(node, obj, args)
+
+    def call_helper(self, node: ast.Call, helper: Helper) -> AbsVal:
+        raise NotImplementedError  # the statement walker (analyzer) walks into helpers
+
+    def check_visible(self, node: ast.Call, obj: Any) -> None:
+        """Refuse a call whose effects the analyzer cannot see (it could write any array)."""
+        func = node.func
+        what = None
+        if obj is None and isinstance(func, ast.Name) and func.id in self.env and func.id not in self.inner_defs:
+            what = (f"`{func.id}`, a local name, so parallel_for cannot tell which function runs. Call the "
+                    "function by its global name")
+        elif obj is not None and python_function(obj) is not None:
+            what = f"`{ast.unparse(func)}`, which it did not find before analysis. Call it by its global name"
+        elif obj is not None and opaque_callable(obj):
+            what = (f"`{ast.unparse(func)}` ({type(obj).__name__}), whose code parallel_for cannot read. Call a "
+                    "`def` function instead, or declare the callable with @orion_par.pure if it only reads its "
+                    "arguments")
+        if what is not None:
+            raise NotParallelizableError(
+                f"{self.body.name}: line {self.scope.site or node.lineno} calls {what}."
+            )
 
     def generic_call(self, node: ast.Call, obj: Any, args: list[ast.expr]) -> AbsVal:
         kind = call_kind(obj)

@@ -19,6 +19,7 @@ from orion_par.checks import check_bounds, check_sorted, key_range
 from orion_par.codegen import CompiledBody, compile_body, generate_source, injected_globals
 from orion_par.distarray import Buffer, DistArray
 from orion_par.errors import BadBodyError
+from orion_par.helpers import CallGraph, body_graph
 from orion_par.local import BlockData, run_local
 from orion_par.plan import Plan, make_plan
 from orion_par.schedule import Schedule, make_schedule
@@ -126,6 +127,7 @@ class ParallelFor:
         self._schedules: dict[tuple[int, int | None, int | None], tuple[Schedule, BlockData]] = {}
         self._compiled: dict[tuple[Any, ...], CompiledBody] = {}
         self._ray_pool: dict[str, Any] = {}
+        self.graph = CallGraph()  # the functions the body calls, found by captured()
         functools.update_wrapper(self, fn)
 
     def __call__(self, key: Any, value: Any) -> Any:
@@ -140,12 +142,15 @@ class ParallelFor:
 
     # -- plan --------------------------------------------------------------------------------------
     def captured(self) -> dict[str, Any]:
-        """Current values of the body's free names (re-read at every run)."""
+        """Current values of the body's free names and of the data its helpers reach (re-read at every
+        run; ``helpers`` gives those their names)."""
         out = {}
         for name in self.body.captured:
             value = resolve(self.fn, name)
             if not is_missing(value):
                 out[name] = value
+        self.graph = body_graph(self.body, out)
+        out.update(self.graph.values())
         return out
 
     @property
@@ -202,10 +207,11 @@ class ParallelFor:
         names = tuple(sorted(params))
         args = (keys, values, 0, 0, *(params[n] for n in names))
         rows = prefetch.rows(accesses, params)
-        sig = (tuple(numba.typeof(a) for a in args), rows)  # type: ignore[no-untyped-call]
+        captured = self.captured()  # also finds the helpers (self.graph)
+        source = generate_source(self.body, names, keys.shape[1], rows, self.graph)
+        sig = (tuple(numba.typeof(a) for a in args), source)  # type: ignore[no-untyped-call]
         if sig not in self._compiled:
-            source = generate_source(self.body, names, keys.shape[1], rows)
-            injected = injected_globals(self.body, self.captured(), names)
+            injected = injected_globals(self.body, captured, names, self.graph)
             self._compiled[sig] = compile_body(self.body.name, source, names, injected, args, self.body.line_text)
         return self._compiled[sig]
 

@@ -41,6 +41,37 @@ NO_READ_ATTRS = {"shape", "size", "ndim", "dtype", "itemsize", "nbytes", "stride
 VIEW_ATTRS = {"T", "real", "imag", "flat"}
 
 
+_PURE_ATTR = "__orion_pure__"
+
+
+def pure(fn: Any) -> Any:
+    """Declare that ``fn`` only reads its arguments and returns a new value (it touches no shared array).
+
+    ``parallel_for`` then treats a call of ``fn`` like ``np.dot``: its array arguments are read, nothing is
+    written, and its source is not analysed.  Use it for functions whose source cannot be read (made by
+    ``exec``, wrappers of C code) or that the analyzer cannot follow.  A wrong declaration makes a wrong
+    plan.  The function is called as it is, so a compiled body needs it to be a numba function.
+
+    Examples
+    --------
+    >>> @pure
+    ... def sigmoid(x):
+    ...     return 1.0 / (1.0 + math.exp(-x))
+    >>> call_kind(sigmoid)
+    'pure'
+    """
+    for target in {id(fn): fn, id(getattr(fn, "py_func", fn)): getattr(fn, "py_func", fn)}.values():
+        try:
+            setattr(target, _PURE_ATTR, True)
+        except AttributeError as e:
+            raise TypeError(f"orion_par.pure: cannot mark {fn!r}; wrap it in a def and mark that.") from e
+    return fn
+
+
+def is_declared_pure(fn: Any) -> bool:
+    return getattr(fn, _PURE_ATTR, False) is True
+
+
 def call_kind(fn: Any) -> str:
     """``"pure"`` (reads its args, returns a new value), ``"view"`` (returns a view of its argument) or
     ``"unknown"`` (may write its arguments).
@@ -52,6 +83,8 @@ def call_kind(fn: Any) -> str:
     """
     if fn is None:
         return "unknown"
+    if is_declared_pure(fn):
+        return "pure"
     if isinstance(fn, np.ufunc):
         return "pure"  # a ufunc writes only through out=, which the analyzer checks separately
     module = getattr(fn, "__module__", None) or ""

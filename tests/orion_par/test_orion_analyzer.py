@@ -108,16 +108,24 @@ def test_if_else_aliases_are_joined():
 
 
 def test_unknown_call_and_method_may_write_their_arguments():
+    def body(key, value):
+        np.random.shuffle(W[key[0]])
+        H[key[1]].fill(0.0)
+
+    found = _accesses(body, {"W": W, "H": H, "np": np})
+    assert ("W", (KeySub(0), FULL), True) in found
+    assert ("H", (KeySub(1), FULL), True) in found
+
+
+def test_a_helper_is_walked_with_its_arguments_bound():
     def helper(row, v):
         row[0] = v
 
     def body(key, value):
         helper(W[key[0]], value)
-        H[key[1]].fill(0.0)
 
-    found = _accesses(body, {"W": W, "H": H, "helper": helper})
-    assert ("W", (KeySub(0), FULL), True) in found
-    assert ("H", (KeySub(1), FULL), True) in found
+    found = _accesses(body, {"W": W, "helper": helper})
+    assert ("W", (KeySub(0), ConstSub(0)), True) in found  # the element the helper writes, not the row
 
 
 def test_pure_numpy_call_only_reads():
