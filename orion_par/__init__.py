@@ -30,6 +30,7 @@ from orion_par.errors import (
 )
 from orion_par.parallel_for import ParallelFor, RunStats, parallel_for
 from orion_par.plan import Plan
+from orion_par.purity import pure
 from orion_par.scheme import ParallelScheme
 
 __all__ = [
@@ -45,4 +46,5 @@ __all__ = [
     "Plan",
     "RunStats",
     "parallel_for",
+    "pure",
 ]

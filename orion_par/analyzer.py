@@ -173,6 +173,14 @@ class _Walker(ExprEvaluator):
                 self.bind(e, self.eval(v), v)  # a, b = b, a: values were evaluated before binding
             return
         if val.is_key:
+            plain = len(elts) - int(starred)
+            if plain > self.key_ndim or not starred and plain != self.key_ndim:
+                raise BadBodyError(
+                    f"{self.body.name}: line {target.lineno} unpacks the key into {len(elts)} names "
+                    f"(`{ast.unparse(target)}`), but the dataset's keys have {self.key_ndim} field(s). Unpack "
+                    f"{self.key_ndim} name(s), or build the dataset with {len(elts)} key columns in "
+                    "DistArray.from_coo(keys, values)."
+                )
             star = next((i for i, e in enumerate(elts) if isinstance(e, ast.Starred)), len(elts))
             for i, e in enumerate(elts):
                 j = i if i < star else self.key_ndim - (len(elts) - i)

@@ -199,7 +199,7 @@ class ExprEvaluator:
         base = self.eval(node.value)
         items = self.index_items(node.slice)
         if base.is_key:
-            return self.key_item(items)
+            return self.key_item(items, node)
         if not base.views:
             return NOTHING
         views = set()
@@ -211,12 +211,17 @@ class ExprEvaluator:
                 self.record(r, region(r), False, node)  # one element (or maybe one) read here
         return AbsVal(views=frozenset(views)) if views else SCALAR
 
-    def key_item(self, items: list[IndexItem]) -> AbsVal:
+    def key_item(self, items: list[IndexItem], node: ast.Subscript) -> AbsVal:
         if len(items) == 1 and items[0].kind == "index" and isinstance(items[0].value.sub, ConstSub):
             j = items[0].value.sub.value
             j = j + self.key_ndim if j < 0 else j
             if 0 <= j < self.key_ndim:
                 return AbsVal(KeySub(j), scalar=True)
+            raise BadBodyError(
+                f"{self.body.name}: line {node.lineno} reads `{ast.unparse(node)}`, but the dataset's keys have "
+                f"{self.key_ndim} field(s) (key[0]..key[{self.key_ndim - 1}]). Use one of those, or build the "
+                "dataset with more key columns in DistArray.from_coo(keys, values)."
+            )
         return AbsVal(scalar=len(items) == 1 and items[0].kind == "index")
 
     def eval_Attribute(self, node: ast.Attribute) -> AbsVal:

@@ -124,3 +124,25 @@ def test_lda_on_ray_equals_local(ray_cluster):
     _compare(gibbs, [state.Z, state.ndk, state.nwk, state.nk], workers=2, epochs=3, seed=5)
     assert np.array_equal(state.nwk.sum(axis=0), np.asarray(state.nk))
     gibbs.close()
+
+
+HELPER_I = DistArray(np.zeros(25))
+
+
+def _helper_writes_a_global(i, r):
+    HELPER_I[i] = 0.5 * HELPER_I[i] + r  # an array the body never names: each actor must update its copy
+
+
+def test_a_helper_writing_a_global_on_ray_equals_local(ray_cluster):
+    rng = np.random.default_rng(2)
+    keys = np.stack([rng.integers(0, 60, 3000), rng.integers(0, 25, 3000)], axis=1)
+    U = DistArray(np.zeros(60))
+
+    @parallel_for(DistArray.from_coo(keys, rng.random(3000)))
+    def body(key, value):
+        U[key[0]] += value
+        _helper_writes_a_global(key[1], value)
+
+    assert body.plan.scheme == "2d"
+    _compare(body, [U, HELPER_I], workers=2, epochs=2)
+    body.close()

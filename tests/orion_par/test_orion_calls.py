@@ -1,0 +1,196 @@
+"""Bodies that call the user's functions: the analyzer sees what the callees touch, the executor gives
+them the current arrays, and calls it cannot read are refused with a fix that works."""
+
+from __future__ import annotations
+
+import warnings
+
+import numba
+import numpy as np
+import pytest
+
+from orion_par import CompileFallbackWarning, DistArray, NotParallelizableError, parallel_for, pure
+
+RNG = np.random.default_rng(3)
+N = 600
+KEYS = np.stack([RNG.integers(0, 12, N), RNG.integers(0, 9, N)], axis=1)
+DATA = DistArray.from_coo(KEYS, RNG.random(N))
+HG_U = DistArray(np.zeros(12))
+HG_I = DistArray(np.zeros(9))
+P = np.ones(12)
+Q = np.ones(9)
+OUT = DistArray(np.zeros(12))
+ROWS = DistArray(np.zeros((12, 3)))
+
+
+def _item_ema(i, r):
+    HG_I[i] = 0.9 * HG_I[i] + 0.1 * r  # an array the body never names
+
+
+def _record_both(u, i, r, scale=1.0):
+    HG_U[u] += scale * r
+    _item_ema(i, r)
+
+
+@numba.njit
+def _pq(u, i):
+    return P[u] * Q[i]
+
+
+def _row(u):
+    return ROWS[u]
+
+
+def _parallel_equals_serial(fn, arrays, workers=2, epochs=2):
+    start = [a.copy() for a in arrays]
+    fn.epochs_run = 0
+    fn.run(workers=workers, epochs=epochs)
+    parallel = [a.copy() for a in arrays]
+    for a, s in zip(arrays, start, strict=True):
+        a[...] = s
+    fn.run_serial(order=fn.schedule(workers).serial_order(epochs, 0), epochs=1)
+    return all(np.array_equal(a, p) for a, p in zip(arrays, parallel, strict=True))
+
+
+def test_a_global_written_only_by_a_helper_is_seen_and_kept_exact():
+    @parallel_for(DATA)
+    def body(key, value):
+        u, i = key
+        HG_U[u] += value
+        _item_ema(i, value)
+
+    plan = body.plan
+    assert plan.scheme == "2d"  # HG_U by u, HG_I (the helper's) by i: not 1d, which would race on HG_I
+    assert "HG_I" in plan.written and "_item_ema" in str(plan)
+    assert _parallel_equals_serial(body, [HG_U, HG_I])
+
+
+def test_nested_helpers_keywords_and_defaults():
+    @parallel_for(DATA)
+    def body(key, value):
+        _record_both(key[0], key[1], value)
+        _record_both(key[0], key[1], r=value, scale=0.5)
+
+    assert body.plan.scheme == "2d"
+    assert _parallel_equals_serial(body, [HG_U, HG_I])
+
+
+def test_a_compiled_helper_reads_the_current_globals_not_a_frozen_copy():
+    @parallel_for(DATA)
+    def body(key, value):
+        u, i = key
+        OUT[u] += _pq(u, i)
+
+    OUT[:] = 0
+    P[:] = 1.0
+    body.run(workers=1)
+    assert OUT.sum() == N
+    P[:] = 2.0  # numba would have frozen P = 1 into _pq
+    OUT[:] = 0
+    body.run(workers=2)
+    assert OUT.sum() == 2 * N
+
+
+def test_a_view_returned_by_a_helper_is_written_through():
+    @parallel_for(DATA)
+    def body(key, value):
+        row = _row(key[0])
+        row[1] += value
+
+    plan = body.plan
+    assert plan.scheme == "1d" and plan.space_dim == 0
+    assert any(a.array == "ROWS" and a.is_write for a in plan.accesses)
+
+
+def test_a_helpers_own_array_under_a_name_the_body_uses_for_another_array():
+    other = DistArray(np.zeros(9))
+
+    def make_writer():
+        OUT = other  # noqa: N806 - the same name as the module's OUT, a different array
+
+        def write(i, r):
+            OUT[i] += r
+
+        return write
+
+    writer = make_writer()
+
+    @parallel_for(DATA)
+    def body(key, value):
+        OUT[key[0]] += value
+        writer(key[1], value)
+
+    plan = body.plan
+    assert plan.scheme == "2d"
+    assert {"OUT", "OUT_1"} <= set(plan.written)
+    assert _parallel_equals_serial(body, [OUT, other])
+
+
+def test_recursion_is_refused_with_the_call():
+    @parallel_for(DATA)
+    def body(key, value):
+        _countdown(key[0])
+
+    with pytest.raises(NotParallelizableError, match=r"_countdown.*calls itself"):
+        body.plan
+
+
+def _countdown(n):
+    if n > 0:
+        OUT[n] += 1
+        _countdown(n - 1)
+
+
+def test_a_function_without_source_is_refused_and_declaring_it_pure_works():
+    namespace: dict = {}
+    exec("def scaled(x):\n    return 2.0 * x\n", namespace)  # no file: its source cannot be read
+    scaled = namespace["scaled"]
+
+    def make_body():
+        @parallel_for(DATA)
+        def body(key, value):
+            OUT[key[0]] += scaled(value)
+
+        return body
+
+    with pytest.raises(NotParallelizableError, match=r"line \d+ calls `scaled`.*@orion_par.pure"):
+        make_body().plan
+    pure(scaled)  # the suggested fix
+    body = make_body()
+    assert body.plan.scheme == "1d"
+    OUT[:] = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CompileFallbackWarning)  # numba cannot compile an exec'd function
+        body.run(workers=2)
+    assert np.isclose(OUT.sum(), 2 * np.asarray(DATA).sum())
+
+
+def test_a_call_through_a_local_name_is_refused_and_the_global_name_works():
+    @parallel_for(DATA)
+    def by_local(key, value):
+        f = _item_ema
+        f(key[1], value)
+
+    with pytest.raises(NotParallelizableError, match=r"line \d+ calls `f`, a local name.*global name"):
+        by_local.plan
+
+    @parallel_for(DATA)
+    def by_global(key, value):
+        _item_ema(key[1], value)
+
+    assert by_global.plan.scheme == "1d" and by_global.plan.space_dim == 1
+
+
+def test_a_bound_method_of_the_users_class_is_refused():
+    class Model:
+        def update(self, i, r):
+            HG_I[i] += r
+
+    update = Model().update
+
+    @parallel_for(DATA)
+    def body(key, value):
+        update(key[1], value)
+
+    with pytest.raises(NotParallelizableError, match=r"calls `update` \(method\)"):
+        body.plan
