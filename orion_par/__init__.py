@@ -20,7 +20,7 @@
 2.0
 """
 
-from orion_par.distarray import Buffer, DistArray
+from orion_par.distarray import Accumulator, Buffer, DistArray
 from orion_par.errors import (
     BadBodyError,
     CompileFallbackWarning,
@@ -34,6 +34,7 @@ from orion_par.purity import pure
 from orion_par.scheme import ParallelScheme
 
 __all__ = [
+    "Accumulator",
     "BadBodyError",
     "Buffer",
     "CompileFallbackWarning",

@@ -75,6 +75,9 @@ class Access:
         Line number in the body's source file.
     text : str
         The subscript as written, e.g. ``"W[u, r]"``.
+    via : str
+        The function the body called that made the access (empty in the body itself); ``line`` is then
+        the body's line of the call.
     """
 
     array: str
@@ -82,6 +85,7 @@ class Access:
     is_write: bool
     line: int
     text: str
+    via: str = ""
 
     def sort_key(self) -> tuple[str, int, bool, str, str]:
         return (self.array, self.line, self.is_write, self.text, repr(self.subs))

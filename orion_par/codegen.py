@@ -32,6 +32,7 @@ import numba
 import numpy as np
 
 from orion_par import helpers, prefetch, sync
+from orion_par.accumulate import RETURNED
 from orion_par.body import BodySource
 from orion_par.errors import CompileFallbackWarning
 from orion_par.helpers import CallGraph, apply_edits, call_edits, helper_source
@@ -80,9 +81,11 @@ def generate_source(body: BodySource, param_names: tuple[str, ...], key_ndim: in
     ``prefetch_rows`` (``prefetch.rows``): subscripts whose rows ``_orion_block`` prefetches
     ``prefetch.DISTANCE`` records ahead."""
     graph = graph if graph is not None else CallGraph()
+    returns = RETURNED in param_names  # the body returns a value: the block sums it into _orion_ret[0]
+    body_params = tuple(n for n in param_names if n != RETURNED)
     tree = body.tree
     first_stmt = tree.body[0].lineno
-    params = ", ".join((body.key_param, body.value_param, *param_names))
+    params = ", ".join((body.key_param, body.value_param, *body_params))
     head = f"def _orion_body({params}):"
     if first_stmt > tree.lineno and first_stmt - 1 >= 1:
         # Keep the user's line numbers: numba's messages and tracebacks then point at their file's lines.
@@ -102,9 +105,10 @@ def generate_source(body: BodySource, param_names: tuple[str, ...], key_ndim: in
     options = {h.gen_name: h.options for h in graph.helpers.values() if h.options}
     text += f"\n\n\n_orion_options = {options!r}\n" if options else ""
     key = "(" + ", ".join(f"keys[_orion_r, {j}]" for j in range(key_ndim)) + ("," if key_ndim == 1 else "") + ")"
-    rest = ", ".join(param_names)
+    rest = ", ".join(body_params)
     args = f"{key}, values[_orion_r]" + (f", {rest}" if rest else "")
-    tail = f", {rest}" if rest else ""
+    tail = f", {', '.join(param_names)}" if param_names else ""
+    call = f"{RETURNED}[0] += _orion_body({args})" if returns else f"_orion_body({args})"
     return (
         text + "\n\n\n"
         f"def _orion_block(keys, values, start, stop{tail}):\n"
@@ -112,7 +116,7 @@ def generate_source(body: BodySource, param_names: tuple[str, ...], key_ndim: in
         + (f"        if _orion_r + {prefetch.DISTANCE} < stop:\n"
            + prefetch.prefetch_lines(prefetch_rows, f"_orion_r + {prefetch.DISTANCE}", "            ") + "\n"
            if prefetch_rows else "")
-        + f"        _orion_body({args})\n\n\n"
+        + f"        {call}\n\n\n"
         "def _orion_seed(seed):\n"
         "    _orion_np.random.seed(seed)\n\n\n"
         # A worker's calls (rows: start, stop, token, uses of the token to wait for, tasks in the call), from

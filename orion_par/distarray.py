@@ -48,8 +48,17 @@ class DistArray(np.ndarray):
         self.keys = None
 
     def __reduce__(self) -> Any:
-        # Pickle (Ray, multiprocessing) as a plain array plus the keys.
-        return (_rebuild, (np.asarray(self), self.keys, type(self), getattr(self, "max_delay", None)))
+        # Pickle (Ray, multiprocessing) as a plain array plus the keys (and a Buffer's delay, an
+        # Accumulator's op).
+        return (_rebuild, (np.asarray(self), self.keys, type(self), getattr(self, "max_delay", None)),
+                {"op": getattr(self, "op", None)})
+
+    def __setstate__(self, state: Any) -> None:
+        if isinstance(state, dict):
+            if state.get("op") is not None:
+                self.op = state["op"]
+        else:
+            super().__setstate__(state)
 
     @classmethod
     def from_coo(cls, keys: Any, values: Any) -> DistArray:
@@ -153,7 +162,77 @@ class Buffer(DistArray):
         self.max_delay = getattr(obj, "max_delay", 1)
 
 
+ACCUMULATOR_OPS = ("sum", "count", "min", "max")
+
+
+class Accumulator(DistArray):
+    """A value the loop reduces over its records: a sum, a count, a minimum or a maximum (Orion's
+    accumulators), e.g. the training loss of an epoch.
+
+    The body only updates it, one element at a time: ``LOSS[0] += err * err`` (``"sum"``, ``"count"``),
+    ``BEST[0] = min(BEST[0], x)`` or ``max(...)``.  Every epoch starts it at the reduction's identity
+    (0, +inf or -inf); each worker reduces its own records into a private copy, and the copies are combined
+    in worker order at the end of the epoch.  With one worker that is the serial loop's value, bit for bit;
+    with more it is the serial order's per-worker partial results, combined.  ``run`` returns every
+    epoch's value (``RunStats.accumulated``); the array holds the last one.
+
+    Parameters
+    ----------
+    op : {"sum", "count", "min", "max"}
+    shape : int or tuple of int, default 1
+        A scalar accumulator is one element (``LOSS[0]``); a histogram has more.
+    dtype : numpy dtype, optional
+        Default ``int64`` for ``"count"``, ``float64`` otherwise.
+
+    Examples
+    --------
+    >>> loss = Accumulator("sum")
+    >>> loss.op, loss.shape, float(loss[0])
+    ('sum', (1,), 0.0)
+    >>> float(Accumulator("min")[0])
+    inf
+    """
+
+    op: str
+
+    def __new__(cls, op: str = "sum", shape: int | tuple[int, ...] = 1, dtype: Any = None) -> Accumulator:
+        if op not in ACCUMULATOR_OPS:
+            raise BadBodyError(f"Accumulator(op={op!r}): choose one of {ACCUMULATOR_OPS}.")
+        dt = np.dtype(dtype if dtype is not None else (np.int64 if op == "count" else np.float64))
+        obj = np.zeros(shape, dt).view(cls)
+        obj.keys = None
+        obj.op = op
+        obj.reset()
+        return obj
+
+    def __array_finalize__(self, obj: Any) -> None:
+        self.keys = None
+        self.op = getattr(obj, "op", "sum")
+
+    def identity(self) -> Any:
+        """The value every epoch starts from: 0 for sums and counts, the dtype's largest or smallest
+        value for a minimum or maximum."""
+        return identity(self.op, self.dtype)
+
+    def reset(self) -> None:
+        """Set every element to the identity."""
+        np.ndarray.__setitem__(self, Ellipsis, self.identity())
+
+
+def identity(op: str, dtype: np.dtype) -> Any:
+    if op in ("sum", "count"):
+        return dtype.type(0)
+    big = np.inf if dtype.kind in "fc" else np.iinfo(dtype).max
+    return dtype.type(big if op == "min" else -big if dtype.kind in "fc" else np.iinfo(dtype).min)
+
+
 def _rebuild(values: np.ndarray, keys: np.ndarray | None, cls: type, max_delay: int | None) -> DistArray:
-    obj: DistArray = Buffer(values, max_delay or 1) if cls is Buffer else cls(values)
+    obj: DistArray
+    if cls is Buffer:
+        obj = Buffer(values, max_delay or 1)
+    elif cls is Accumulator:
+        obj = np.asarray(values).view(Accumulator)
+    else:
+        obj = cls(values)
     obj.keys = keys
     return obj

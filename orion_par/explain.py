@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from orion_par.accumulate import RETURNED
 from orion_par.body import BodySource
 from orion_par.dependence import DepVec, Interval, lex_positive_boxes
 from orion_par.scheme import ParallelScheme, why
@@ -75,6 +76,10 @@ def explain_plan(body: BodySource, p: Mapping[str, Any], distinct: Sequence[int]
     lines.append("  decision: " + _decision(p, summary, names))
     for name, delay in sorted(p["buffered"].items()):
         lines.append(f"  buffered: {name} (Buffer, max_delay={delay}): workers' updates are added every {delay} step(s)")
+    for name, op in sorted(p["accumulators"].items()):
+        what = "the body's return values" if name == RETURNED else f"{name} (Accumulator)"
+        lines.append(f"  accumulated: {what}, a {op} over each worker's records, combined in worker order "
+                     "every epoch")
     for name in p["data_parallel"]:
         lines.append(f"  data parallel: {name} goes to the parameter server (allow_data_parallel=True); "
                      "each worker updates a copy, merged additively every step")

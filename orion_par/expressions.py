@@ -79,7 +79,7 @@ class ExprEvaluator:
             if is_write:
                 self.value_writes.append(line)
             return
-        self.accesses.add(Access(ref.array, subs, is_write, line, text))
+        self.accesses.add(Access(ref.array, subs, is_write, line, text, " > ".join(self.scope.stack)))
 
     def read_views(self, val: AbsVal, node: ast.AST, *, write: bool = False) -> None:
         for ref in val.views:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,13 +49,15 @@ class _State:
 
 def run_local(compiled: CompiledBody, data: BlockData, schedule: Schedule, epochs: int,
               relaxed: Mapping[str, int], seed: int | None, cpu: list[float] | None = None,
-              first_epoch: int = 0) -> list[float]:
+              first_epoch: int = 0, own: Mapping[str, Sequence[np.ndarray]] | None = None) -> list[float]:
     """Run epochs ``first_epoch`` to ``first_epoch + epochs - 1`` of ``schedule``; returns each worker's busy
     seconds (wall time in blocks).
 
     ``cpu``, if given, receives each worker's CPU seconds in blocks (busy time minus time the OS gave
-    the core to other processes).
+    the core to other processes).  ``own``: parameters each worker has its own copy of (accumulators),
+    one array per worker.
     """
+    own = own or {}
     workers = schedule.num_workers
     by_epoch = [schedule.for_epoch(first_epoch + e) for e in range(epochs)]  # each epoch's tasks (one order for all)
     private = _private_copies(data.params, relaxed, workers)
@@ -70,14 +72,15 @@ def run_local(compiled: CompiledBody, data: BlockData, schedule: Schedule, epoch
                 c[...] = data.params[name]
 
     if compiled.drive is not None and not need_barrier:
-        return _run_driven(compiled, data, schedule, by_epoch, seed, cpu)
+        return _run_driven(compiled, data, schedule, by_epoch, seed, cpu, own)
     barrier = threading.Barrier(workers, action=merge) if need_barrier else None
     state = _State()
     busy = [0.0] * workers
     cpu_s = [0.0] * workers
     threads = [
         threading.Thread(target=_worker, name=f"orion_par-worker-{w}",
-                         args=(w, compiled, data, by_epoch, private, every, barrier, state, (busy, cpu_s), seed))
+                         args=(w, compiled, data, by_epoch, {**private, **own}, every, barrier, state, (busy, cpu_s),
+                               seed))
         for w in range(workers)
     ]
     for t in threads:
@@ -100,7 +103,7 @@ def _private_copies(params: Mapping[str, Any], relaxed: Mapping[str, int], worke
 
 
 def _worker(w: int, compiled: CompiledBody, data: BlockData, by_epoch: list[Schedule],
-            private: Mapping[str, list[np.ndarray]], every: int | None, barrier: threading.Barrier | None,
+            private: Mapping[str, Sequence[np.ndarray]], every: int | None, barrier: threading.Barrier | None,
             state: _State, clocks: tuple[list[float], list[float]], seed: int | None) -> None:
     try:
         if seed is not None:
@@ -149,12 +152,12 @@ def _wait_turn(task: Task, epoch: int, schedule: Schedule, state: _State) -> Non
 
 
 def _run_driven(compiled: CompiledBody, data: BlockData, schedule: Schedule, by_epoch: list[Schedule],
-                seed: int | None, cpu: list[float] | None) -> list[float]:
+                seed: int | None, cpu: list[float] | None, own: Mapping[str, Sequence[np.ndarray]]) -> list[float]:
     """``run_local`` for schedules without barriers: each worker's calls in one compiled driver."""
     workers = schedule.num_workers
     calls = [_calls(by_epoch, w) for w in range(workers)]
     done = np.zeros(max((t.token for t in schedule.tasks), default=0) + 1, np.int64)
-    params = tuple(data.params[n] for n in compiled.param_names)
+    params = [tuple(own[n][w] if n in own else data.params[n] for n in compiled.param_names) for w in range(workers)]
     spin = int(_SPIN_S * _cycles_per_s())
     state = _State()
     busy = [0.0] * workers
@@ -188,10 +191,11 @@ def _calls(by_epoch: list[Schedule], w: int) -> np.ndarray:
 
 
 def _drive_worker(w: int, compiled: CompiledBody, data: BlockData, by_worker: list[np.ndarray], done: np.ndarray,
-                  spin: int, params: tuple[Any, ...], state: _State, clocks: tuple[list[float], list[float]],
-                  seed: int | None) -> None:
+                  spin: int, by_worker_params: list[tuple[Any, ...]], state: _State,
+                  clocks: tuple[list[float], list[float]], seed: int | None) -> None:
     assert compiled.drive is not None
     calls = by_worker[w]
+    params = by_worker_params[w]
     clock = np.zeros(2, np.int64)  # cycles spent waiting for tokens, cycles in the driver
     wall = cpu = 0.0
     try:

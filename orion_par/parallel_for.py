@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numba
@@ -13,11 +13,12 @@ import numpy as np
 
 from orion_par import prefetch
 from orion_par.access import Access
+from orion_par.accumulate import RETURNED, check_usage, combine, returns_value
 from orion_par.analyzer import analyze_body
 from orion_par.body import is_missing, is_scalar_constant, load_body, resolve
 from orion_par.checks import check_bounds, check_sorted, key_range
 from orion_par.codegen import CompiledBody, compile_body, generate_source, injected_globals
-from orion_par.distarray import Buffer, DistArray
+from orion_par.distarray import Accumulator, DistArray, identity
 from orion_par.errors import BadBodyError
 from orion_par.helpers import CallGraph, body_graph
 from orion_par.local import BlockData, run_local
@@ -41,6 +42,14 @@ class RunStats:
     busy_s: tuple[float, ...]
     compiled: bool
     cpu_s: tuple[float, ...] = ()  # CPU seconds per worker in blocks (local backend)
+    # Per accumulator (orion_par.Accumulator, by name), its value after each epoch: a number for a
+    # one-element accumulator, else an array.
+    accumulated: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
+
+    @property
+    def returned(self) -> tuple[float, ...]:
+        """The sum of the body's return values over each epoch's records (empty if it returns nothing)."""
+        return self.accumulated.get(RETURNED, ())
 
     @property
     def records_per_s(self) -> float:
@@ -128,6 +137,7 @@ class ParallelFor:
         self._compiled: dict[tuple[Any, ...], CompiledBody] = {}
         self._ray_pool: dict[str, Any] = {}
         self.graph = CallGraph()  # the functions the body calls, found by captured()
+        self._returned = Accumulator("sum")  # the sum of the body's return values (accumulate.RETURNED)
         functools.update_wrapper(self, fn)
 
     def __call__(self, key: Any, value: Any) -> Any:
@@ -189,13 +199,15 @@ class ParallelFor:
         return self._schedules[key]
 
     # -- compile -----------------------------------------------------------------------------------
-    def _params(self, captured: dict[str, Any]) -> dict[str, Any]:
+    def _params(self, captured: dict[str, Any], returns: bool = False) -> dict[str, Any]:
         params = {}
         for name, value in captured.items():
             if isinstance(value, np.ndarray):
                 params[name] = np.asarray(value)  # numba takes plain ndarrays, not subclasses
             elif is_scalar_constant(value):
                 params[name] = value
+        if returns:
+            params[RETURNED] = np.asarray(self._returned)
         return params
 
     def compiled_body(self, keys: np.ndarray, values: np.ndarray, params: dict[str, Any],
@@ -244,28 +256,51 @@ class ParallelFor:
         captured = self.captured()
         plan = self._current_plan(captured)
         sched, data = self._prepared(plan, workers, time_partitions)
-        data.params = self._params(captured)
+        data.params = self._params(captured, RETURNED in plan.accumulators)
         if self._key_range is None:
             self._key_range = key_range(self._keys)
         check_bounds(plan.accesses, plan.key_names, data.keys, data.params, self._key_range)
         compiled = self.compiled_body(data.keys, data.values, data.params, plan.accesses)
         cpu: list[float] = []
+        accs = {n: op for n, op in plan.accumulators.items() if n in data.params}
+        epoch_values: list[dict[str, np.ndarray]] = []
         t0 = time.perf_counter()
-        if backend == "local" and plan.data_parallel and workers > 1:
-            # Arrays no scheme can partition live in the parameter server (orion_par.ps), one table each.
-            from orion_par.ps.data_parallel import run_data_parallel
-
-            busy = run_data_parallel(compiled, data, sched, epochs, plan.relaxed, seed, first_epoch=self.epochs_run)
-        elif backend == "local":
-            busy = run_local(compiled, data, sched, epochs, plan.relaxed, seed, cpu, first_epoch=self.epochs_run)
-        else:
+        if backend == "ray":
             from orion_par.ray_backend import run_ray
 
-            busy = run_ray(compiled, data, sched, epochs, plan, seed, self._ray_pool, first_epoch=self.epochs_run)
+            _reset(accs, data.params)
+            busy = run_ray(compiled, data, sched, epochs, plan, seed, self._ray_pool, first_epoch=self.epochs_run,
+                           epoch_values=epoch_values)
+        elif not accs:
+            busy = self._run_local(compiled, data, sched, epochs, plan, seed, cpu, self.epochs_run, None)
+        else:
+            # One call per epoch: every epoch's accumulators start at the identity in private copies.
+            busy = [0.0] * workers
+            for epoch in range(epochs):
+                _reset(accs, data.params)
+                own = {n: [np.array(data.params[n], copy=True) for _ in range(workers)] for n in accs} if workers > 1 else {}
+                part: list[float] = []
+                b = self._run_local(compiled, data, sched, 1, plan, seed, part, self.epochs_run + epoch, own)
+                busy = [x + y for x, y in zip(busy, b, strict=True)]
+                cpu = [x + y for x, y in zip(cpu or [0.0] * len(part), part, strict=True)]
+                for n, copies in own.items():
+                    combine(accs[n], copies, data.params[n])
+                epoch_values.append({n: np.array(data.params[n], copy=True) for n in accs})
         elapsed = time.perf_counter() - t0
         self.epochs_run += epochs
         return RunStats(backend, str(plan.scheme), workers, epochs, int(sched.perm.size) * epochs, elapsed,
-                        tuple(busy), compiled.compiled, tuple(cpu))
+                        tuple(busy), compiled.compiled, tuple(cpu), _per_epoch(epoch_values))
+
+    def _run_local(self, compiled: CompiledBody, data: BlockData, sched: Schedule, epochs: int, plan: Plan,
+                   seed: int | None, cpu: list[float], first_epoch: int,
+                   own: dict[str, list[np.ndarray]] | None) -> list[float]:
+        if plan.data_parallel and sched.num_workers > 1:
+            # Arrays no scheme can partition live in the parameter server (orion_par.ps), one table each.
+            from orion_par.ps.data_parallel import run_data_parallel
+
+            return run_data_parallel(compiled, data, sched, epochs, plan.relaxed, seed, first_epoch=first_epoch,
+                                     own=own)
+        return run_local(compiled, data, sched, epochs, plan.relaxed, seed, cpu, first_epoch=first_epoch, own=own)
 
     def run_serial(self, order: np.ndarray | None = None, epochs: int = 1, *, seed: int | None = None) -> RunStats:
         """Run the compiled body serially in this thread, over ``order`` (default: data order).
@@ -274,28 +309,49 @@ class ParallelFor:
         ``run(workers=w, epochs=epochs)`` equals.  It does not advance ``epochs_run``.
         """
         captured = self.captured()
+        returns = returns_value(self.body)
+        params = self._params(captured, returns)
+        analysis = analyze_body(self.body, captured, self._keys.shape[1], np.ndim(self.data), self.graph)
+        accs = {n: v.op for n, v in captured.items() if isinstance(v, Accumulator)}
+        check_usage(self.body, accs, {a.array: a.line for a in analysis.accesses if a.via and a.array in accs})
+        if returns:
+            accs[RETURNED] = "sum"
+        t0 = time.perf_counter()  # gathering the records in `order` is part of the serial run's work
         idx = np.arange(self.data.num_records) if order is None else np.asarray(order, dtype=np.int64)
         keys = np.ascontiguousarray(self._keys[idx])
         values = np.ascontiguousarray(np.asarray(self.data)[idx])
-        params = self._params(captured)
-        analysis = analyze_body(self.body, captured, keys.shape[1], np.ndim(self.data))
         check_bounds(analysis.accesses, analysis.key_names, keys, params)
+        gathered = time.perf_counter() - t0
         compiled = self.compiled_body(keys, values, params, analysis.accesses)
         if seed is not None:
             compiled.seed(seed)
         args = tuple(params[n] for n in compiled.param_names)
+        epoch_values = []
         t0 = time.perf_counter()
         for _ in range(epochs):
+            _reset(accs, params)
             compiled.block(keys, values, 0, keys.shape[0], *args)
-        elapsed = time.perf_counter() - t0
-        return RunStats("serial", "serial", 1, epochs, int(idx.size) * epochs, elapsed, (elapsed,), compiled.compiled)
+            epoch_values.append({n: np.array(params[n], copy=True) for n in accs})
+        elapsed = time.perf_counter() - t0 + gathered
+        return RunStats("serial", "serial", 1, epochs, int(idx.size) * epochs, elapsed, (elapsed,), compiled.compiled,
+                        accumulated=_per_epoch(epoch_values))
+
+
+def _reset(accs: Mapping[str, str], params: Mapping[str, Any]) -> None:
+    for name, op in accs.items():
+        params[name][...] = identity(op, params[name].dtype)
+
+
+def _per_epoch(values: list[dict[str, np.ndarray]]) -> dict[str, tuple[Any, ...]]:
+    names = values[0].keys() if values else ()
+    return {n: tuple(v[n].reshape(-1)[0].item() if v[n].size == 1 else v[n] for v in values) for n in names}
 
 
 def _fingerprint(value: Any) -> Any:
     # What the plan depends on: array ranks and buffer delays, and integer constants (they fold into
     # subscripts such as key[0] + OFFSET).
     if isinstance(value, np.ndarray):
-        return ("array", value.ndim, isinstance(value, Buffer), getattr(value, "max_delay", None))
+        return ("array", value.ndim, type(value).__name__, getattr(value, "max_delay", None), getattr(value, "op", None))
     if isinstance(value, (int, np.integer)):
         return ("int", int(value))
     return (type(value).__name__,)

@@ -15,11 +15,12 @@ from typing import Any
 import numpy as np
 
 from orion_par.access import Access
+from orion_par.accumulate import RETURNED, check_usage, returns_value
 from orion_par.analyzer import analyze_body
 from orion_par.body import BodySource
 from orion_par.checks import check_no_aliases
 from orion_par.dependence import DepVec, dependence_vectors
-from orion_par.distarray import Buffer
+from orion_par.distarray import Accumulator, Buffer
 from orion_par.errors import NotParallelizableError
 from orion_par.explain import explain_plan, refusal_message
 from orion_par.scheme import ParallelScheme, SchemeChoice, candidates, choose_scheme, satisfies, violations
@@ -42,6 +43,9 @@ class Plan:
         ``max_delay=1``.
     space_arrays : tuple of str
         Written arrays whose elements only one space partition touches (they never travel).
+    accumulators : mapping of str to str
+        ``Accumulator`` arrays with their reduction; ``accumulate.RETURNED`` (a sum) when the body returns
+        a value.
     """
 
     scheme: ParallelScheme
@@ -55,6 +59,7 @@ class Plan:
     data_parallel: tuple[str, ...]
     written: tuple[str, ...]
     space_arrays: tuple[str, ...]
+    accumulators: Mapping[str, str]
     explanation: str
 
     def __str__(self) -> str:
@@ -79,7 +84,10 @@ def make_plan(
     written_names = sorted({a.array for a in analysis.accesses if a.is_write})
     check_no_aliases(arrays, written_names, values)
     buffered = {n: int(v.max_delay) for n, v in arrays.items() if isinstance(v, Buffer)}
-    shared = [a for a in analysis.accesses if a.array not in buffered]
+    accumulators = {n: v.op for n, v in arrays.items() if isinstance(v, Accumulator)}
+    check_usage(body, accumulators, {a.array: a.line for a in analysis.accesses if a.via and a.array in accumulators})
+    returns = returns_value(body)
+    shared = [a for a in analysis.accesses if a.array not in buffered and a.array not in accumulators]
     deps: set[DepVec] = dependence_vectors(shared, key_ndim)
     distinct = [int(np.unique(keys[:, j]).size) if keys.size else 0 for j in range(key_ndim)]
     choice = choose_scheme(deps, key_ndim, ordered=ordered, distinct=distinct, space_bytes=_space_bytes(deps, arrays))
@@ -93,11 +101,14 @@ def make_plan(
         choice, data_parallel = _cheapest_relaxation(deps, key_ndim, ordered, arrays)
         deps = {d for d in deps if d.array not in data_parallel}
     written = tuple(sorted({a.array for a in analysis.accesses if a.is_write}))
-    space = _space_arrays(choice, deps, written, set(buffered) | set(data_parallel))
+    space = _space_arrays(choice, deps, written, set(buffered) | set(data_parallel) | set(accumulators))
+    if returns:
+        accumulators[RETURNED] = "sum"
     plan_args = dict(
         scheme=choice.scheme, space_dim=choice.space_dim, time_dim=choice.time_dim, ordered=ordered,
         key_names=analysis.key_names, accesses=analysis.accesses, dependences=tuple(sorted(deps, key=lambda d: d.sort_key())),
         buffered=buffered, data_parallel=data_parallel, written=written, space_arrays=space,
+        accumulators=accumulators,
     )
     return Plan(**plan_args, explanation=explain_plan(body, plan_args, distinct))  # type: ignore[arg-type]
 

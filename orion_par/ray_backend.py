@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from orion_par.accumulate import combine
 from orion_par.codegen import CompiledBody, compile_body
 from orion_par.local import BlockData
 from orion_par.plan import Plan
@@ -114,11 +115,14 @@ def _empty(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def run_ray(compiled: CompiledBody, data: BlockData, sched: Schedule, epochs: int, plan: Plan,
-            seed: int | None, pool: dict[str, Any], first_epoch: int = 0) -> list[float]:
+            seed: int | None, pool: dict[str, Any], first_epoch: int = 0,
+            epoch_values: list[dict[str, np.ndarray]] | None = None) -> list[float]:
     """Run like ``run_local`` on Ray actors; starts (and then stops) a local Ray if none is running.
 
     When Ray was already running, the actors stay in ``pool`` for the next run of the same schedule
-    (``ParallelFor.close()`` or ``ray.shutdown()`` ends them).
+    (``ParallelFor.close()`` or ``ray.shutdown()`` ends them).  The plan's accumulators (which must hold
+    their identity in ``data.params``) are combined at the end of every epoch and appended to
+    ``epoch_values``.
     """
     ray = _import_ray()
     started = not ray.is_initialized()
@@ -135,7 +139,9 @@ def run_ray(compiled: CompiledBody, data: BlockData, sched: Schedule, epochs: in
         else:
             close_pool(pool)
             actors = _start_actors(ray, compiled, data, sched, plan, relaxed, seed)
-        busy = _drive(ray, actors, data, sched, epochs, relaxed, sync_every(plan.relaxed), first_epoch)
+        accs = {n: op for n, op in plan.accumulators.items() if n in data.params}
+        busy = _drive(ray, actors, data, sched, epochs, relaxed, sync_every(plan.relaxed), first_epoch, accs,
+                      epoch_values if epoch_values is not None else [])
         _gather(ray, actors, data)
         keep = not started
         return busy
@@ -163,7 +169,7 @@ def close_pool(pool: dict[str, Any]) -> None:
 
 def _start_actors(ray: Any, compiled: CompiledBody, data: BlockData, sched: Schedule, plan: Plan,
                   relaxed: tuple[str, ...], seed: int | None) -> list[Any]:
-    written = tuple(n for n in plan.written if n in data.params and n not in relaxed)
+    written = tuple(n for n in plan.written if n in data.params and n not in relaxed and n not in plan.accumulators)
     spec = dict(name=compiled.name, source=compiled.source, param_names=compiled.param_names,
                 injected=compiled.injected, written=written,
                 traveling=tuple(n for n in written if n not in plan.space_arrays), seed=seed)
@@ -175,8 +181,10 @@ def _start_actors(ray: Any, compiled: CompiledBody, data: BlockData, sched: Sche
 
 
 def _drive(ray: Any, actors: list[Any], data: BlockData, schedule: Schedule, epochs: int,
-           relaxed: tuple[str, ...], every: int | None, first_epoch: int) -> list[float]:
+           relaxed: tuple[str, ...], every: int | None, first_epoch: int, accs: Mapping[str, str],
+           epoch_values: list[dict[str, np.ndarray]]) -> list[float]:
     base = {n: np.array(data.params[n], copy=True) for n in relaxed}
+    start = {n: np.array(data.params[n], copy=True) for n in accs}  # the identities
     tokens: dict[int, Any] = {}
     busy = [0.0] * schedule.num_workers
     for epoch in range(epochs):
@@ -199,6 +207,14 @@ def _drive(ray: Any, actors: list[Any], data: BlockData, schedule: Schedule, epo
         # that wavefronts need.
         for (w, _), s in zip(timings, ray.get([t for _, t in timings]), strict=True):
             busy[w] += s
+        if accs:
+            names = tuple(accs)
+            partials = ray.get([a.relaxed_copies.remote(names) for a in actors])
+            for n, op in accs.items():
+                combine(op, [p[n] for p in partials], data.params[n])
+            epoch_values.append({n: np.array(data.params[n], copy=True) for n in accs})
+            fresh = ray.put(start)
+            ray.get([a.set_relaxed.remote(fresh) for a in actors])
     if relaxed:
         _merge(ray, actors, data, relaxed, base)
     return busy

@@ -146,3 +146,29 @@ def test_a_helper_writing_a_global_on_ray_equals_local(ray_cluster):
     assert body.plan.scheme == "2d"
     _compare(body, [U, HELPER_I], workers=2, epochs=2)
     body.close()
+
+
+def test_accumulators_on_ray_equal_local(ray_cluster):
+    from orion_par import Accumulator
+
+    rng = np.random.default_rng(4)
+    keys = np.stack([rng.integers(0, 40, 2000), rng.integers(0, 30, 2000)], axis=1)
+    W, H = DistArray(rng.random(40)), DistArray(rng.random(30))
+    loss = Accumulator("sum")
+
+    @parallel_for(DistArray.from_coo(keys, rng.random(2000)))
+    def sgd(key, value):
+        u, i = key
+        err = value - W[u] * H[i]
+        W[u] += 0.05 * err * H[i]
+        H[i] += 0.05 * err * W[u]
+        loss[0] += err * err
+        return err
+
+    start = W.copy(), H.copy()
+    local = sgd.run(workers=2, epochs=2)
+    W[...], H[...] = start
+    sgd.epochs_run = 0
+    on_ray = sgd.run(workers=2, epochs=2, backend="ray")
+    assert on_ray.accumulated == local.accumulated and len(local.returned) == 2
+    sgd.close()
