@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from orion_par import Buffer, DistArray, ParallelFor, parallel_for
+from orion_par import Accumulator, Buffer, DistArray, ParallelFor, parallel_for
 
 
 @dataclass(frozen=True)
@@ -131,10 +131,17 @@ def gibbs_serial(corpus: Corpus, state: LdaState, epochs: int = 1, seed: int | N
 
 def parallel_gibbs(corpus: Corpus, state: LdaState) -> ParallelFor:
     """The same sweep as one orion_par loop body; ``.run(workers, epochs)`` runs it, ``.run_serial()``
-    runs it compiled in data order."""
+    runs it compiled in data order.
+
+    The body also adds each token's predictive log-likelihood ``log p(w | d, the other tokens)`` under the
+    counts it samples from to the accumulator ``loglik``: ``.run(...).accumulated["loglik"][e] / N`` is
+    epoch ``e``'s training log-likelihood per token.
+    """
     Z, ndk, nwk, nk = state.Z, state.ndk, state.nwk, state.nk
     K = ndk.shape[1]
     alpha, beta, vbeta = state.alpha, state.beta, state.beta * nwk.shape[0]
+    others = np.asarray(corpus.doc_lengths, np.float64) - 1.0 + K * alpha  # the denominator's doc term
+    loglik = Accumulator("sum")
 
     @parallel_for(corpus.tokens)
     def gibbs(key, value):
@@ -150,6 +157,7 @@ def parallel_gibbs(corpus: Corpus, state: LdaState) -> ParallelFor:
         for k in range(K):
             total += cdf[k]
             cdf[k] = total
+        loglik[0] += math.log(total / others[d])
         u = np.random.random() * total
         new = 0
         while new < K - 1 and cdf[new] <= u:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from orion_par import DistArray, ParallelFor, parallel_for
+from orion_par import DistArray, ParallelFor, RunStats, parallel_for
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,11 @@ def sgd_serial_numba(keys: np.ndarray, values: np.ndarray, W: np.ndarray, H: np.
 
 
 def parallel_sgd(ratings: DistArray, W: DistArray, H: DistArray, *, lr: float, reg: float) -> ParallelFor:
-    """The same loop body under ``@parallel_for``: ``.run(workers, epochs)`` runs one epoch per epoch."""
+    """The same loop body under ``@parallel_for``: ``.run(workers, epochs)`` runs one epoch per epoch.
+
+    The body returns its squared error, so ``.run(...).returned[e]`` is epoch ``e``'s training loss, each
+    rating's error taken just before its update (``training_rmse``).
+    """
     rank = W.shape[1]
 
     @parallel_for(ratings)
@@ -121,8 +125,23 @@ def parallel_sgd(ratings: DistArray, W: DistArray, H: DistArray, *, lr: float, r
             wr = w[r]
             w[r] += lr * (err * h[r] - reg * wr)
             h[r] += lr * (err * wr - reg * h[r])
+        return err * err
 
     return sgd
+
+
+def training_rmse(stats: RunStats) -> list[float]:
+    """Each epoch's RMSE over the errors seen during training (from ``parallel_sgd``'s return values).
+
+    >>> data = synthetic_ratings(num_users=30, num_items=20, num_ratings=300, rank=2, seed=0)
+    >>> W, H = init_factors(30, 20, rank=2, seed=1)
+    >>> stats = parallel_sgd(data.ratings, W, H, lr=0.05, reg=0.0).run(workers=2, epochs=3)
+    >>> a, b, c = training_rmse(stats)
+    >>> a > b > c
+    True
+    """
+    n = stats.records / stats.epochs if stats.epochs else 0
+    return [float(np.sqrt(s / n)) if n else 0.0 for s in stats.returned]
 
 
 @numba.njit(cache=True)

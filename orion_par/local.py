@@ -36,6 +36,7 @@ class BlockData:
     params: dict[str, Any]
 
 
+Own = Sequence[Mapping[str, Sequence[np.ndarray]]]  # own[epoch][name][worker]: a worker's private array
 _SPIN_S = 5e-5  # a worker spins this long for a token, then sleeps (its partner was probably descheduled)
 _NAP_S = (5e-5, 5e-4)  # sleeps between looks at the token's count: the first, doubling up to the second
 
@@ -49,15 +50,19 @@ class _State:
 
 def run_local(compiled: CompiledBody, data: BlockData, schedule: Schedule, epochs: int,
               relaxed: Mapping[str, int], seed: int | None, cpu: list[float] | None = None,
-              first_epoch: int = 0, own: Mapping[str, Sequence[np.ndarray]] | None = None) -> list[float]:
+              first_epoch: int = 0, own: Own | None = None) -> list[float]:
     """Run epochs ``first_epoch`` to ``first_epoch + epochs - 1`` of ``schedule``; returns each worker's busy
     seconds (wall time in blocks).
 
     ``cpu``, if given, receives each worker's CPU seconds in blocks (busy time minus time the OS gave
-    the core to other processes).  ``own``: parameters each worker has its own copy of (accumulators),
-    one array per worker.
+    the core to other processes).  ``own``: parameters each worker has its own copy of in each epoch
+    (accumulators): ``own[epoch][name][worker]``.
     """
-    own = own or {}
+    if epochs == 0:
+        if cpu is not None:
+            cpu[:] = [0.0] * schedule.num_workers
+        return [0.0] * schedule.num_workers
+    own = own or [{} for _ in range(epochs)]
     workers = schedule.num_workers
     by_epoch = [schedule.for_epoch(first_epoch + e) for e in range(epochs)]  # each epoch's tasks (one order for all)
     private = _private_copies(data.params, relaxed, workers)
@@ -79,8 +84,7 @@ def run_local(compiled: CompiledBody, data: BlockData, schedule: Schedule, epoch
     cpu_s = [0.0] * workers
     threads = [
         threading.Thread(target=_worker, name=f"orion_par-worker-{w}",
-                         args=(w, compiled, data, by_epoch, {**private, **own}, every, barrier, state, (busy, cpu_s),
-                               seed))
+                         args=(w, compiled, data, by_epoch, private, own, every, barrier, state, (busy, cpu_s), seed))
         for w in range(workers)
     ]
     for t in threads:
@@ -103,13 +107,15 @@ def _private_copies(params: Mapping[str, Any], relaxed: Mapping[str, int], worke
 
 
 def _worker(w: int, compiled: CompiledBody, data: BlockData, by_epoch: list[Schedule],
-            private: Mapping[str, Sequence[np.ndarray]], every: int | None, barrier: threading.Barrier | None,
+            private: Mapping[str, list[np.ndarray]], own: Own, every: int | None, barrier: threading.Barrier | None,
             state: _State, clocks: tuple[list[float], list[float]], seed: int | None) -> None:
     try:
         if seed is not None:
             compiled.seed(seed + w)
-        params = tuple(private[n][w] if n in private else data.params[n] for n in compiled.param_names)
         for epoch, schedule in enumerate(by_epoch):
+            mine = own[epoch]
+            params = tuple(mine[n][w] if n in mine else private[n][w] if n in private else data.params[n]
+                           for n in compiled.param_names)
             runs = _runs(schedule, w, merge=every is None)
             for step in range(schedule.num_steps):
                 run = runs.get(step)
@@ -152,17 +158,20 @@ def _wait_turn(task: Task, epoch: int, schedule: Schedule, state: _State) -> Non
 
 
 def _run_driven(compiled: CompiledBody, data: BlockData, schedule: Schedule, by_epoch: list[Schedule],
-                seed: int | None, cpu: list[float] | None, own: Mapping[str, Sequence[np.ndarray]]) -> list[float]:
+                seed: int | None, cpu: list[float] | None, own: Own) -> list[float]:
     """``run_local`` for schedules without barriers: each worker's calls in one compiled driver."""
     workers = schedule.num_workers
     calls = [_calls(by_epoch, w) for w in range(workers)]
     done = np.zeros(max((t.token for t in schedule.tasks), default=0) + 1, np.int64)
-    params = [tuple(own[n][w] if n in own else data.params[n] for n in compiled.param_names) for w in range(workers)]
+    # Each worker's parameters in each epoch (its own accumulator copies, the shared arrays).
+    params = [[tuple(mine[n][w] if n in mine else data.params[n] for n in compiled.param_names)
+               for mine in (own if any(own) else own[:1])] for w in range(workers)]
     spin = int(_SPIN_S * _cycles_per_s())
     state = _State()
     busy = [0.0] * workers
     cpu_s = [0.0] * workers
-    args = (compiled, data, calls, done, spin, params, state, (busy, cpu_s), seed)
+    ends = [np.cumsum([s.calls[w].shape[0] for s in by_epoch]) for w in range(workers)]  # each epoch's last call + 1
+    args = (compiled, data, calls, ends, done, spin, params, state, (busy, cpu_s), seed)
     if workers == 1:
         _drive_worker(0, *args)  # nothing to wait for: no thread
     else:
@@ -190,25 +199,29 @@ def _calls(by_epoch: list[Schedule], w: int) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros((0, 5), np.int64)
 
 
-def _drive_worker(w: int, compiled: CompiledBody, data: BlockData, by_worker: list[np.ndarray], done: np.ndarray,
-                  spin: int, by_worker_params: list[tuple[Any, ...]], state: _State,
-                  clocks: tuple[list[float], list[float]], seed: int | None) -> None:
+def _drive_worker(w: int, compiled: CompiledBody, data: BlockData, by_worker: list[np.ndarray],
+                  ends: list[np.ndarray], done: np.ndarray, spin: int, by_worker_params: list[list[tuple[Any, ...]]],
+                  state: _State, clocks: tuple[list[float], list[float]], seed: int | None) -> None:
     assert compiled.drive is not None
-    calls = by_worker[w]
-    params = by_worker_params[w]
     clock = np.zeros(2, np.int64)  # cycles spent waiting for tokens, cycles in the driver
     wall = cpu = 0.0
     try:
         if seed is not None:
             compiled.seed(seed + w)
-        c, n = 0, calls.shape[0]
-        while c < n:
-            t0, c0 = time.perf_counter(), time.thread_time()
-            c = compiled.drive(data.keys, data.values, calls, c, done, spin, clock, *params)
-            wall += time.perf_counter() - t0
-            cpu += time.thread_time() - c0
-            if c < n:
-                _nap(done, int(calls[c, 2]), int(calls[c, 3]), state)
+        c = 0
+        # One driver call per epoch when its parameters change between epochs (accumulators), else one
+        # for the whole run.
+        epochs = by_worker_params[w]
+        cuts = list(ends[w]) if len(epochs) > 1 else [by_worker[w].shape[0]]
+        for epoch, n in enumerate(cuts):
+            calls, params = by_worker[w][:n], epochs[epoch]
+            while c < n:
+                t0, c0 = time.perf_counter(), time.thread_time()
+                c = compiled.drive(data.keys, data.values, calls, c, done, spin, clock, *params)
+                wall += time.perf_counter() - t0
+                cpu += time.thread_time() - c0
+                if c < n:
+                    _nap(done, int(calls[c, 2]), int(calls[c, 3]), state)
     except threading.BrokenBarrierError:
         pass  # another worker failed; its error is reported
     except BaseException as e:

@@ -271,19 +271,13 @@ class ParallelFor:
             _reset(accs, data.params)
             busy = run_ray(compiled, data, sched, epochs, plan, seed, self._ray_pool, first_epoch=self.epochs_run,
                            epoch_values=epoch_values)
-        elif not accs:
-            busy = self._run_local(compiled, data, sched, epochs, plan, seed, cpu, self.epochs_run, None)
         else:
-            # One call per epoch: every epoch's accumulators start at the identity in private copies.
-            busy = [0.0] * workers
-            for epoch in range(epochs):
-                _reset(accs, data.params)
-                own = {n: [np.array(data.params[n], copy=True) for _ in range(workers)] for n in accs} if workers > 1 else {}
-                part: list[float] = []
-                b = self._run_local(compiled, data, sched, 1, plan, seed, part, self.epochs_run + epoch, own)
-                busy = [x + y for x, y in zip(busy, b, strict=True)]
-                cpu = [x + y for x, y in zip(cpu or [0.0] * len(part), part, strict=True)]
-                for n, copies in own.items():
+            # Every epoch's accumulators start at the identity, in private copies per worker.
+            own = [{n: [np.full_like(data.params[n], identity(op, data.params[n].dtype)) for _ in range(workers)]
+                    for n, op in accs.items()} for _ in range(epochs)]
+            busy = self._run_local(compiled, data, sched, epochs, plan, seed, cpu, self.epochs_run, own if accs else None)
+            for mine in own if accs else []:
+                for n, copies in mine.items():
                     combine(accs[n], copies, data.params[n])
                 epoch_values.append({n: np.array(data.params[n], copy=True) for n in accs})
         elapsed = time.perf_counter() - t0
@@ -293,7 +287,7 @@ class ParallelFor:
 
     def _run_local(self, compiled: CompiledBody, data: BlockData, sched: Schedule, epochs: int, plan: Plan,
                    seed: int | None, cpu: list[float], first_epoch: int,
-                   own: dict[str, list[np.ndarray]] | None) -> list[float]:
+                   own: list[dict[str, list[np.ndarray]]] | None) -> list[float]:
         if plan.data_parallel and sched.num_workers > 1:
             # Arrays no scheme can partition live in the parameter server (orion_par.ps), one table each.
             from orion_par.ps.data_parallel import run_data_parallel

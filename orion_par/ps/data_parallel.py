@@ -87,7 +87,7 @@ class _Tokens:
 def run_data_parallel(compiled: CompiledBody, data: BlockData, schedule: Schedule, epochs: int,
                       relaxed: Mapping[str, int], seed: int | None = None,
                       options: DataParallelOptions | None = None, first_epoch: int = 0,
-                      own: Mapping[str, Sequence[np.ndarray]] | None = None) -> list[float]:
+                      own: Sequence[Mapping[str, Sequence[np.ndarray]]] | None = None) -> list[float]:
     """Run ``epochs`` epochs of ``schedule`` with the ``relaxed`` arrays in a parameter server.
 
     Parameters
@@ -105,8 +105,8 @@ def run_data_parallel(compiled: CompiledBody, data: BlockData, schedule: Schedul
     options : DataParallelOptions, optional
     first_epoch : int
         Number of the first epoch (it picks the stratum order of a randomised 2D schedule).
-    own : mapping of str to list of ndarray, optional
-        Parameters each worker has its own copy of (accumulators), one array per worker.
+    own : list of mappings of str to list of ndarray, optional
+        Parameters each worker has its own copy of in each epoch (accumulators): ``own[epoch][name][worker]``.
 
     Returns
     -------
@@ -126,7 +126,8 @@ def run_data_parallel(compiled: CompiledBody, data: BlockData, schedule: Schedul
     errors: list[BaseException] = []
     threads = [threading.Thread(target=_guarded, name=f"orion_par-dp-worker-{w}",
                                 args=(errors, tokens, barrier, _worker, w, ps.client(w), compiled, data, by_epoch,
-                                      names, tokens, barrier, busy, seed, {n: c[w] for n, c in (own or {}).items()}))
+                                      names, tokens, barrier, busy, seed,
+                                      [{n: c[w] for n, c in mine.items()} for mine in own or [{}] * epochs]))
                for w in range(schedule.num_workers)]
     for t in threads:
         t.start()
@@ -154,15 +155,17 @@ def _guarded(errors: list[BaseException], tokens: _Tokens, barrier: threading.Ba
 
 def _worker(w: int, client: PSClient, compiled: CompiledBody, data: BlockData, by_epoch: list[Schedule],
             names: list[str], tokens: _Tokens, barrier: threading.Barrier | None, busy: list[float],
-            seed: int | None, own: Mapping[str, np.ndarray]) -> None:
+            seed: int | None, own: list[dict[str, np.ndarray]]) -> None:
     if seed is not None:
         compiled.seed(seed + w)
     replicas = {n: np.array(data.params[n], copy=True) for n in names}
     flat = {n: replicas[n].reshape(replicas[n].shape[0], -1) for n in names}
     base = {n: flat[n].copy() for n in names}
     every_row = {n: np.arange(flat[n].shape[0]) for n in names}
-    args = tuple(replicas[n] if n in replicas else own[n] if n in own else data.params[n] for n in compiled.param_names)
     for epoch, schedule in enumerate(by_epoch):
+        accs = own[epoch]
+        args = tuple(replicas[n] if n in replicas else accs[n] if n in accs else data.params[n]
+                     for n in compiled.param_names)
         mine = schedule.by_worker[w]
         for step in range(schedule.num_steps):
             task = mine.get(step)

@@ -98,3 +98,17 @@ def test_log_likelihood_prefers_the_true_assignment():
     np.add.at(ndk, (keys[:, 0], true_z), 1)
     np.add.at(nwk, (keys[:, 1], true_z), 1)
     assert log_likelihood_per_token(ndk, nwk, 0.1, 0.05) > log_likelihood_per_token(rand.ndk, rand.nwk, 0.1, 0.05)
+
+
+def test_lda_reports_its_training_likelihood_through_an_accumulator():
+    corpus = synthetic_corpus(60, 40, 80, 4, seed=2)
+    state = LdaState.random(corpus, 4, seed=3)
+    start = state.copy()
+    gibbs = parallel_gibbs(corpus, state)
+    one = gibbs.run(workers=1, epochs=6, seed=0).accumulated["loglik"]
+    assert one[-1] > one[0]  # sampling raises the predictive likelihood of the tokens
+    state.assign(start)
+    assert gibbs.run_serial(epochs=6, seed=0).accumulated["loglik"] == one  # one worker: the serial loop
+    state.assign(start)
+    two = gibbs.run(workers=2, epochs=6, seed=0).accumulated["loglik"]
+    assert abs(two[-1] - one[-1]) / abs(one[-1]) < 0.05
