@@ -38,7 +38,7 @@ from orion_par.errors import CompileFallbackWarning
 from orion_par.helpers import CallGraph, apply_edits, call_edits, helper_source
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_LOADED: dict[tuple[str, bool], Any] = {}
+_LOADED: dict[tuple[str, bool, bool], Any] = {}
 
 
 @dataclass
@@ -56,6 +56,7 @@ class CompiledBody:
     # drive(keys, values, calls, first, done, spin, clock, *params): the generated ``_orion_drive``, compiled on
     # its first call (None for the Python fallback)
     drive: Callable[..., int] | None = field(default=None, repr=False)
+    boundscheck: bool = False
 
 
 def cache_dir() -> Path:
@@ -174,20 +175,21 @@ def load_module(source: str, injected: dict[str, Any]) -> types.ModuleType:
     return mod
 
 
-def _jit_module(source: str, injected: dict[str, Any], cache: bool) -> types.ModuleType:
-    key = (source + repr(sorted(injected)), cache)
+def _jit_module(source: str, injected: dict[str, Any], cache: bool, boundscheck: bool = False) -> types.ModuleType:
+    key = (source + repr(sorted(injected)), cache, boundscheck)
     if key not in _LOADED:
         mod = load_module(source, injected)
         # error_model="numpy": a division by zero gives inf/nan (integers: 0) as numpy does for array
         # elements, instead of a check per division that raises ZeroDivisionError; that check also keeps
         # LLVM from vectorising loops that divide (LDA's per-topic loop runs ~1.5x faster without it).
-        jit = numba.njit(nogil=True, cache=cache, error_model="numpy")
+        jit = numba.njit(nogil=True, cache=cache, error_model="numpy", boundscheck=boundscheck)
         # inline="always" puts the body into the block loop at numba IR level: no call per record.
-        mod.__dict__["_orion_body"] = numba.njit(nogil=True, cache=cache, inline="always",
-                                                 error_model="numpy")(mod.__dict__["_orion_body"])
+        mod.__dict__["_orion_body"] = numba.njit(nogil=True, cache=cache, inline="always", error_model="numpy",
+                                                 boundscheck=boundscheck)(mod.__dict__["_orion_body"])
         for name in [n for n in mod.__dict__ if n.startswith("_orion_fn_")]:  # the body's helpers
             options = mod.__dict__.get("_orion_options", {}).get(name, {})
-            mod.__dict__[name] = numba.njit(nogil=True, cache=cache, error_model="numpy", **options)(mod.__dict__[name])
+            mod.__dict__[name] = numba.njit(nogil=True, cache=cache, error_model="numpy", boundscheck=boundscheck,
+                                            **options)(mod.__dict__[name])
         mod.__dict__["_orion_block"] = jit(mod.__dict__["_orion_block"])  # _orion_drive calls the compiled one
         mod.__dict__["_orion_jit"] = (mod.__dict__["_orion_block"], jit(mod.__dict__["_orion_seed"]),
                                       jit(mod.__dict__["_orion_drive"]))
@@ -197,15 +199,18 @@ def _jit_module(source: str, injected: dict[str, Any], cache: bool) -> types.Mod
 
 
 def compile_body(name: str, source: str, param_names: tuple[str, ...], injected: dict[str, Any],
-                 sample_args: tuple[Any, ...], line_text: Callable[[int], str] | None = None) -> CompiledBody:
+                 sample_args: tuple[Any, ...], line_text: Callable[[int], str] | None = None,
+                 boundscheck: bool = False) -> CompiledBody:
     """Compile with numba for the types of ``sample_args``; fall back to Python with a warning.
 
     ``sample_args`` are the block's arguments (``keys, values, 0, 0, *params``): calling the block on an
     empty range compiles it without running the body, so any exception here comes from compilation.
+    ``boundscheck``: every subscript is checked (an ``IndexError`` instead of undefined behaviour).
     """
     reason = ""
-    for cache in dict.fromkeys((_cacheable(injected), False)):  # a stale disk cache must not cost speed
-        block, seed, drive = _jit_module(source, injected, cache).__dict__["_orion_jit"]
+    caches = (False,) if boundscheck else (_cacheable(injected), False)  # a stale disk cache must not cost speed
+    for cache in dict.fromkeys(caches):
+        block, seed, drive = _jit_module(source, injected, cache, boundscheck).__dict__["_orion_jit"]
         try:
             block(*sample_args)
         except Exception as e:
@@ -216,9 +221,8 @@ def compile_body(name: str, source: str, param_names: tuple[str, ...], injected:
             drive(keys, values, np.zeros((0, 5), np.int64), 0, np.zeros(1, np.int64), 0, np.zeros(2, np.int64), *params)
         except Exception:
             drive = None
-        return CompiledBody(name, source, param_names, injected, block, seed, drive=drive)
-    # A fresh module: its _orion_body is the Python function; prefetch hints are no-ops there.
-    py_mod = load_module(source, {**injected, "_orion_mem": _NoPrefetch})
+        return CompiledBody(name, source, param_names, injected, block, seed, drive=drive, boundscheck=boundscheck)
+    py_mod = python_module(source, injected)
     warnings.warn(
         f"orion_par: numba cannot compile `{name}`: {reason}. Running the body as plain Python instead: the "
         "results are the same, but it is slower and holds the GIL (workers take turns). Rewrite that "
@@ -227,7 +231,13 @@ def compile_body(name: str, source: str, param_names: tuple[str, ...], injected:
         stacklevel=3,
     )
     return CompiledBody(name, source, param_names, injected, py_mod.__dict__["_orion_block"], py_mod.__dict__["_orion_seed"],
-                        compiled=False, fallback_reason=reason)
+                        compiled=False, fallback_reason=reason, boundscheck=boundscheck)
+
+
+def python_module(source: str, injected: dict[str, Any]) -> types.ModuleType:
+    """A fresh, uncompiled copy of the generated module: its functions are plain Python (prefetch hints
+    are no-ops there)."""
+    return load_module(source, {**injected, "_orion_mem": _NoPrefetch})
 
 
 class _NoPrefetch:

@@ -11,12 +11,12 @@ from typing import Any
 import numba
 import numpy as np
 
-from orion_par import prefetch
+from orion_par import bounds, checks, prefetch
 from orion_par.access import Access
 from orion_par.accumulate import RETURNED, check_usage, combine, returns_value
 from orion_par.analyzer import analyze_body
 from orion_par.body import is_missing, is_scalar_constant, load_body, resolve
-from orion_par.checks import check_bounds, check_sorted, key_range
+from orion_par.checks import check_sorted, key_range
 from orion_par.codegen import CompiledBody, compile_body, generate_source, injected_globals
 from orion_par.distarray import Accumulator, DistArray, identity
 from orion_par.errors import BadBodyError
@@ -211,25 +211,27 @@ class ParallelFor:
         return params
 
     def compiled_body(self, keys: np.ndarray, values: np.ndarray, params: dict[str, Any],
-                      accesses: tuple[Access, ...] = ()) -> CompiledBody:
+                      accesses: tuple[Access, ...] = (), boundscheck: bool = False) -> CompiledBody:
         """The numba-compiled block function for these argument types (or the Python fallback).
 
         ``accesses`` (the analyzer's): the rows they index with the key are prefetched a few records ahead.
+        ``boundscheck``: compiled with every subscript checked.
         """
         names = tuple(sorted(params))
         args = (keys, values, 0, 0, *(params[n] for n in names))
         rows = prefetch.rows(accesses, params)
         captured = self.captured()  # also finds the helpers (self.graph)
         source = generate_source(self.body, names, keys.shape[1], rows, self.graph)
-        sig = (tuple(numba.typeof(a) for a in args), source)  # type: ignore[no-untyped-call]
+        sig = (tuple(numba.typeof(a) for a in args), source, boundscheck)  # type: ignore[no-untyped-call]
         if sig not in self._compiled:
             injected = injected_globals(self.body, captured, names, self.graph)
-            self._compiled[sig] = compile_body(self.body.name, source, names, injected, args, self.body.line_text)
+            self._compiled[sig] = compile_body(self.body.name, source, names, injected, args, self.body.line_text,
+                                               boundscheck)
         return self._compiled[sig]
 
     # -- run ---------------------------------------------------------------------------------------
     def run(self, workers: int = 1, epochs: int = 1, backend: str = "local", *,
-            time_partitions: int | None = None, seed: int | None = None) -> RunStats:
+            time_partitions: int | None = None, seed: int | None = None, check_bounds: bool = False) -> RunStats:
         """Run the loop ``epochs`` times over the data with ``workers`` workers.
 
         Parameters
@@ -244,6 +246,12 @@ class ParallelFor:
         seed : int, optional
             Seeds each worker's ``np.random`` stream (``seed + worker``) for reproducible runs.  The
             order of the blocks is set by ``stratum_seed`` and ``epochs_run``, not by this.
+        check_bounds : bool
+            Compile with every subscript checked.  Subscripts tied to the key are always checked before
+            the run; without this, a subscript computed from data that falls outside its array reads or
+            writes memory it does not own (wrong values, or the process dies).  With it, such a subscript
+            raises ``BadBodyError`` naming the body's line and the record, and the arrays are left as they
+            were before the run.  Checked code runs slower.
 
         Returns
         -------
@@ -259,12 +267,29 @@ class ParallelFor:
         data.params = self._params(captured, RETURNED in plan.accumulators)
         if self._key_range is None:
             self._key_range = key_range(self._keys)
-        check_bounds(plan.accesses, plan.key_names, data.keys, data.params, self._key_range)
-        compiled = self.compiled_body(data.keys, data.values, data.params, plan.accesses)
+        checks.check_bounds(plan.accesses, plan.key_names, data.keys, data.params, self._key_range)
+        compiled = self.compiled_body(data.keys, data.values, data.params, plan.accesses, check_bounds)
+        snapshot = bounds.snapshot(data.params) if check_bounds else None
         cpu: list[float] = []
         accs = {n: op for n, op in plan.accumulators.items() if n in data.params}
         epoch_values: list[dict[str, np.ndarray]] = []
         t0 = time.perf_counter()
+        try:
+            busy = self._run_backend(backend, compiled, data, sched, epochs, plan, seed, cpu, accs, epoch_values)
+        except IndexError as e:
+            if snapshot is None:
+                raise
+            order = sched.serial_order(epochs, self.epochs_run)
+            raise bounds.locate(self.body, compiled, snapshot, data.params, self._keys, np.asarray(self.data), order) from e
+        elapsed = time.perf_counter() - t0
+        self.epochs_run += epochs
+        return RunStats(backend, str(plan.scheme), workers, epochs, int(sched.perm.size) * epochs, elapsed,
+                        tuple(busy), compiled.compiled, tuple(cpu), _per_epoch(epoch_values))
+
+    def _run_backend(self, backend: str, compiled: CompiledBody, data: BlockData, sched: Schedule, epochs: int,
+                     plan: Plan, seed: int | None, cpu: list[float], accs: Mapping[str, str],
+                     epoch_values: list[dict[str, np.ndarray]]) -> list[float]:
+        workers = sched.num_workers
         if backend == "ray":
             from orion_par.ray_backend import run_ray
 
@@ -280,10 +305,7 @@ class ParallelFor:
                 for n, copies in mine.items():
                     combine(accs[n], copies, data.params[n])
                 epoch_values.append({n: np.array(data.params[n], copy=True) for n in accs})
-        elapsed = time.perf_counter() - t0
-        self.epochs_run += epochs
-        return RunStats(backend, str(plan.scheme), workers, epochs, int(sched.perm.size) * epochs, elapsed,
-                        tuple(busy), compiled.compiled, tuple(cpu), _per_epoch(epoch_values))
+        return busy
 
     def _run_local(self, compiled: CompiledBody, data: BlockData, sched: Schedule, epochs: int, plan: Plan,
                    seed: int | None, cpu: list[float], first_epoch: int,
@@ -296,11 +318,13 @@ class ParallelFor:
                                      own=own)
         return run_local(compiled, data, sched, epochs, plan.relaxed, seed, cpu, first_epoch=first_epoch, own=own)
 
-    def run_serial(self, order: np.ndarray | None = None, epochs: int = 1, *, seed: int | None = None) -> RunStats:
+    def run_serial(self, order: np.ndarray | None = None, epochs: int = 1, *, seed: int | None = None,
+                   check_bounds: bool = False) -> RunStats:
         """Run the compiled body serially in this thread, over ``order`` (default: data order).
 
         With ``order=f.schedule(w).serial_order(epochs, f.epochs_run)`` this is the serial run that
-        ``run(workers=w, epochs=epochs)`` equals.  It does not advance ``epochs_run``.
+        ``run(workers=w, epochs=epochs)`` equals.  It does not advance ``epochs_run``.  ``check_bounds``
+        as in ``run``.
         """
         captured = self.captured()
         returns = returns_value(self.body)
@@ -314,18 +338,25 @@ class ParallelFor:
         idx = np.arange(self.data.num_records) if order is None else np.asarray(order, dtype=np.int64)
         keys = np.ascontiguousarray(self._keys[idx])
         values = np.ascontiguousarray(np.asarray(self.data)[idx])
-        check_bounds(analysis.accesses, analysis.key_names, keys, params)
+        checks.check_bounds(analysis.accesses, analysis.key_names, keys, params)
         gathered = time.perf_counter() - t0
-        compiled = self.compiled_body(keys, values, params, analysis.accesses)
+        compiled = self.compiled_body(keys, values, params, analysis.accesses, check_bounds)
+        snapshot = bounds.snapshot(params) if check_bounds else None
         if seed is not None:
             compiled.seed(seed)
         args = tuple(params[n] for n in compiled.param_names)
         epoch_values = []
         t0 = time.perf_counter()
-        for _ in range(epochs):
-            _reset(accs, params)
-            compiled.block(keys, values, 0, keys.shape[0], *args)
-            epoch_values.append({n: np.array(params[n], copy=True) for n in accs})
+        try:
+            for _ in range(epochs):
+                _reset(accs, params)
+                compiled.block(keys, values, 0, keys.shape[0], *args)
+                epoch_values.append({n: np.array(params[n], copy=True) for n in accs})
+        except IndexError as e:
+            if snapshot is None:
+                raise
+            raise bounds.locate(self.body, compiled, snapshot, params, self._keys, np.asarray(self.data),
+                                np.tile(idx, epochs)) from e
         elapsed = time.perf_counter() - t0 + gathered
         return RunStats("serial", "serial", 1, epochs, int(idx.size) * epochs, elapsed, (elapsed,), compiled.compiled,
                         accumulated=_per_epoch(epoch_values))
