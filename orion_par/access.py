@@ -55,6 +55,7 @@ class AnySub:
 
 
 Sub = KeySub | ConstSub | AnySub
+Guard = tuple[int, str, int]  # (j, op, c): key[j] op c, op one of ==, !=, <, <=, >, >=
 FULL = AnySub("slice")
 UNKNOWN = AnySub("unknown")
 
@@ -78,6 +79,9 @@ class Access:
     via : str
         The function the body called that made the access (empty in the body itself); ``line`` is then
         the body's line of the call.
+    guards : tuple of (int, str, int)
+        Conditions on the key under which the access happens, ``(j, op, c)`` for ``key[j] op c`` (from
+        ``if t == 0: ... else: ...`` and early exits); the bounds check looks only at records that meet them.
     """
 
     array: str
@@ -86,6 +90,7 @@ class Access:
     line: int
     text: str
     via: str = ""
+    guards: tuple[Guard, ...] = ()
 
     def sort_key(self) -> tuple[str, int, bool, str, str]:
         return (self.array, self.line, self.is_write, self.text, repr(self.subs))

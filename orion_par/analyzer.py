@@ -28,7 +28,7 @@ from orion_par.absval import (
     region,
     views_of,
 )
-from orion_par.access import UNKNOWN, Access, ConstSub, KeySub
+from orion_par.access import UNKNOWN, Access, ConstSub, Guard, KeySub
 from orion_par.body import BodySource
 from orion_par.errors import BadBodyError, NotParallelizableError
 from orion_par.expressions import ExprEvaluator, Scope, binop, object_value
@@ -127,7 +127,7 @@ class _Walker(ExprEvaluator):
             if kw.arg is None:
                 spread |= self.eval(kw.value).views
         site = self.scope.site if self.scope.site is not None else node.lineno
-        memo_key = (id(helper.fn), site, tuple(args), tuple(sorted(kws.items())), frozenset(spread))
+        memo_key = (id(helper.fn), site, tuple(args), tuple(sorted(kws.items())), frozenset(spread), self.guards)
         if memo_key in self.memo:
             return self.memo[memo_key]
         where = f"`{helper.name}` ({os.path.basename(helper.filename)}"
@@ -135,6 +135,7 @@ class _Walker(ExprEvaluator):
         callee = _Walker(self.body, self.captured, self.key_ndim, self.graph, scope)
         callee.accesses, callee.value_writes, callee.memo = self.accesses, self.value_writes, self.memo
         callee.env = _bind_params(helper, args, kws, spread)
+        callee.guards = self.guards
         callee.walk(helper.tree.body)
         out = NOTHING
         for r in callee.returns:
@@ -143,8 +144,36 @@ class _Walker(ExprEvaluator):
         return out
 
     def walk(self, stmts: list[ast.stmt]) -> None:
+        saved = self.guards
         for s in stmts:
             getattr(self, "stmt_" + type(s).__name__, self.stmt_generic)(s)
+            if isinstance(s, ast.If):  # `if t == 0: return`: the statements after it run only for t != 0
+                yes, no = self.conditions(s.test)
+                if _exits(s.body) and not _exits(s.orelse):
+                    self.guards += no
+                elif _exits(s.orelse) and not _exits(s.body):
+                    self.guards += yes
+        self.guards = saved
+
+    def conditions(self, test: ast.expr) -> tuple[tuple[Guard, ...], tuple[Guard, ...]]:
+        """Conditions on the key that hold when ``test`` is true, and when it is false (what it can tell)."""
+        if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+            yes, no = self.conditions(test.operand)
+            return no, yes
+        if isinstance(test, ast.BoolOp):
+            parts = [self.conditions(v) for v in test.values]
+            if isinstance(test.op, ast.And):
+                return tuple(g for y, _ in parts for g in y), ()
+            return (), tuple(g for _, n in parts for g in n)
+        if isinstance(test, ast.Compare) and len(test.ops) == 1 and type(test.ops[0]) in _CMP:
+            op = _CMP[type(test.ops[0])]
+            a, b = self.eval(test.left).sub, self.eval(test.comparators[0]).sub
+            if isinstance(b, KeySub) and isinstance(a, ConstSub):
+                a, b, op = b, a, _FLIP[op]
+            if isinstance(a, KeySub) and a.lo == a.hi and isinstance(b, ConstSub):
+                c = b.value - a.lo  # key[j] + o op c  <=>  key[j] op c - o
+                return ((a.dim, op, c),), ((a.dim, _NEGATE[op], c),)
+        return (), ()
 
     # -- binding ---------------------------------------------------------------------------------
     def bind(self, target: ast.expr, val: AbsVal, value_node: ast.expr | None) -> None:
@@ -237,8 +266,9 @@ class _Walker(ExprEvaluator):
         names = ", ".join(node.names)
         raise NotParallelizableError(
             f"{self.body.name}: line {node.lineno} declares `{kw} {names}`: every iteration would read and "
-            f"rebind the same variable (a chain dependence). Keep shared state in a DistArray indexed by the "
-            f"key, or in a Buffer(...) if late updates are acceptable."
+            f"rebind the same variable (a chain dependence). To sum a value over the records, `return` it from "
+            f"the body (RunStats.returned) or add it to an orion_par.Accumulator; keep state per key in a "
+            f"DistArray indexed by the key."
         )
 
     stmt_Nonlocal = stmt_Global
@@ -275,19 +305,22 @@ class _Walker(ExprEvaluator):
                         self.use(v)
 
     # -- control flow ----------------------------------------------------------------------------
-    def branch(self, *bodies: list[ast.stmt]) -> None:
-        """Walk alternative statement lists from the same environment and join the results."""
-        start = self.env
+    def branch(self, *bodies: list[ast.stmt], guards: tuple[tuple[Guard, ...], ...] = ()) -> None:
+        """Walk alternative statement lists from the same environment and join the results (``guards``:
+        the conditions that hold in each)."""
+        start, saved = self.env, self.guards
         out: dict[str, AbsVal] | None = None
-        for stmts in bodies:
+        for i, stmts in enumerate(bodies):
             self.env = dict(start)
+            self.guards = saved + (guards[i] if i < len(guards) else ())
             self.walk(stmts)
             out = self.env if out is None else join_env(out, self.env)
         self.env = out if out is not None else start
+        self.guards = saved
 
     def stmt_If(self, node: ast.If) -> None:
         self.use(node.test)
-        self.branch(node.body, node.orelse)
+        self.branch(node.body, node.orelse, guards=self.conditions(node.test))
 
     def loop(self, run_once: Any) -> None:
         """Walk a loop body until the environment is stable (joined with zero iterations)."""
@@ -381,6 +414,21 @@ class _Walker(ExprEvaluator):
         return NOTHING
 
     eval_SetComp = eval_GeneratorExp = eval_DictComp = eval_ListComp
+
+
+_CMP = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">="}
+_FLIP = {"==": "==", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
+_NEGATE = {"==": "!=", "!=": "==", "<": ">=", "<=": ">", ">": "<=", ">=": "<"}
+
+
+def _exits(stmts: list[ast.stmt]) -> bool:
+    """Whether a statement list always leaves its block (return, raise, continue, break)."""
+    if not stmts:
+        return False
+    last = stmts[-1]
+    if isinstance(last, (ast.Return, ast.Raise, ast.Continue, ast.Break)):
+        return True
+    return isinstance(last, ast.If) and _exits(last.body) and _exits(last.orelse)
 
 
 def _bind_params(helper: Helper, args: list[AbsVal], kws: dict[str, AbsVal], spread: set[ArrayRef]) -> dict[str, AbsVal]:

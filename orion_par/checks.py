@@ -8,7 +8,7 @@ from typing import Any
 import numba
 import numpy as np
 
-from orion_par.access import Access, KeySub
+from orion_par.access import Access, Guard, KeySub
 from orion_par.errors import BadBodyError, DataOrderError
 
 
@@ -50,24 +50,51 @@ def check_bounds(accesses: Sequence[Access], key_names: Sequence[str], keys: np.
     """
     if keys.shape[0] == 0:
         return
-    lo_key, hi_key = ranges if ranges is not None else key_range(keys)  # type: ignore[misc]
+    # The key's range over the records that reach each access (all of them unless it is guarded).
+    by_guards: dict[tuple[Guard, ...], tuple[np.ndarray, np.ndarray] | None] = {
+        (): ranges if ranges is not None else key_range(keys)}
     for acc in accesses:
         arr = params.get(acc.array)
         if not isinstance(arr, np.ndarray):
             continue
+        if acc.guards not in by_guards:
+            by_guards[acc.guards] = key_range(keys[_meets(keys, acc.guards)])
+        reach = by_guards[acc.guards]
+        if reach is None:
+            continue  # no record reaches this access
+        lo_key, hi_key = reach
         for d, sub in enumerate(acc.subs):
             if not isinstance(sub, KeySub) or d >= arr.ndim:
                 continue
             lo, hi, size = int(lo_key[sub.dim]) + sub.lo, int(hi_key[sub.dim]) + sub.hi, arr.shape[d]
             if lo < 0 or hi >= size:
-                name = key_names[sub.dim] if sub.dim < len(key_names) else ""
-                raise BadBodyError(
-                    f"{acc.text} (line {acc.line}) indexes dimension {d} of {acc.array} (size {size}) with "
-                    f"key[{sub.dim}]{f' ({name})' if name else ''} + {sub.lo}..{sub.hi}, and the keys range over "
-                    f"{int(lo_key[sub.dim])}..{int(hi_key[sub.dim])}: indices {lo}..{hi} do not fit. "
-                    f"Make {acc.array} larger along dimension {d} or fix the keys (negative indices would wrap around "
-                    "and make different keys touch one element)."
-                )
+                raise BadBodyError(_bounds_message(acc, d, sub, size, int(lo_key[sub.dim]), int(hi_key[sub.dim]),
+                                                   key_names))
+
+
+def _meets(keys: np.ndarray, guards: tuple[Guard, ...]) -> np.ndarray:
+    """Records whose key meets every guard."""
+    ok = np.ones(keys.shape[0], bool)
+    for j, op, c in guards:
+        col = keys[:, j]
+        ok &= {"==": col == c, "!=": col != c, "<": col < c, "<=": col <= c, ">": col > c, ">=": col >= c}[op]
+    return ok
+
+
+def _bounds_message(acc: Access, d: int, sub: KeySub, size: int, lo_key: int, hi_key: int,
+                    key_names: Sequence[str]) -> str:
+    name = key_names[sub.dim] if sub.dim < len(key_names) and key_names[sub.dim] else f"key[{sub.dim}]"
+    lo, hi = lo_key + sub.lo, hi_key + sub.hi
+    head = (f"{acc.text} (line {acc.line}) indexes dimension {d} of {acc.array} (size {size}) with "
+            f"{sub.describe(tuple(key_names))}, and {name} ranges over {lo_key}..{hi_key}")
+    if lo < 0:
+        first = -sub.lo  # the smallest key value whose index is >= 0
+        return (f"{head}: records with {name} < {first} would index {lo}.., which wraps around to the end of the "
+                f"array. Guard the access with `if {name} >= {first}:` (or handle those records in an `if "
+                f"{name} < {first}: ... else: ...`), or shift the keys.")
+    last = size - 1 - sub.hi  # the largest key value whose index fits
+    return (f"{head}: indices up to {hi} do not fit. Make {acc.array} at least {hi + 1} along dimension {d}, or "
+            f"guard the access with `if {name} <= {last}:`.")
 
 
 def check_no_aliases(arrays: Mapping[str, np.ndarray], written: Sequence[str], values: np.ndarray) -> None:

@@ -94,7 +94,7 @@ class DistArray(np.ndarray):
         if k.ndim != 2 or k.shape[1] == 0:
             raise BadBodyError(f"from_coo: keys must have shape (n,) or (n, d); got {k.shape}.")
         if k.size and not np.issubdtype(k.dtype, np.integer):
-            raise BadBodyError(f"from_coo: keys must be integers; got dtype {k.dtype}. Cast with keys.astype(int).")
+            k = _integral_keys(k)
         if v.ndim == 0 or v.shape[0] != k.shape[0]:
             raise BadBodyError(
                 f"from_coo: {k.shape[0]} keys but values has shape {v.shape}; give one value per record."
@@ -160,6 +160,26 @@ class Buffer(DistArray):
     def __array_finalize__(self, obj: Any) -> None:
         self.keys = None
         self.max_delay = getattr(obj, "max_delay", 1)
+
+
+def _integral_keys(k: np.ndarray) -> np.ndarray:
+    """Keys of another dtype that hold whole numbers (1.0, True) as int64; anything else is an error."""
+    try:
+        as_float = k.astype(np.float64)
+    except (TypeError, ValueError) as e:
+        raise BadBodyError(
+            f"from_coo: keys must be integer ids; got dtype {k.dtype}. Map them to ids with "
+            "`ids = np.unique(col, return_inverse=True)[1]` for each key column."
+        ) from e
+    bad = np.flatnonzero(~np.isfinite(as_float) | (as_float != np.round(as_float)))
+    if bad.size:
+        r = int(bad[0]) // k.shape[1]
+        raise BadBodyError(
+            f"from_coo: keys must be integer ids, but record {r} has key {tuple(k[r].tolist())} (dtype {k.dtype}); "
+            "casting would merge different keys. Map each key column to ids with "
+            "`ids = np.unique(col, return_inverse=True)[1]`."
+        )
+    return as_float.astype(np.int64)
 
 
 ACCUMULATOR_OPS = ("sum", "count", "min", "max")

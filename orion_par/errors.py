@@ -17,12 +17,14 @@ class BadBodyError(OrionParError, ValueError):
 class NotParallelizableError(OrionParError):
     """No parallel plan keeps the result of a serial execution.
 
-    ``conflicts`` holds the dependences that decided it (each names two accesses and their lines).
+    ``conflicts`` holds the dependences that decided it (each names two accesses and their lines);
+    ``fixes`` the codes of the fixes the message offers (``explain.FIXES``).
     """
 
-    def __init__(self, message: str, conflicts: tuple[object, ...] = ()) -> None:
+    def __init__(self, message: str, conflicts: tuple[object, ...] = (), fixes: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.conflicts = conflicts
+        self.fixes = fixes
 
 
 class DataOrderError(OrionParError, ValueError):

@@ -5,9 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from orion_par.accumulate import RETURNED
+import numpy as np
+
+from orion_par.access import AnySub
+from orion_par.accumulate import RETURNED, check_usage
 from orion_par.body import BodySource
 from orion_par.dependence import DepVec, Interval, lex_positive_boxes
+from orion_par.errors import NotParallelizableError
 from orion_par.scheme import ParallelScheme, why
 
 
@@ -108,8 +112,13 @@ def _decision(p: Mapping[str, Any], summary: Mapping[str, tuple[str, list[int]]]
 
 
 def refusal_message(body: BodySource, deps: Iterable[DepVec], key_ndim: int, ordered: bool,
-                    key_names: Sequence[str]) -> str:
-    """The text of ``NotParallelizableError``: the conflicts, their lines, and the two fixes."""
+                    key_names: Sequence[str], captured: Mapping[str, Any] | None = None) -> tuple[str, tuple[str, ...]]:
+    """The text of ``NotParallelizableError`` (the conflicts, their lines, the fixes that apply) and the
+    fixes offered, by code (``FIXES``).
+
+    ``captured``: the body's data by name (what each conflicting name holds decides the fixes).
+    """
+    captured = captured or {}
     deps = [d for d in deps if not d.same_key_only()]
     # The dependences that no key field can absorb decide the refusal; otherwise it is their combination.
     hard = [d for d in deps if not any(iv == (0, 0) for iv in d.distance)] or deps
@@ -123,8 +132,81 @@ def refusal_message(body: BodySource, deps: Iterable[DepVec], key_ndim: int, ord
     need = ("every dependence pointing forward (>= 0) in two key fields" if ordered else
             "one key field at distance 0 in every dependence (1d), or one of two fields in each (2d)")
     lines.append(f"  A parallel plan needs {need}; the key has {key_ndim} field(s).")
-    arrays = ", ".join(seen)
-    lines.append(f"  Fixes: wrap {arrays} in orion_par.Buffer(...) if its updates may be applied late (counts, "
-                 f"gradients), or pass allow_data_parallel=True to hand {arrays} to the parameter server; "
-                 "a subscript tied to the key (key[j] + c) instead of a computed one also removes the conflict.")
-    return "\n".join(lines)
+    fixes = _fixes(body, seen, captured, key_ndim, ordered, key_names)
+    lines.append("  Fixes:")
+    lines += [f"    - {text}" for _, text in fixes]
+    return "\n".join(lines), tuple(dict.fromkeys(code for code, _ in fixes))
+
+
+# What each fix code means (tests/orion_par/test_orion_fixes.py applies every one to a body it is offered for).
+# (No "ordered=False" fix: every dependence set with an unordered plan also has an ordered one, a wavefront
+# or 1d, so an ordered refusal never has an unordered plan.)
+FIXES = ("name_arrays", "return", "accumulator", "buffer", "data_parallel", "key_subscript", "series_key", "run_serial")
+
+
+def _fixes(body: BodySource, seen: Mapping[str, DepVec], captured: Mapping[str, Any], key_ndim: int,
+           ordered: bool, key_names: Sequence[str]) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    arrays = [n for n in seen if isinstance(captured.get(n), np.ndarray)]
+    holders = [n for n in seen if n not in arrays and _holds_arrays(captured.get(n))]
+    others = [n for n in seen if n not in arrays and n not in holders]
+    for name in holders:
+        item = _example_item(seen[name]) or f"{name}[...]"
+        label = item[len(name) + 2:-2] if item[len(name) + 1:len(name) + 2] in "'\"" else ""
+        var = label if label.isidentifier() else "X"
+        out.append(("name_arrays", f"{name} holds arrays, and parallel_for partitions only arrays it can name: bind "
+                                   f"each to a name outside the body (`{var} = {item}`) and use that name inside."))
+    for name in others:
+        out.append(("return", f"{name} is a Python {type(captured.get(name)).__name__} that every record changes. To "
+                              "sum a value over the records, `return` it from the body (RunStats.returned)."))
+        out.append(("accumulator", f"or add it to an orion_par.Accumulator('sum') (also 'count', 'min', 'max') "
+                                   f"instead of {name}; keep state per key in a DistArray indexed by the key."))
+    if not arrays:
+        return out
+    names = ", ".join(arrays)
+    unknown = any(_unknown_subscript(seen[n]) for n in arrays)
+    if ordered:
+        if key_ndim == 1:
+            out.append(("series_key", "if the records form several independent series, add the series id as a "
+                                      "first key field (keys (series, t)): the series then run in parallel."))
+    else:
+        summed = [n for n in arrays if only_added_to(body, n)]
+        if summed:
+            out.append(("accumulator", f"{', '.join(summed)} is only added to: make it an orion_par.Accumulator"
+                                       "('sum', shape) (reset every epoch, each worker sums its records) and read "
+                                       "it after run()."))
+        out.append(("buffer", f"wrap {names} in orion_par.Buffer(...) if its updates may be applied late (counts, "
+                              "gradients)."))
+        out.append(("data_parallel", f"pass allow_data_parallel=True to hand {names} to the parameter server (each "
+                                     "worker updates a copy; the copies' changes are added every step)."))
+    if unknown:
+        field = next((k for k in key_names if k), "key[0]")
+        out.append(("key_subscript", f"index {names} by the key (e.g. `[{field}]`) instead of a computed subscript, "
+                                     "if each record's update belongs to its key."))
+    out.append(("run_serial", "or run the loop serially, compiled: f.run_serial()."))
+    return out
+
+
+def _holds_arrays(value: Any) -> bool:
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+    return any(isinstance(v, np.ndarray) for v in items)
+
+
+def _example_item(dep: DepVec) -> str:
+    # "PARAMS['W'][u, 0]" -> "PARAMS['W']"
+    text = dep.source.text.split(" in `")[0]
+    cut = text.find("]")
+    return text[: cut + 1] if cut > 0 else ""
+
+
+def _unknown_subscript(dep: DepVec) -> bool:
+    return any(isinstance(s, AnySub) and s.why == "unknown" for a in (dep.source, dep.sink) for s in a.subs)
+
+
+def only_added_to(body: BodySource, name: str) -> bool:
+    """Whether the body uses ``name`` only in updates ``name[...] += x`` (x not reading it)."""
+    try:
+        check_usage(body, {name: "sum"}, {})
+    except NotParallelizableError:
+        return False
+    return True

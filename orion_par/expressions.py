@@ -30,7 +30,7 @@ from orion_par.absval import (
     slice_sub,
     views_of,
 )
-from orion_par.access import UNKNOWN, Access, ConstSub, KeySub, Sub
+from orion_par.access import UNKNOWN, Access, ConstSub, Guard, KeySub, Sub
 from orion_par.body import BodySource, is_missing, resolve
 from orion_par.errors import BadBodyError, NotParallelizableError
 from orion_par.helpers import CallGraph, Helper, opaque_callable, python_function
@@ -68,6 +68,7 @@ class ExprEvaluator:
         self.accesses: set[Access] = set()
         self.value_writes: list[int] = []
         self.inner_defs: set[str] = set()  # local names bound to an inner def or lambda
+        self.guards: tuple[Guard, ...] = ()  # conditions on the key that hold where the walk is
 
     # -- recording -------------------------------------------------------------------------------
     def record(self, ref: ArrayRef, subs: tuple[Sub, ...], is_write: bool, node: ast.AST) -> None:
@@ -79,7 +80,7 @@ class ExprEvaluator:
             if is_write:
                 self.value_writes.append(line)
             return
-        self.accesses.add(Access(ref.array, subs, is_write, line, text, " > ".join(self.scope.stack)))
+        self.accesses.add(Access(ref.array, subs, is_write, line, text, " > ".join(self.scope.stack), self.guards))
 
     def read_views(self, val: AbsVal, node: ast.AST, *, write: bool = False) -> None:
         for ref in val.views:

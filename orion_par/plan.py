@@ -95,9 +95,8 @@ def make_plan(
     if choice is None:
         if not allow_data_parallel:
             ordered_deps: list[DepVec] = sorted(deps, key=DepVec.sort_key)
-            raise NotParallelizableError(
-                refusal_message(body, deps, key_ndim, ordered, analysis.key_names), tuple(ordered_deps)
-            )
+            text, fixes = refusal_message(body, deps, key_ndim, ordered, analysis.key_names, captured)
+            raise NotParallelizableError(text, tuple(ordered_deps), fixes)
         choice, data_parallel = _cheapest_relaxation(deps, key_ndim, ordered, arrays)
         deps = {d for d in deps if d.array not in data_parallel}
     written = tuple(sorted({a.array for a in analysis.accesses if a.is_write}))

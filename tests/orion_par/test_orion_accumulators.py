@@ -104,7 +104,7 @@ def test_a_read_of_an_accumulator_is_refused_and_the_suggested_form_works():
         LOSS[0] += value
 
     with pytest.raises(NotParallelizableError, match=r"line \d+ uses the accumulator `LOSS` \(sum\).*`LOSS\[i\] \+= x`"):
-        reads.plan
+        _ = reads.plan
 
     @parallel_for(DATA)
     def updates(key, value):
@@ -119,7 +119,7 @@ def test_a_helper_that_updates_an_accumulator_is_refused_and_returning_the_value
         _add_loss(value)
 
     with pytest.raises(NotParallelizableError, match=r"calls a function that uses the accumulator `LOSS`"):
-        via_helper.plan
+        _ = via_helper.plan
 
     @parallel_for(DATA)
     def in_body(key, value):
@@ -143,7 +143,7 @@ def test_a_body_that_returns_on_some_paths_only_is_refused_with_a_fix_that_works
             return value
 
     with pytest.raises(BadBodyError, match=r"ends the body without one.*return 0.0"):
-        partial.plan
+        _ = partial.plan
 
     @parallel_for(DATA)
     def fixed(key, value):

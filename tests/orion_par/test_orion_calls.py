@@ -106,7 +106,7 @@ def test_a_helpers_own_array_under_a_name_the_body_uses_for_another_array():
     other = DistArray(np.zeros(9))
 
     def make_writer():
-        OUT = other  # noqa: N806 - the same name as the module's OUT, a different array
+        OUT = other
 
         def write(i, r):
             OUT[i] += r
@@ -132,7 +132,7 @@ def test_recursion_is_refused_with_the_call():
         _countdown(key[0])
 
     with pytest.raises(NotParallelizableError, match=r"_countdown.*calls itself"):
-        body.plan
+        _ = body.plan
 
 
 def _countdown(n):
@@ -154,7 +154,7 @@ def test_a_function_without_source_is_refused_and_declaring_it_pure_works():
         return body
 
     with pytest.raises(NotParallelizableError, match=r"line \d+ calls `scaled`.*@orion_par.pure"):
-        make_body().plan
+        _ = make_body().plan
     pure(scaled)  # the suggested fix
     body = make_body()
     assert body.plan.scheme == "1d"
@@ -172,7 +172,7 @@ def test_a_call_through_a_local_name_is_refused_and_the_global_name_works():
         f(key[1], value)
 
     with pytest.raises(NotParallelizableError, match=r"line \d+ calls `f`, a local name.*global name"):
-        by_local.plan
+        _ = by_local.plan
 
     @parallel_for(DATA)
     def by_global(key, value):
@@ -193,4 +193,4 @@ def test_a_bound_method_of_the_users_class_is_refused():
         update(key[1], value)
 
     with pytest.raises(NotParallelizableError, match=r"calls `update` \(method\)"):
-        body.plan
+        _ = body.plan

@@ -289,7 +289,7 @@ def test_negative_keys_are_rejected_because_they_alias():
     def body(key, value):
         arr[key[0]] += value
 
-    with pytest.raises(BadBodyError, match="negative indices"):
+    with pytest.raises(BadBodyError, match="wraps around to the end of the array"):
         body.run(workers=2)
 
 
