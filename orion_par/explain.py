@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -170,7 +171,7 @@ def _fixes(body: BodySource, seen: Mapping[str, DepVec], captured: Mapping[str, 
             out.append(("series_key", "if the records form several independent series, add the series id as a "
                                       "first key field (keys (series, t)): the series then run in parallel."))
     else:
-        summed = [n for n in arrays if only_added_to(body, n)]
+        summed = [n for n in arrays if only_added_to(body, n) and not (seen[n].source.via or seen[n].sink.via)]
         if summed:
             out.append(("accumulator", f"{', '.join(summed)} is only added to: make it an orion_par.Accumulator"
                                        "('sum', shape) (reset every epoch, each worker sums its records) and read "
@@ -204,7 +205,9 @@ def _unknown_subscript(dep: DepVec) -> bool:
 
 
 def only_added_to(body: BodySource, name: str) -> bool:
-    """Whether the body uses ``name`` only in updates ``name[...] += x`` (x not reading it)."""
+    """Whether the body uses ``name``, and only in updates ``name[...] += x`` (x not reading it)."""
+    if not any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(body.tree)):
+        return False
     try:
         check_usage(body, {name: "sum"}, {})
     except NotParallelizableError:

@@ -334,10 +334,18 @@ class ExprEvaluator:
 
     # -- closures and comprehensions -------------------------------------------------------------
     def closure_use(self, node: ast.AST) -> None:
-        """An inner def or lambda may do anything to the arrays it mentions."""
+        """An inner def or lambda may do anything to the arrays it mentions, and does what the functions it
+        calls do (walked as if called here, its parameters unknown)."""
         for n in ast.walk(node):
             if isinstance(n, ast.Name):
                 self.read_views(views_of(self.lookup(n.id).views, opaque=True), n, write=True)
+            elif isinstance(n, ast.Call):
+                obj = self.resolve_object(n.func)
+                helper = self.graph.helper(obj) if obj is not None else None
+                if helper is not None:
+                    self.call_helper(n, helper)
+                elif obj is not None and opaque_callable(obj):
+                    self.check_visible(n, obj)
 
     def eval_Lambda(self, node: ast.Lambda) -> AbsVal:
         self.closure_use(node)

@@ -194,3 +194,17 @@ def test_a_bound_method_of_the_users_class_is_refused():
 
     with pytest.raises(NotParallelizableError, match=r"calls `update` \(method\)"):
         _ = body.plan
+
+
+def test_a_helper_called_from_an_inner_function_is_seen():
+    @parallel_for(DATA)
+    def body(key, value):
+        def step(i, r):
+            _item_ema(i, r)  # walked with i unknown: any element of HG_I
+
+        HG_U[key[0]] += value
+        step(key[1], value)
+
+    with pytest.raises(NotParallelizableError, match=r"HG_I\[i\] in `_item_ema`") as info:
+        _ = body.plan
+    assert "accumulator" not in info.value.fixes  # the body never names HG_I: an Accumulator could not help
