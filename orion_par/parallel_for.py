@@ -169,7 +169,8 @@ class ParallelFor:
         return self._current_plan(self.captured())
 
     def _current_plan(self, captured: dict[str, Any]) -> Plan:
-        fingerprint = tuple(sorted((n, _fingerprint(v)) for n, v in captured.items()))
+        fingerprint = (tuple(sorted((n, _fingerprint(v)) for n, v in captured.items())),
+                       tuple(sorted(self.graph.helpers)))  # the functions it calls (rebinding one replans)
         if self._plan is None or self._plan[0] != fingerprint:
             plan = make_plan(self.body, captured, self._keys, np.asarray(self.data), ordered=self.ordered,
                              allow_data_parallel=self.allow_data_parallel)
