@@ -233,8 +233,6 @@ def discover(body_fn: types.FunctionType, body_tree: ast.FunctionDef, body_captu
         callees[id(target)] = [id(t) for t in (python_function(call_target(target, _local_names(target), c.func))
                                                for c in _calls(tdef)) if t is not None]
 
-    for target in order:
-        taken |= _local_names(target)  # a canonical name must not be shadowed by a local of any function
     used_gen: set[str] = set()
     for target in order:
         tdef, filename, _, obj = pending[id(target)]
@@ -310,7 +308,7 @@ class _Rewriter(ast.NodeTransformer):
 
     def __init__(self, h: Helper, graph: CallGraph) -> None:
         self.h, self.graph = h, graph
-        self.rename = {**h.data, **h.others}
+        self.rename = {**{free: data_param(c) for free, c in h.data.items()}, **h.others}
 
     def visit_Name(self, node: ast.Name) -> ast.AST:
         if node.id in self.rename:
@@ -323,8 +321,13 @@ class _Rewriter(ast.NodeTransformer):
         if callee is None:
             return node
         node.func = ast.copy_location(ast.Name(callee.gen_name, ast.Load()), node.func)
-        node.args = [ast.Name(p, ast.Load()) for p in callee.params] + list(node.args)
+        node.args = [ast.Name(data_param(p), ast.Load()) for p in callee.params] + list(node.args)
         return node
+
+
+def data_param(canonical: str) -> str:
+    """A datum's parameter name inside a rewritten helper (never one of the helper's own names)."""
+    return f"_orion_d_{canonical}"
 
 
 def helper_source(h: Helper, graph: CallGraph) -> str:
@@ -334,7 +337,7 @@ def helper_source(h: Helper, graph: CallGraph) -> str:
     fdef.name = h.gen_name
     fdef.decorator_list = []
     fdef.args.posonlyargs = []
-    fdef.args.args = [ast.arg(p) for p in h.params] + list(h.tree.args.posonlyargs) + list(h.tree.args.args)
+    fdef.args.args = [ast.arg(data_param(p)) for p in h.params] + list(h.tree.args.posonlyargs) + list(h.tree.args.args)
     ast.fix_missing_locations(fdef)
     return f"# {h.name} ({h.filename}:{h.tree.lineno})\n" + ast.unparse(fdef)
 

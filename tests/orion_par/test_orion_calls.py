@@ -208,3 +208,20 @@ def test_a_helper_called_from_an_inner_function_is_seen():
     with pytest.raises(NotParallelizableError, match=r"HG_I\[i\] in `_item_ema`") as info:
         _ = body.plan
     assert "accumulator" not in info.value.fixes  # the body never names HG_I: an Accumulator could not help
+
+
+def _scale_row(HG_U, u, i, r):  # a parameter named like a global array its callee uses
+    HG_U[u] += r
+    _record_both(u, i, r)
+
+
+def test_a_helper_parameter_named_like_a_callees_global():
+    other = DistArray(np.zeros(12))
+
+    @parallel_for(DATA)
+    def body(key, value):
+        _scale_row(other, key[0], key[1], value)
+
+    plan = body.plan
+    assert {"HG_U", "HG_I", "other"} <= set(plan.written)
+    assert _parallel_equals_serial(body, [other, HG_U, HG_I])
