@@ -40,6 +40,7 @@ from orion_par.body import BodySource, free_names, is_missing, is_scalar_constan
 from orion_par.errors import NotParallelizableError
 from orion_par.purity import is_declared_pure
 
+_NOT_SET = object()
 MAX_DEPTH = 16  # calls nested deeper than this are refused (a recursion the analyzer did not catch)
 
 
@@ -244,6 +245,8 @@ def discover(body_fn: types.FunctionType, body_tree: ast.FunctionDef, body_captu
                 continue  # a helper: its calls are rewritten
             if is_data(value):
                 canonical = by_id.get(id(value)) if isinstance(value, np.ndarray) else None
+                if canonical is None and body_captured.get(free, _NOT_SET) is value:
+                    canonical = free  # the body's own constant under the same name
                 if canonical is None:
                     canonical = _unique(free, taken | set(globals_taken))
                     taken.add(canonical)
