@@ -92,8 +92,8 @@ class Access:
     via: str = ""
     guards: tuple[Guard, ...] = ()
 
-    def sort_key(self) -> tuple[str, int, bool, str, str]:
-        return (self.array, self.line, self.is_write, self.text, repr(self.subs))
+    def sort_key(self) -> tuple[str, int, bool, str, str, str, str]:
+        return (self.array, self.line, self.is_write, self.text, repr(self.subs), self.via, repr(self.guards))
 
     def describe(self, key_names: tuple[str, ...] = ()) -> str:
         kind = "write" if self.is_write else "read"

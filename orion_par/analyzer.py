@@ -11,6 +11,7 @@ an ``unknown`` subscript or a write of a whole view, never a missed access.
 from __future__ import annotations
 
 import ast
+import inspect
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -86,7 +87,13 @@ def analyze_body(body: BodySource, captured: Mapping[str, Any], key_ndim: int, v
         captured = {**graph.values(), **captured}
     walker = _Walker(body, captured, key_ndim, graph)
     walker.start_body(value_ndim)
-    walker.walk(body.tree.body)
+    try:
+        walker.walk(body.tree.body)
+    except RecursionError as e:
+        raise BadBodyError(
+            f"{body.name} (line {body.tree.lineno}): its statements or expressions nest too deeply for the analyzer "
+            "(a very long sum or elif chain); split them into shorter statements."
+        ) from e
     if walker.value_writes:
         raise BadBodyError(
             f"{body.name}: line {walker.value_writes[0]} writes into the record's value `{body.value_param}`; "
@@ -140,6 +147,8 @@ class _Walker(ExprEvaluator):
         out = NOTHING
         for r in callee.returns:
             out = join(out, r)
+        if helper.fn.__code__.co_flags & inspect.CO_GENERATOR and out.views:
+            out = views_of(out.views, opaque=True)  # iterating a generator gives what it yielded, not rows of it
         self.memo[memo_key] = out
         return out
 
@@ -255,6 +264,16 @@ class _Walker(ExprEvaluator):
     def stmt_Expr(self, node: ast.Expr) -> None:
         self.use(node.value)
 
+    def eval_Yield(self, node: ast.Yield | ast.YieldFrom) -> AbsVal:
+        val = self.eval(node.value) if node.value is not None else NOTHING
+        if self.scope.site is not None:
+            self.returns.append(val)  # a generator helper: what it yields reaches the caller
+        else:
+            self.read_views(val, node)
+        return NOTHING
+
+    eval_YieldFrom = eval_Yield
+
     def stmt_Return(self, node: ast.Return) -> None:
         if self.scope.site is None:
             self.use(node.value)
@@ -356,6 +375,21 @@ class _Walker(ExprEvaluator):
         self.loop(once)
         self.walk(node.orelse)
 
+    def stmt_Match(self, node: ast.Match) -> None:
+        self.use(node.subject)
+        bodies = []
+        for case in node.cases:
+            for n in ast.walk(case.pattern):  # a value pattern (case W.x) or a class pattern reads names
+                if isinstance(n, ast.expr):
+                    self.use(n)
+            if case.guard is not None:
+                self.use(case.guard)
+            # Capture patterns bind names to parts of the subject: unknown values.
+            bound = [n.name for n in ast.walk(case.pattern) if isinstance(n, (ast.MatchAs, ast.MatchStar)) and n.name]
+            bodies.append([ast.Assign([ast.Name(b, ast.Store())], ast.Constant(None), lineno=case.pattern.lineno)
+                           for b in bound] + case.body)
+        self.branch(*bodies, [])  # no case may match
+
     def stmt_Try(self, node: ast.Try) -> None:
         start = dict(self.env)
         self.walk(node.body)
@@ -435,8 +469,9 @@ def _bind_params(helper: Helper, args: list[AbsVal], kws: dict[str, AbsVal], spr
     """A helper's parameters bound to a call's arguments (defaults as the function holds them)."""
     a = helper.tree.args
     positional = [p.arg for p in a.posonlyargs + a.args]
-    defaults = dict(zip(positional[len(positional) - len(helper.fn.__defaults__ or ()):],
-                        helper.fn.__defaults__ or (), strict=True))
+    given = helper.fn.__defaults__ or ()
+    defaults = dict(zip(positional[len(positional) - len(given):], given[-len(positional):] if positional else (),
+                        strict=False))
     defaults.update(helper.fn.__kwdefaults__ or {})
     unknown = views_of(spread, opaque=True) if spread else NOTHING  # *args, **kwargs: any parameter
     env: dict[str, AbsVal] = {}

@@ -49,10 +49,29 @@ def load_body(fn: Callable[..., Any]) -> BodySource:
     BadBodyError
         If ``fn`` is not a plain function with retrievable source and exactly two positional parameters.
     """
+    inner = getattr(fn, "py_func", None)
+    if isinstance(inner, types.FunctionType):
+        raise BadBodyError(
+            f"parallel_for: {inner.__qualname__} (line {inner.__code__.co_firstlineno}) is already a numba function; "
+            "decorate the plain `def` (parallel_for compiles it itself): drop @numba.njit or put @parallel_for "
+            "below it."
+        )
     if not isinstance(fn, types.FunctionType):
         raise BadBodyError(f"parallel_for decorates a function `def body(key, value)`; got {type(fn).__name__}.")
+    line = fn.__code__.co_firstlineno
     if fn.__name__ == "<lambda>":
-        raise BadBodyError("parallel_for needs a `def` body, not a lambda (its source cannot be analysed alone).")
+        raise BadBodyError(f"parallel_for needs a `def` body, not a lambda (line {line}): its source cannot be "
+                           "analysed alone.")
+    if hasattr(fn, "__wrapped__"):
+        raise BadBodyError(
+            f"parallel_for: {fn.__qualname__} (line {line}) is wrapped by another decorator, whose code parallel_for "
+            "cannot see; put @parallel_for directly on the `def`, below the other decorators."
+        )
+    if fn.__code__.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR):
+        raise BadBodyError(
+            f"parallel_for: {fn.__qualname__} (line {line}) is a generator or async function; calling it would not "
+            "run its statements. Write it as a plain `def` that does its work and returns."
+        )
     try:
         lines, first = inspect.getsourcelines(fn)
     except (OSError, TypeError) as e:
@@ -64,7 +83,7 @@ def load_body(fn: Callable[..., Any]) -> BodySource:
     ast.increment_lineno(tree, first - 1)
     fdef = tree.body[0]
     if not isinstance(fdef, ast.FunctionDef):
-        raise BadBodyError(f"parallel_for: {fn.__qualname__} is not a plain `def` (async or class?).")
+        raise BadBodyError(f"parallel_for: {fn.__qualname__} (line {first}) is not a plain `def` (async or class?).")
     args = fdef.args
     params = [a.arg for a in args.posonlyargs + args.args]
     if len(params) != 2 or args.vararg or args.kwarg or args.kwonlyargs or args.defaults:
@@ -111,6 +130,14 @@ def resolve(fn: Callable[..., Any], name: str) -> Any:
     if name in fn.__globals__:
         return fn.__globals__[name]
     return getattr(builtins, name, _MISSING)
+
+
+def safe_getattr(obj: Any, name: str) -> Any:
+    """``getattr(obj, name, None)`` that also absorbs what properties and ``__getattr__`` raise."""
+    try:
+        return getattr(obj, name, None)
+    except Exception:
+        return None
 
 
 def is_missing(value: Any) -> bool:

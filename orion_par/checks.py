@@ -97,17 +97,18 @@ def _bounds_message(acc: Access, d: int, sub: KeySub, size: int, lo_key: int, hi
             f"guard the access with `if {name} <= {last}:`.")
 
 
-def check_no_aliases(arrays: Mapping[str, np.ndarray], written: Sequence[str], values: np.ndarray) -> None:
+def check_no_aliases(arrays: Mapping[str, np.ndarray], written: Mapping[str, int], values: np.ndarray) -> None:
     """No written array shares memory with another captured array or with the dataset's values.
 
-    The analyzer tells arrays apart by name; two names for one memory would hide conflicts.
+    The analyzer tells arrays apart by name; two names for one memory would hide conflicts.  ``written``:
+    each written array's first writing line.
 
     Raises
     ------
     BadBodyError
-        Naming both arrays.
+        Naming both arrays and the line.
     """
-    for name in written:
+    for name, line in written.items():
         arr = arrays.get(name)
         if arr is None:
             continue
@@ -115,7 +116,7 @@ def check_no_aliases(arrays: Mapping[str, np.ndarray], written: Sequence[str], v
         for other, b in others:
             if np.may_share_memory(arr, b):
                 raise BadBodyError(
-                    f"the body writes `{name}`, which may share memory with `{other}`: parallel_for tells "
+                    f"line {line} writes `{name}`, which may share memory with `{other}`: parallel_for tells "
                     "arrays apart by name, so conflicts between the two would go unseen. Use one name for "
                     "one array (or pass a copy)."
                 )

@@ -124,7 +124,8 @@ def refusal_message(body: BodySource, deps: Iterable[DepVec], key_ndim: int, ord
     # The dependences that no key field can absorb decide the refusal; otherwise it is their combination.
     hard = [d for d in deps if not any(iv == (0, 0) for iv in d.distance)] or deps
     seen: dict[str, DepVec] = {}
-    for d in sorted(hard, key=lambda d: (d.array, not d.source.is_write, d.source.line, d.sink.line)):
+    # The full sort key last: the same refusal names the same pair in every process (sets iterate by hash).
+    for d in sorted(hard, key=lambda d: (d.array, not d.source.is_write, d.source.line, d.sink.line, d.sort_key())):
         seen.setdefault(d.array, d)
     lines = [f"`{body.name}` ({body.filename}:{body.tree.lineno}) cannot run in parallel without changing its "
              f"result{' (ordered=True)' if ordered else ''}:"]

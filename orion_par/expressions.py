@@ -31,12 +31,15 @@ from orion_par.absval import (
     views_of,
 )
 from orion_par.access import UNKNOWN, Access, ConstSub, Guard, KeySub, Sub
-from orion_par.body import BodySource, is_missing, resolve
+from orion_par.body import BodySource, is_missing, resolve, safe_getattr
 from orion_par.errors import BadBodyError, NotParallelizableError
 from orion_par.helpers import CallGraph, Helper, opaque_callable, python_function
 from orion_par.purity import NO_READ_ATTRS, READONLY_METHODS, VIEW_ATTRS, VIEW_METHODS, call_kind
 
 _SCALAR_METHODS = {"item", "argmax", "argmin"}
+# Builtins that reach variables or attributes by name at run time (refused: their effects are invisible).
+_DYNAMIC_BUILTINS = ("exec", "eval", "globals", "locals", "vars", "getattr", "setattr", "delattr", "compile",
+                     "__import__")
 
 
 @dataclass(frozen=True)
@@ -255,7 +258,7 @@ class ExprEvaluator:
             return None if is_missing(value) else value
         if isinstance(node, ast.Attribute):
             base = self.resolve_object(node.value)
-            return None if base is None else getattr(base, node.attr, None)
+            return None if base is None else safe_getattr(base, node.attr)
         return None
 
     def eval_Call(self, node: ast.Call) -> AbsVal:
@@ -291,6 +294,12 @@ class ExprEvaluator:
         if obj is None and isinstance(func, ast.Name) and func.id in self.env and func.id not in self.inner_defs:
             what = (f"`{func.id}`, a local name, so parallel_for cannot tell which function runs. Call the "
                     "function by its global name")
+        elif obj is None and not isinstance(func, (ast.Name, ast.Attribute, ast.Lambda)):
+            what = (f"a function chosen by the expression `{ast.unparse(func)}`, so parallel_for cannot tell which "
+                    "function runs. Call the function by its name")
+        elif obj is not None and any(obj is getattr(builtins, n) for n in _DYNAMIC_BUILTINS):
+            what = (f"`{ast.unparse(func)}`, which reaches variables by name at run time, out of the analyzer's "
+                    "sight. Name the arrays directly in the body")
         elif obj is not None and python_function(obj) is not None:
             what = f"`{ast.unparse(func)}`, which it did not find before analysis. Call it by its global name"
         elif obj is not None and opaque_callable(obj):

@@ -36,7 +36,7 @@ from typing import Any
 import numba
 import numpy as np
 
-from orion_par.body import BodySource, free_names, is_missing, is_scalar_constant, resolve
+from orion_par.body import BodySource, free_names, is_missing, is_scalar_constant, resolve, safe_getattr
 from orion_par.errors import NotParallelizableError
 from orion_par.purity import is_declared_pure
 
@@ -55,13 +55,21 @@ def _library_roots() -> tuple[str, ...]:
 _LIBRARY_ROOTS = _library_roots()
 
 
+def _has(obj: Any, name: str) -> bool:
+    try:
+        return hasattr(obj, name)
+    except Exception:
+        return False
+
+
 def python_function(obj: Any) -> types.FunctionType | None:
     """The Python function behind ``obj`` if it is the user's own (a ``def`` or a numba dispatcher of one).
 
-    Functions from the standard library and installed packages return None: they are library code.
+    Functions from the standard library and installed packages return None: they are library code, and so
+    does a function wrapped by a decorator (``opaque_callable`` refuses those).
     """
     fn = obj.py_func if isinstance(obj, numba.core.dispatcher.Dispatcher) else obj
-    if not isinstance(fn, types.FunctionType) or is_declared_pure(fn):
+    if not isinstance(fn, types.FunctionType) or is_declared_pure(fn) or _has(fn, "__wrapped__"):
         return None
     module = sys.modules.get(getattr(fn, "__module__", "") or "")
     if module is not None and (module.__name__.split(".")[0] in {"numpy", "numba", "orion_par"}):
@@ -83,6 +91,11 @@ def opaque_callable(obj: Any) -> bool:
     """
     if is_declared_pure(obj):
         return False
+    if _has(obj, "__wrapped__") and not isinstance(obj, numba.core.dispatcher.Dispatcher):
+        return True  # functools.wraps, lru_cache, staticmethod: the wrapper may do anything
+    owner = safe_getattr(obj, "__self__")
+    if owner is not None and not isinstance(owner, types.ModuleType) and python_function(owner) is not None:
+        return True  # f.__call__ of the user's function f
     if isinstance(obj, functools.partial):
         return opaque_callable(obj.func) or python_function(obj.func) is not None
     if isinstance(obj, types.MethodType):
@@ -170,7 +183,7 @@ def call_target(fn: types.FunctionType, local_names: set[str], node: ast.expr) -
         return None if is_missing(value) else value
     if isinstance(node, ast.Attribute):
         base = call_target(fn, local_names, node.value)
-        return None if base is None else getattr(base, node.attr, None)
+        return None if base is None else safe_getattr(base, node.attr)
     return None
 
 
@@ -223,6 +236,12 @@ def discover(body_fn: types.FunctionType, body_tree: ast.FunctionDef, body_captu
                     f"touches. Define `{target.__qualname__}` with `def` in a .py file, or, if it only reads "
                     "its arguments, declare it with @orion_par.pure."
                 ) from e
+            bad = [d for d in (*(target.__defaults__ or ()), *(target.__kwdefaults__ or {}).values()) if not _literal(d)]
+            if bad:
+                raise NotParallelizableError(
+                    f"{site}, whose default argument is a {type(bad[0]).__name__}: parallel_for cannot share a value "
+                    "held by a function. Pass it in the call, or make it a global the function reads."
+                )
             pending[id(target)] = (tdef, filename, target, obj)
             order.append(target)
             visit(target, tdef, f"`{target.__qualname__}` ({filename})", (*stack, id(target)))
@@ -328,6 +347,14 @@ class _Rewriter(ast.NodeTransformer):
         return node
 
 
+def _literal(value: Any) -> bool:
+    return value is None or isinstance(value, (bool, int, float, complex, str, np.number, np.bool_))
+
+
+def _plain(value: Any) -> Any:
+    return value.item() if isinstance(value, np.generic) else value
+
+
 def data_param(canonical: str) -> str:
     """A datum's parameter name inside a rewritten helper (never one of the helper's own names)."""
     return f"_orion_d_{canonical}"
@@ -341,6 +368,10 @@ def helper_source(h: Helper, graph: CallGraph) -> str:
     fdef.decorator_list = []
     fdef.args.posonlyargs = []
     fdef.args.args = [ast.arg(data_param(p)) for p in h.params] + list(h.tree.args.posonlyargs) + list(h.tree.args.args)
+    # Defaults as the values the function holds (their expressions may name things the module lacks).
+    fdef.args.defaults = [ast.Constant(_plain(v)) for v in h.fn.__defaults__ or ()]
+    kw = h.fn.__kwdefaults__ or {}
+    fdef.args.kw_defaults = [ast.Constant(_plain(kw[a.arg])) if a.arg in kw else None for a in fdef.args.kwonlyargs]
     ast.fix_missing_locations(fdef)
     return f"# {h.name} ({h.filename}:{h.tree.lineno})\n" + ast.unparse(fdef)
 

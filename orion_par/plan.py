@@ -81,8 +81,11 @@ def make_plan(
     key_ndim = keys.shape[1]
     analysis = analyze_body(body, captured, key_ndim, values.ndim)
     arrays = {n: v for n, v in captured.items() if isinstance(v, np.ndarray)}
-    written_names = sorted({a.array for a in analysis.accesses if a.is_write})
-    check_no_aliases(arrays, written_names, values)
+    first_write: dict[str, int] = {}
+    for a in sorted(analysis.accesses, key=lambda a: a.line):
+        if a.is_write:
+            first_write.setdefault(a.array, a.line)
+    check_no_aliases(arrays, dict(sorted(first_write.items())), values)
     buffered = {n: int(v.max_delay) for n, v in arrays.items() if isinstance(v, Buffer)}
     accumulators = {n: v.op for n, v in arrays.items() if isinstance(v, Accumulator)}
     check_usage(body, accumulators, {a.array: a.line for a in analysis.accesses if a.via and a.array in accumulators})

@@ -69,7 +69,10 @@ def pure(fn: Any) -> Any:
 
 
 def is_declared_pure(fn: Any) -> bool:
-    return getattr(fn, _PURE_ATTR, False) is True
+    try:
+        return getattr(fn, _PURE_ATTR, False) is True
+    except Exception:  # an object whose __getattr__ raises something else than AttributeError
+        return False
 
 
 def call_kind(fn: Any) -> str:

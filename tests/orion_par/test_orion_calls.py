@@ -3,13 +3,21 @@ them the current arrays, and calls it cannot read are refused with a fix that wo
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import numba
 import numpy as np
 import pytest
 
-from orion_par import CompileFallbackWarning, DistArray, NotParallelizableError, parallel_for, pure
+from orion_par import (
+    BadBodyError,
+    CompileFallbackWarning,
+    DistArray,
+    NotParallelizableError,
+    parallel_for,
+    pure,
+)
 
 RNG = np.random.default_rng(3)
 N = 600
@@ -225,3 +233,67 @@ def test_a_helper_parameter_named_like_a_callees_global():
     plan = body.plan
     assert {"HG_U", "HG_I", "other"} <= set(plan.written)
     assert _parallel_equals_serial(body, [other, HG_U, HG_I])
+
+
+V0 = DistArray(np.zeros(3))
+
+
+def _bump_v0(x):
+    V0[0] += x
+
+
+def _views_of_v0():
+    yield V0[0:1]
+
+
+@functools.cache
+def _cached_bump(x):
+    V0[0] += x
+
+
+def test_hidden_writes_are_refused_not_planned():
+    """Each body writes V0[0] for every record: no parallel plan keeps that (found by fuzzing)."""
+
+    def by_match(key, value):
+        match value:
+            case _:
+                V0[0] += value
+
+    def by_expression(key, value):
+        [_bump_v0][0](value)
+
+    def by_dunder_call(key, value):
+        _bump_v0.__call__(value)
+
+    def by_cached(key, value):
+        _cached_bump(value)
+
+    def by_generator(key, value):
+        for row in _views_of_v0():
+            row[0] += value
+
+    def by_exec(key, value):
+        exec("V0[0] += 1")
+
+    def by_globals(key, value):
+        globals()["V0"][0] += value
+
+    for body in (by_match, by_expression, by_dunder_call, by_cached, by_generator, by_exec, by_globals):
+        with pytest.raises(NotParallelizableError, match=r"line \d+"):
+            _ = parallel_for(DATA)(body).plan
+
+
+def test_a_body_wrapped_by_another_decorator_is_refused_with_the_fix():
+    def logged(fn):
+        @functools.wraps(fn)
+        def wrapper(*args):
+            return fn(*args)
+
+        return wrapper
+
+    @logged
+    def body(key, value):
+        V0[0] += value
+
+    with pytest.raises(BadBodyError, match=r"line \d+\) is wrapped by another decorator.*directly on the `def`"):
+        parallel_for(DATA)(body)
