@@ -38,7 +38,7 @@ import numpy as np
 
 from orion_par.body import BodySource, free_names, is_missing, is_scalar_constant, resolve, safe_getattr
 from orion_par.errors import NotParallelizableError
-from orion_par.purity import is_declared_pure
+from orion_par.purity import call_kind, is_declared_pure
 
 _NOT_SET = object()
 MAX_DEPTH = 16  # calls nested deeper than this are refused (a recursion the analyzer did not catch)
@@ -69,18 +69,23 @@ def python_function(obj: Any) -> types.FunctionType | None:
     does a function wrapped by a decorator (``opaque_callable`` refuses those).
     """
     fn = obj.py_func if isinstance(obj, numba.core.dispatcher.Dispatcher) else obj
-    if not isinstance(fn, types.FunctionType) or is_declared_pure(fn) or _has(fn, "__wrapped__"):
+    if not _users_function(fn) or is_declared_pure(fn) or _has(fn, "__wrapped__"):
         return None
+    return fn  # type: ignore[no-any-return]
+
+
+def _users_function(fn: Any) -> bool:
+    """A plain Python function defined outside the standard library and installed packages."""
+    if not isinstance(fn, types.FunctionType):
+        return False
     module = sys.modules.get(getattr(fn, "__module__", "") or "")
     if module is not None and (module.__name__.split(".")[0] in {"numpy", "numba", "orion_par"}):
-        return None
+        return False
     filename = fn.__code__.co_filename
     if filename.startswith("<"):
-        return fn  # exec'd or interactive: the user's own, and its source cannot be read (refused later)
+        return True  # exec'd or interactive: the user's own, and its source cannot be read (refused later)
     path = str(Path(filename).resolve())
-    if any(path.startswith(root + "/") for root in _LIBRARY_ROOTS):
-        return None
-    return fn
+    return not any(path.startswith(root + "/") for root in _LIBRARY_ROOTS)
 
 
 def opaque_callable(obj: Any) -> bool:
@@ -89,10 +94,16 @@ def opaque_callable(obj: Any) -> bool:
     Library callables (C functions, numpy's Python functions, classes) are not opaque: they cannot name
     the user's arrays, so what they may do to their arguments is all that matters.
     """
-    if is_declared_pure(obj):
-        return False
+    if is_declared_pure(obj) or call_kind(obj) != "unknown":
+        return False  # known to the tables in purity
     if _has(obj, "__wrapped__") and not isinstance(obj, numba.core.dispatcher.Dispatcher):
-        return True  # functools.wraps, lru_cache, staticmethod: the wrapper may do anything
+        # functools.wraps, lru_cache, staticmethod around the user's code: the wrapper may do anything.
+        # (numpy's functions wrap numpy's own code.)
+        try:
+            inner = inspect.unwrap(obj)
+        except ValueError:
+            return True
+        return _users_function(inner) or _users_function(obj)
     owner = safe_getattr(obj, "__self__")
     if owner is not None and not isinstance(owner, types.ModuleType) and python_function(owner) is not None:
         return True  # f.__call__ of the user's function f
