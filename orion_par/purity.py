@@ -90,8 +90,11 @@ def call_kind(fn: Any) -> str:
         return "pure"
     if isinstance(fn, np.ufunc):
         return "pure"  # a ufunc writes only through out=, which the analyzer checks separately
-    module = getattr(fn, "__module__", None) or ""
-    name = getattr(fn, "__name__", "")
+    try:
+        module = str(getattr(fn, "__module__", None) or "")
+        name = str(getattr(fn, "__name__", ""))
+    except Exception:  # an object whose __getattr__ raises something else than AttributeError
+        return "unknown"
     if fn is getattr(builtins, name, None):
         return "pure" if name in _PURE_BUILTINS else "unknown"
     if isinstance(fn, types.BuiltinFunctionType) and module == "math" or fn is getattr(math, name, None):
