@@ -8,9 +8,9 @@ body's name for the same array when the body captures it too, else the helper's 
 
 The executor cannot leave a helper as it is: numba freezes a global array into a compiled function as a
 constant (stale values, and writes to a copy), and a Ray worker would update its own module's copy.  So
-``helper_source`` writes each helper again as ``_orion_fn_<name>(<canonical data names>, <its params>)``, with
-the data as parameters, and ``call_edits`` rewrites the body's calls to pass them
-(``tests/orion_par/test_orion_calls.py``).
+``helper_source`` writes each helper again as ``_orion_fn_<name>(_orion_d_<canonical name>, ..., <its own
+parameters>)``, with the data it and its callees reach as parameters, and ``call_edits`` rewrites the body's
+calls to pass them (``tests/orion_par/test_orion_calls.py``, ``test_orion_calls_property.py``).
 
 Library code (numpy, the standard library, anything installed in site-packages) is not walked: it cannot
 name the user's arrays, so the tables in ``purity`` decide what it may do to its arguments.
@@ -41,7 +41,7 @@ from orion_par.errors import NotParallelizableError
 from orion_par.purity import call_kind, is_declared_pure
 
 _NOT_SET = object()
-MAX_DEPTH = 16  # calls nested deeper than this are refused (a recursion the analyzer did not catch)
+MAX_DEPTH = 16  # calls nested deeper than this are refused
 
 
 def _library_roots() -> tuple[str, ...]:
