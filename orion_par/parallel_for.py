@@ -300,9 +300,9 @@ class ParallelFor:
         else:
             # Every epoch's accumulators start at the identity, in private copies per worker.
             own = [{n: [np.full_like(data.params[n], identity(op, data.params[n].dtype)) for _ in range(workers)]
-                    for n, op in accs.items()} for _ in range(epochs)]
-            busy = self._run_local(compiled, data, sched, epochs, plan, seed, cpu, self.epochs_run, own if accs else None)
-            for mine in own if accs else []:
+                    for n, op in accs.items()} for _ in range(epochs)] if accs else None
+            busy = self._run_local(compiled, data, sched, epochs, plan, seed, cpu, self.epochs_run, own)
+            for mine in own or []:
                 for n, copies in mine.items():
                     combine(accs[n], copies, data.params[n])
                 epoch_values.append({n: np.array(data.params[n], copy=True) for n in accs})
@@ -339,8 +339,8 @@ class ParallelFor:
         idx = np.arange(self.data.num_records) if order is None else np.asarray(order, dtype=np.int64)
         keys = np.ascontiguousarray(self._keys[idx])
         values = np.ascontiguousarray(np.asarray(self.data)[idx])
-        checks.check_bounds(analysis.accesses, analysis.key_names, keys, params)
         gathered = time.perf_counter() - t0
+        checks.check_bounds(analysis.accesses, analysis.key_names, keys, params)
         compiled = self.compiled_body(keys, values, params, analysis.accesses, check_bounds)
         snapshot = bounds.snapshot(params) if check_bounds else None
         if seed is not None:
