@@ -27,10 +27,17 @@ class ArrayRef:
     subs: tuple[Sub, ...]
     free: tuple[int, ...]
     opaque: bool = False
+    # Per array dimension, the array index of the view's element 0 there (``W[u, 1:]``: 1 in dimension 1),
+    # so that indexing the view again lands on the right element; None where a slice has a step or an
+    # unknown start.  Empty means 0 everywhere.
+    starts: tuple[Sub | None, ...] = ()
 
     @classmethod
     def whole(cls, array: str, ndim: int) -> ArrayRef:
         return cls(array, (FULL,) * ndim, tuple(range(ndim)))
+
+    def start(self, dim: int) -> Sub | None:
+        return self.starts[dim] if self.starts else ConstSub(0)
 
     def make_opaque(self) -> ArrayRef:
         return replace(self, opaque=True)
@@ -103,6 +110,7 @@ class IndexItem:
     kind: str  # "index" | "slice" | "weird"
     value: AbsVal = NOTHING
     slice_sub: Sub = FULL
+    slice_start: Sub | None = ConstSub(0)  # the index of the slice's first element (None: unknown)
 
 
 def slice_sub(lower: AbsVal | None, upper: AbsVal | None, has_step: bool) -> Sub:
@@ -116,30 +124,66 @@ def slice_sub(lower: AbsVal | None, upper: AbsVal | None, has_step: bool) -> Sub
     return UNKNOWN
 
 
+def slice_start(lower: AbsVal | None, has_step: bool) -> Sub | None:
+    """The index of a slice's first element: 0 for ``:hi``, ``c`` or ``key[j] + c`` for those starts."""
+    if has_step:
+        return None
+    if lower is None:
+        return ConstSub(0)
+    sub = lower.sub
+    if isinstance(sub, ConstSub) and sub.value >= 0 or isinstance(sub, KeySub) and sub.lo == sub.hi:
+        return sub
+    return None
+
+
 def index_view(ref: ArrayRef, items: Sequence[IndexItem]) -> ArrayRef:
-    """Apply a subscript to a view; returns the narrowed view (``free == ()`` means one element)."""
+    """Apply a subscript to a view; returns the narrowed view (``free == ()`` means one element).
+
+    An index into a dimension that an earlier slice kept is shifted by the slice's start (``W[u, 1:][0]`` is
+    ``W[u, 1]``); a negative constant index counts from the end, so it is unknown here.
+    """
     if ref.opaque or any(it.kind == "weird" for it in items) or len(items) > len(ref.free):
         return _give_up(ref)
     subs = list(ref.subs)
+    starts = [ref.start(d) for d in range(len(ref.subs))]
     free = list(ref.free)
     opaque = False
     kept: list[int] = []
     for pos, item in enumerate(items):
         dim = free[pos]
+        base = starts[dim]
         if item.kind == "slice":
-            subs[dim] = item.slice_sub
+            subs[dim] = item.slice_sub if base == ConstSub(0) else _shifted_range(base, item.slice_sub)
+            starts[dim] = None if base is None or item.slice_start is None else _add(base, item.slice_start)
             kept.append(dim)
         else:
-            subs[dim] = item.value.sub
+            sub = item.value.sub
+            if isinstance(sub, ConstSub) and sub.value < 0:
+                sub = UNKNOWN
+            subs[dim] = UNKNOWN if base is None else _add(base, sub)
             # An index that may be an array is fancy indexing: the result's dims no longer line up.
             opaque = opaque or not item.value.scalar
     rest = tuple(kept) + tuple(free[len(items):])
-    return ArrayRef(ref.array, tuple(subs), rest, opaque)
+    plain = all(s == ConstSub(0) for s in starts)
+    return ArrayRef(ref.array, tuple(subs), rest, opaque, () if plain else tuple(starts))
+
+
+def _add(a: Sub, b: Sub) -> Sub:
+    return b if a == ConstSub(0) else add_sub(a, b, 1)
+
+
+def _shifted_range(base: Sub | None, sub: Sub) -> Sub:
+    # A slice of a view that does not start at 0: the elements it covers, if they can be told exactly.
+    if base is None:
+        return UNKNOWN
+    if isinstance(sub, KeySub) and isinstance(base, ConstSub):
+        return sub.shifted(base.value)
+    return FULL if sub == FULL and isinstance(base, ConstSub) else UNKNOWN
 
 
 def _give_up(ref: ArrayRef) -> ArrayRef:
     subs = tuple(UNKNOWN if d in ref.free else s for d, s in enumerate(ref.subs))
-    return ArrayRef(ref.array, subs, ref.free, True)
+    return ArrayRef(ref.array, subs, ref.free, True, ref.starts)
 
 
 def region(ref: ArrayRef) -> tuple[Sub, ...]:

@@ -27,6 +27,7 @@ from orion_par.absval import (
     index_view,
     join,
     region,
+    slice_start,
     slice_sub,
     views_of,
 )
@@ -187,7 +188,8 @@ class ExprEvaluator:
             if isinstance(e, ast.Slice):
                 lo, hi = self.use(e.lower) if e.lower else None, self.use(e.upper) if e.upper else None
                 self.use(e.step)
-                items.append(IndexItem("slice", slice_sub=slice_sub(lo, hi, e.step is not None)))
+                items.append(IndexItem("slice", slice_sub=slice_sub(lo, hi, e.step is not None),
+                                       slice_start=slice_start(lo, e.step is not None)))
             elif isinstance(e, ast.Starred) or (isinstance(e, ast.Constant) and e.value in (None, Ellipsis)):
                 self.use(e)
                 items.append(IndexItem("weird"))

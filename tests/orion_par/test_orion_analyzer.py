@@ -379,3 +379,36 @@ def test_index_variable_shifted_by_augassign_keeps_its_key_offset():
         A[k, j] = A[i, j] + 1.0
 
     assert body.plan.scheme == "1d" and body.plan.space_dim == 1
+
+
+def test_indexing_a_slice_view_is_shifted_by_the_slices_start():
+    def body(key, value):
+        u, i = key
+        x = W[u, 1:]
+        x[0] = value  # W[u, 1]
+        y = W[1:]
+        y[u, 0] = value  # W[u + 1, 0]
+        z = W[u:]
+        z[1, 2] = value  # W[u + 1, 2]
+        s = W[u, ::2]
+        s[1] = value  # W[u, 2]: a stepped slice is not followed
+        W[u, -1] = value  # from the end: not the constant -1
+
+    found = {(a.subs) for a in analyze_body(load_body(body), {"W": W}, 2).accesses if a.is_write}
+    assert (KeySub(0), ConstSub(1)) in found
+    assert (KeySub(0, 1, 1), ConstSub(0)) in found
+    assert (KeySub(0, 1, 1), ConstSub(2)) in found
+    assert (KeySub(0), UNKNOWN) in found
+    assert (KeySub(0), ConstSub(0)) not in found and (KeySub(0), ConstSub(-1)) not in found
+
+
+def test_a_write_through_an_offset_slice_conflicts_with_the_element_it_reaches():
+    @parallel_for(DATA2)
+    def body(key, value):
+        u, i = key
+        x = W[u, 1:]
+        x[0] = x[0] * 0.5 + value  # really W[u, 1]
+        A[i, 0] += W[i, 1]  # reads W[*, 1] by another key field
+
+    with pytest.raises(NotParallelizableError):
+        _ = body.plan
