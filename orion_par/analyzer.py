@@ -45,6 +45,8 @@ class BodyAnalysis:
     body: BodySource
     accesses: tuple[Access, ...]
     key_names: tuple[str, ...]
+    # Why numba would compile the body wrongly (empty: it would not); the executor then runs it as Python.
+    miscompiles: str = ""
 
 
 def analyze_body(body: BodySource, captured: Mapping[str, Any], key_ndim: int, value_ndim: int = 1,
@@ -99,7 +101,14 @@ def analyze_body(body: BodySource, captured: Mapping[str, Any], key_ndim: int, v
             f"{body.name}: line {walker.value_writes[0]} writes into the record's value `{body.value_param}`; "
             "such writes are not kept. Store per-record state in a DistArray indexed by the key."
         )
-    return BodyAnalysis(body, tuple(sorted(walker.accesses, key=Access.sort_key)), tuple(walker.key_names))
+    miscompiles = ""
+    if {"tuple of views", "comprehension"} <= walker.constructs:
+        # numba 0.68 drops writes through an array taken out of a tuple when the function also has a
+        # comprehension (tests/orion_par/test_orion_executor.py::test_a_construct_numba_miscompiles_runs_as_python).
+        miscompiles = ("numba loses writes through an array taken out of a tuple when a comprehension is also "
+                       "present; take the array out of the tuple or write the comprehension as a loop")
+    return BodyAnalysis(body, tuple(sorted(walker.accesses, key=Access.sort_key)), tuple(walker.key_names),
+                        miscompiles)
 
 
 class _Walker(ExprEvaluator):
@@ -141,6 +150,7 @@ class _Walker(ExprEvaluator):
         scope = Scope(helper.fn, helper.data, site, where, (*self.scope.stack, helper.name))
         callee = _Walker(self.body, self.captured, self.key_ndim, self.graph, scope)
         callee.accesses, callee.value_writes, callee.memo = self.accesses, self.value_writes, self.memo
+        callee.constructs = self.constructs
         callee.env = _bind_params(helper, args, kws, spread)
         callee.guards = self.guards
         callee.walk(helper.tree.body)
@@ -433,6 +443,7 @@ class _Walker(ExprEvaluator):
 
     # -- comprehensions --------------------------------------------------------------------------
     def eval_ListComp(self, node: ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp) -> AbsVal:
+        self.constructs.add("comprehension")
         saved = self.env
         self.env = dict(saved)
         for gen in node.generators:

@@ -200,15 +200,17 @@ def _jit_module(source: str, injected: dict[str, Any], cache: bool, boundscheck:
 
 def compile_body(name: str, source: str, param_names: tuple[str, ...], injected: dict[str, Any],
                  sample_args: tuple[Any, ...], line_text: Callable[[int], str] | None = None,
-                 boundscheck: bool = False) -> CompiledBody:
+                 boundscheck: bool = False, python_reason: str = "") -> CompiledBody:
     """Compile with numba for the types of ``sample_args``; fall back to Python with a warning.
 
     ``sample_args`` are the block's arguments (``keys, values, 0, 0, *params``): calling the block on an
     empty range compiles it without running the body, so any exception here comes from compilation.
     ``boundscheck``: every subscript is checked (an ``IndexError`` instead of undefined behaviour).
+    ``python_reason``: numba would compile this body wrongly; run it as Python (with the reason in the warning).
     """
-    reason = ""
-    caches = (False,) if boundscheck else (_cacheable(injected), False)  # a stale disk cache must not cost speed
+    reason = python_reason
+    # A stale disk cache must not cost speed; no compile at all when numba would get the body wrong.
+    caches: tuple[bool, ...] = () if python_reason else (False,) if boundscheck else (_cacheable(injected), False)
     for cache in dict.fromkeys(caches):
         block, seed, drive = _jit_module(source, injected, cache, boundscheck).__dict__["_orion_jit"]
         try:

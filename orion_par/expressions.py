@@ -73,6 +73,7 @@ class ExprEvaluator:
         self.value_writes: list[int] = []
         self.inner_defs: set[str] = set()  # local names bound to an inner def or lambda
         self.guards: tuple[Guard, ...] = ()  # conditions on the key that hold where the walk is
+        self.constructs: set[str] = set()  # constructs numba compiles wrongly in combination (analyzer)
 
     # -- recording -------------------------------------------------------------------------------
     def record(self, ref: ArrayRef, subs: tuple[Sub, ...], is_write: bool, node: ast.AST) -> None:
@@ -173,6 +174,8 @@ class ExprEvaluator:
         refs: set[ArrayRef] = set()
         for elt in node.elts:
             refs |= self.eval(elt).views
+        if refs and isinstance(node, ast.Tuple):
+            self.constructs.add("tuple of views")
         return views_of(refs, opaque=True)  # t = (w, h); t[0][r] += 1 still writes W
 
     eval_List = eval_Set = eval_Tuple

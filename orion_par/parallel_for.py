@@ -212,22 +212,24 @@ class ParallelFor:
         return params
 
     def compiled_body(self, keys: np.ndarray, values: np.ndarray, params: dict[str, Any],
-                      accesses: tuple[Access, ...] = (), boundscheck: bool = False) -> CompiledBody:
+                      accesses: tuple[Access, ...] = (), boundscheck: bool = False,
+                      python_reason: str = "") -> CompiledBody:
         """The numba-compiled block function for these argument types (or the Python fallback).
 
         ``accesses`` (the analyzer's): the rows they index with the key are prefetched a few records ahead.
-        ``boundscheck``: compiled with every subscript checked.
+        ``boundscheck``: compiled with every subscript checked.  ``python_reason``: do not compile (numba
+        would get this body wrong, ``BodyAnalysis.miscompiles``); run it as Python and say why.
         """
         names = tuple(sorted(params))
         args = (keys, values, 0, 0, *(params[n] for n in names))
         rows = prefetch.rows(accesses, params)
         captured = self.captured()  # also finds the helpers (self.graph)
         source = generate_source(self.body, names, keys.shape[1], rows, self.graph)
-        sig = (tuple(numba.typeof(a) for a in args), source, boundscheck)  # type: ignore[no-untyped-call]
+        sig = (tuple(numba.typeof(a) for a in args), source, boundscheck, python_reason)  # type: ignore[no-untyped-call]
         if sig not in self._compiled:
             injected = injected_globals(self.body, captured, names, self.graph)
             self._compiled[sig] = compile_body(self.body.name, source, names, injected, args, self.body.line_text,
-                                               boundscheck)
+                                               boundscheck, python_reason)
         return self._compiled[sig]
 
     # -- run ---------------------------------------------------------------------------------------
@@ -269,7 +271,8 @@ class ParallelFor:
         if self._key_range is None:
             self._key_range = key_range(self._keys)
         checks.check_bounds(plan.accesses, plan.key_names, data.keys, data.params, self._key_range)
-        compiled = self.compiled_body(data.keys, data.values, data.params, plan.accesses, check_bounds)
+        compiled = self.compiled_body(data.keys, data.values, data.params, plan.accesses, check_bounds,
+                                      plan.miscompiles)
         snapshot = bounds.snapshot(data.params) if check_bounds else None
         cpu: list[float] = []
         accs = {n: op for n, op in plan.accumulators.items() if n in data.params}
@@ -341,7 +344,7 @@ class ParallelFor:
         values = np.ascontiguousarray(np.asarray(self.data)[idx])
         gathered = time.perf_counter() - t0
         checks.check_bounds(analysis.accesses, analysis.key_names, keys, params)
-        compiled = self.compiled_body(keys, values, params, analysis.accesses, check_bounds)
+        compiled = self.compiled_body(keys, values, params, analysis.accesses, check_bounds, analysis.miscompiles)
         snapshot = bounds.snapshot(params) if check_bounds else None
         if seed is not None:
             compiled.seed(seed)

@@ -46,6 +46,8 @@ class Plan:
     accumulators : mapping of str to str
         ``Accumulator`` arrays with their reduction; ``accumulate.RETURNED`` (a sum) when the body returns
         a value.
+    miscompiles : str
+        Why numba would compile this body wrongly (it then runs as Python); empty when it would not.
     """
 
     scheme: ParallelScheme
@@ -60,6 +62,7 @@ class Plan:
     written: tuple[str, ...]
     space_arrays: tuple[str, ...]
     accumulators: Mapping[str, str]
+    miscompiles: str
     explanation: str
 
     def __str__(self) -> str:
@@ -110,7 +113,7 @@ def make_plan(
         scheme=choice.scheme, space_dim=choice.space_dim, time_dim=choice.time_dim, ordered=ordered,
         key_names=analysis.key_names, accesses=analysis.accesses, dependences=tuple(sorted(deps, key=lambda d: d.sort_key())),
         buffered=buffered, data_parallel=data_parallel, written=written, space_arrays=space,
-        accumulators=accumulators,
+        accumulators=accumulators, miscompiles=analysis.miscompiles,
     )
     return Plan(**plan_args, explanation=explain_plan(body, plan_args, distinct))  # type: ignore[arg-type]
 

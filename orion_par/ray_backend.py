@@ -66,7 +66,7 @@ class BlockWorker:
         names = spec["param_names"]
         args = (keys, values, 0, 0, *(self.params[n] for n in names))
         self.compiled: CompiledBody = compile_body(spec["name"], spec["source"], names, spec["injected"], args,
-                                                   boundscheck=spec["boundscheck"])
+                                                   boundscheck=spec["boundscheck"], python_reason=spec["python_reason"])
 
     def reset(self, params: dict[str, Any], seed: int | None) -> None:
         """Start a new run from the driver's current arrays (actors are reused between runs)."""
@@ -172,7 +172,8 @@ def _start_actors(ray: Any, compiled: CompiledBody, data: BlockData, sched: Sche
                   relaxed: tuple[str, ...], seed: int | None) -> list[Any]:
     written = tuple(n for n in plan.written if n in data.params and n not in relaxed and n not in plan.accumulators)
     spec = dict(name=compiled.name, source=compiled.source, param_names=compiled.param_names,
-                injected=compiled.injected, boundscheck=compiled.boundscheck, written=written,
+                injected=compiled.injected, boundscheck=compiled.boundscheck,
+                python_reason="" if compiled.compiled else compiled.fallback_reason, written=written,
                 traveling=tuple(n for n in written if n not in plan.space_arrays), seed=seed)
     cpus = float(ray.cluster_resources().get("CPU", 1.0))
     actor_cls = ray.remote(num_cpus=min(1.0, cpus / sched.num_workers))(BlockWorker)

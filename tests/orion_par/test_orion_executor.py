@@ -479,3 +479,23 @@ def test_rows_indexed_by_the_key_are_prefetched_and_nothing_else():
     sgd.run(workers=2, epochs=0)
     (compiled,) = sgd._compiled.values()
     assert "_orion_mem.prefetch_write(W, (keys[_orion_r + 8, 0] + 0) * W.strides[0], W.strides[0])" in compiled.source
+
+
+PAIR = DistArray(np.zeros((6, 6)))
+
+
+def test_a_construct_numba_miscompiles_runs_as_python():
+    # numba 0.68 drops the write through t[0] when the function also has a comprehension.
+    data = DistArray.from_coo(np.stack([np.arange(6), np.arange(6)], axis=1), np.ones(6))
+
+    @parallel_for(data)
+    def body(key, value):
+        u, i = key
+        t = (PAIR[u], PAIR[u])
+        row = t[0]
+        row[i] += value
+        _ = [q for q in range(2)]
+
+    with pytest.warns(CompileFallbackWarning, match="numba loses writes through an array taken out of a tuple"):
+        body.run(workers=2)
+    assert np.array_equal(PAIR, np.eye(6))
