@@ -322,9 +322,11 @@ def _unique(name: str, taken: set[str]) -> str:
 
 
 def _calls(fdef: ast.FunctionDef) -> Iterator[ast.Call]:
-    for node in ast.walk(fdef):
-        if isinstance(node, ast.Call):
-            yield node
+    """The calls in the function's statements (not in its decorators or default values, which ran once)."""
+    for stmt in fdef.body:
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Call):
+                yield node
 
 
 def injected(graph: CallGraph) -> dict[str, Any]:

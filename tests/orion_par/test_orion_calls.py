@@ -297,3 +297,15 @@ def test_a_body_wrapped_by_another_decorator_is_refused_with_the_fix():
 
     with pytest.raises(BadBodyError, match=r"line \d+\) is wrapped by another decorator.*directly on the `def`"):
         parallel_for(DATA)(body)
+
+
+def _make_data():
+    return DATA
+
+
+def test_a_function_called_in_the_decorator_is_not_a_helper():
+    @parallel_for(_make_data())
+    def body(key, value):
+        HG_U[key[0]] += value
+
+    assert body.plan.scheme == "1d" and not body.graph.helpers
