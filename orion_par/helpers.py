@@ -111,7 +111,17 @@ def opaque_callable(obj: Any) -> bool:
         return opaque_callable(obj.func) or python_function(obj.func) is not None
     if isinstance(obj, types.MethodType):
         return python_function(obj.__func__) is not None
-    if isinstance(obj, type) or not callable(obj):
+    if isinstance(obj, type):
+        if issubclass(obj, tuple) and hasattr(obj, "_fields"):
+            return False  # a namedtuple: its constructor only stores its arguments
+        # A class of the user's: its __init__ (or __new__, __post_init__) may touch any array.
+        for klass in obj.__mro__:
+            for method in ("__init__", "__new__", "__post_init__"):
+                fn = klass.__dict__.get(method)
+                if _users_function(getattr(fn, "__func__", fn)):
+                    return True
+        return False
+    if not callable(obj):
         return False
     call = type(obj).__dict__.get("__call__")  # a user class's __call__ (its code is not followed)
     return isinstance(call, types.FunctionType) and python_function(call) is not None

@@ -3,6 +3,7 @@ them the current arrays, and calls it cannot read are refused with a fix that wo
 
 from __future__ import annotations
 
+import collections
 import functools
 import warnings
 
@@ -309,3 +310,26 @@ def test_a_function_called_in_the_decorator_is_not_a_helper():
         HG_U[key[0]] += value
 
     assert body.plan.scheme == "1d" and not body.graph.helpers
+
+
+class _Logger:
+    def __init__(self, u, r):
+        HG_U[u] += r  # a constructor that writes a global array
+
+
+def test_a_class_of_the_users_is_refused_and_a_namedtuple_is_not():
+    @parallel_for(DATA)
+    def body(key, value):
+        _Logger(key[0], value)
+
+    with pytest.raises(NotParallelizableError, match=r"calls `_Logger` \(type\)"):
+        _ = body.plan
+
+    pair = collections.namedtuple("pair", "u r")
+
+    @parallel_for(DATA)
+    def with_tuple(key, value):
+        p = pair(key[0], value)
+        HG_U[key[0]] += p.r
+
+    assert with_tuple.plan.scheme == "1d"
