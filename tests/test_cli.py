@@ -158,7 +158,7 @@ def test_internal_errors_say_so_and_exit_1(monkeypatch: pytest.MonkeyPatch, file
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(tfmem, "simulate", broken)
+    monkeypatch.setattr(tfmem, "unoptimized_profile", broken)
     code, _, err = run_cli(capsys, "analyze", files["mlp"])
     assert code == cli.EXIT_INTERNAL
     assert err.strip().splitlines() == ["tfmem: error: internal error: RuntimeError: boom (rerun with --traceback "
@@ -229,7 +229,7 @@ def test_analyze_json_agrees_with_the_library(files: dict[str, Path], capsys: py
     code, out, _ = run_cli(capsys, "analyze", files["mlp"], "--fetch", "loss:0", "--device-memory", "16GiB",
                            "--json")
     result = json.loads(out)
-    expected = tfmem.simulate(str(files["mlp"]), ["loss:0"])
+    expected = tfmem.unoptimized_profile(str(files["mlp"]), ["loss:0"])
     assert code == 0 and result["fetches"] == ["loss:0"] and not result["fetches_assumed"]
     assert result["simulator"]["peak_bytes"] == expected.peak_bytes
     sim = result["simulator"]
@@ -237,6 +237,21 @@ def test_analyze_json_agrees_with_the_library(files: dict[str, Path], capsys: py
     assert result["grappler"]["virtual_gpu_memory_bytes"] == 16 * 2**30 and result["grappler"]["peak_bytes"] > 0
     assert result["ops"] > result["ops_per_step"] > 0
     assert result["live_at_peak"][0]["nbytes"] == max(t.nbytes for t in expected.live_at_peak)
+
+
+def test_analyze_and_optimize_report_one_vanilla_peak(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``analyze`` simulates the graph as ``optimize`` simulates its "before": with the session's threads."""
+    built = wide_branches()  # its peak depends on how many ops run side by side
+    tf.io.write_graph(built.graph, str(tmp_path), "wide.pb", as_text=False)
+    fetches = [a for f in built.fetches for a in ("--fetch", f)]
+    peaks = {}
+    for threads in (1, 2):
+        code, out, _ = run_cli(capsys, "analyze", tmp_path / "wide.pb", "--json", "--inter-op-threads", threads,
+                               *fetches)
+        before = tfmem.optimize(built.graph, built.fetches, passes=None, inter_op_threads=threads).report.before
+        peaks[threads] = json.loads(out)["simulator"]["peak_bytes"]
+        assert code == 0 and peaks[threads] == before.peak_bytes
+    assert peaks[1] != peaks[2]
 
 
 def test_feed_shape_fills_an_unknown_batch(files: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:

@@ -5,6 +5,7 @@ Public surface::
     tfmem.load(graph, feed_shapes)            -> GraphIR with dtype/shape/bytes on every tensor
     tfmem.simulate(graph, fetches, ...)       -> MemoryProfile (peak, live tensors at the peak, timeline)
     tfmem.optimize(graph, fetches, budget=...) -> Optimized(graph, graph_def, config, report)
+    tfmem.unoptimized_profile(graph, fetches) -> MemoryProfile: optimize's "before", what `tfmem analyze` shows
     tfmem.measure.grappler_peak(...)          -> TensorFlow's own estimate, to cross-check
     tfmem.testbed.Testbed(...)                -> real execution on an emulated, memory-capped accelerator
 
@@ -34,7 +35,7 @@ _LAZY = {
     "GraphIR": "tfmem.ir.graph", "OpNode": "tfmem.ir.graph", "TensorRef": "tfmem.ir.graph", "TensorSpec": "tfmem.ir.graph",
     "load": "tfmem.ir.loading",
     "LiveTensor": "tfmem.sim.profile", "MemoryProfile": "tfmem.sim.profile", "simulate": "tfmem.sim.memsim",
-    "Optimized": "tfmem.optimizer", "optimize": "tfmem.optimizer",
+    "Optimized": "tfmem.optimizer", "optimize": "tfmem.optimizer", "unoptimized_profile": "tfmem.optimizer",
 }
 
 __all__ = [

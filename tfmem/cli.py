@@ -3,6 +3,7 @@
 Usage::
 
     tfmem analyze GRAPH [--fetch NAME ...] [--feed-shape x:0=32,784 ...] [--device-memory 12GiB] [--json]
+                        [--inter-op-threads N]
     tfmem optimize GRAPH -o OUT [--budget 2GiB] [--passes auto|none|name,name] [--report R.md] [--plot M.png]
                                 [--trace T.json] [--inter-op-threads N] [--fetch ...] [--feed-shape ...]
     tfmem run GRAPH --testbed 1GiB [--steps 3] [--inter-op-threads N] [--fetch ...] [--feed-shape ...]
@@ -72,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     a = sub.add_parser("analyze", parents=[common], help="simulate one step and explain its peak memory")
     a.add_argument("--device-memory", default="12GiB", help="memory of the virtual GPU for Grappler's estimate")
     a.add_argument("--json", action="store_true", help="print the analysis as JSON")
+    a.add_argument("--inter-op-threads", type=int,
+                   help="the inter-op threads the session will run with (default: TF's, one per core)")
     o = sub.add_parser("optimize", parents=[common], help="rewrite the graph to fit a memory budget")
     o.add_argument("-o", "--output", required=True, help="where to write the optimized GraphDef (.pb or .pbtxt)")
     o.add_argument("--budget", help="device memory to fit in, e.g. 2GiB (default: as low as is cheap)")
@@ -233,7 +236,13 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
     device_memory = parse_bytes(args.device_memory, what="--device-memory", minimum=1)
     ir, fetches, assumed = _load(args)
-    profile = tfmem.simulate(ir, fetches, feed_shapes=args.feed_shapes, device=args.device, host=args.host)
+    if args.inter_op_threads is not None:
+        from tfmem.sim.arguments import check_count
+
+        check_count(args.inter_op_threads, "--inter-op-threads (0: TensorFlow's default)")
+    # The step as the session runs it, simulated as optimize simulates its "before": one vanilla peak.
+    profile = tfmem.unoptimized_profile(ir, fetches, feed_shapes=args.feed_shapes, device=args.device,
+                                        host=args.host, inter_op_threads=args.inter_op_threads or None)
     grappler = grappler_peak(ir, fetches, memory=device_memory, host=args.host)
     result = _analysis(args.graph, ir, fetches, assumed, profile, grappler, device_memory)
     if args.json:

@@ -194,18 +194,11 @@ def optimize(
     all_passes = {p.name for p in resolve_passes("auto")} <= {p.name for p in pipeline}
     ir = load(graph, shapes_given)
     parse_fetches(ir, fetch_list)  # fail early, with the fetch's name, on a typo
-    faithful = len(ir) <= GRAPPLER_SIMULATION_MAX_OPS if grappler is None else grappler
     max_target = target_bytes_for(budget_bytes) if budget_bytes is not None else None
-    shapes = shapes_given or {}
-    config = session_config()
-    grappler_off = grappler_rejects(with_default_device(ir.to_graph_def(), device or DEFAULT_DEVICE), fetch_list)
-    if grappler_off:
-        # The user's session runs this graph without Grappler's rewrites; the rewritten graph must run the same
-        # way (Grappler may well accept it, and its rewrites change the arithmetic), and is planned so.
-        config.graph_options.rewrite_options.disable_meta_optimizer = True
     notes: list[str] = []
-    base = PassContext(tuple(fetch_list), None, device, host, shapes, check=check,
-                       inter_op_threads=inter_op_threads, grappler=faithful, session_config=config)
+    base, grappler_off = _session_context(ir, fetch_list, shapes_given or {}, device, host, check, inter_op_threads,
+                                          grappler)
+    faithful = base.grappler
     before = base.simulate(ir)  # the budget does not change the unoptimized graph's peak
     if budget_bytes is not None and layout_check:   # keeping the graph rests on the same allocator replay
         kept = _kept_as_is(ir, base, budget_bytes, before)
@@ -268,7 +261,7 @@ def optimize(
         assert budget_bytes is not None and max_target is not None
         raise _infeasible(new_ir, ctx, budget_bytes, after, fragmented=after.peak_bytes <= max_target,
                           reachable=chosen.floor_bytes, search=search.log, all_passes=all_passes)
-    return _optimized(new_ir, config, report)
+    return _optimized(new_ir, base.session_config, report)
 
 
 def _optimized(ir: GraphIR, config: config_pb2.ConfigProto, report: Report) -> Optimized:
@@ -278,6 +271,37 @@ def _optimized(ir: GraphIR, config: config_pb2.ConfigProto, report: Report) -> O
     with tf_graph.as_default():
         tf.graph_util.import_graph_def(graph_def, name="")
     return Optimized(tf_graph, graph_def, config, report, ir)
+
+
+def _session_context(ir: GraphIR, fetch_list: list[str], shapes: dict[str, tuple[int, ...]], device: str | None,
+                     host: str | None,
+                     check: bool, inter_op_threads: int | None, grappler: bool | None) -> tuple[PassContext, bool]:
+    """How the user's session runs the graph (its threads, whether Grappler rewrites it, its config), and
+    whether Grappler rejects the graph (the session then runs it unrewritten)."""
+    faithful = len(ir) <= GRAPPLER_SIMULATION_MAX_OPS if grappler is None else grappler
+    config = session_config()
+    grappler_off = grappler_rejects(with_default_device(ir.to_graph_def(), device or DEFAULT_DEVICE), fetch_list)
+    if grappler_off:
+        # The user's session runs this graph without Grappler's rewrites; the rewritten graph must run the same
+        # way (Grappler may well accept it, and its rewrites change the arithmetic), and is planned so.
+        config.graph_options.rewrite_options.disable_meta_optimizer = True
+    base = PassContext(tuple(fetch_list), None, device, host, shapes, check=check,
+                       inter_op_threads=inter_op_threads, grappler=faithful, session_config=config)
+    return base, grappler_off
+
+
+def unoptimized_profile(graph: GraphSource, fetches: Iterable[str] | str, *, feed_shapes: FeedShapes | None = None,
+                        device: str | None = None, host: str | None = None,
+                        inter_op_threads: int | None = None) -> MemoryProfile:
+    """The simulated step of ``graph`` as the session runs it unchanged: ``optimize``'s "before" (the same
+    inter-op threads, Grappler's rewrites where optimize simulates them, the same session config).
+    ``tfmem analyze`` reports this, so that both commands give one vanilla peak
+    (``tests/test_cli.py::test_analyze_and_optimize_report_one_vanilla_peak``)."""
+    fetch_list, shapes_given, _ = checked_arguments(fetches, feed_shapes, device, host)
+    ir = load(graph, shapes_given)
+    parse_fetches(ir, fetch_list)
+    base, _ = _session_context(ir, fetch_list, shapes_given or {}, device, host, False, inter_op_threads, None)
+    return base.simulate(ir)
 
 
 def _kept_as_is(ir: GraphIR, base: PassContext, budget_bytes: int, before: MemoryProfile) -> Optimized | None:
