@@ -265,14 +265,11 @@ def discover(body_fn: types.FunctionType, body_tree: ast.FunctionDef, body_captu
                 )
             pending[id(target)] = (tdef, filename, target, obj)
             order.append(target)
-            visit(target, tdef, f"`{target.__qualname__}` ({filename})", (*stack, id(target)))
+            callees[id(target)] = visit(target, tdef, f"`{target.__qualname__}` ({filename})", (*stack, id(target)))
         return found
 
-    callees: dict[int, list[int]] = {id(body_fn): visit(body_fn, body_tree, "the body", (id(body_fn),))}
-    for target in order:
-        tdef, filename, _, _ = pending[id(target)]
-        callees[id(target)] = [id(t) for t in (python_function(call_target(target, _local_names(target), c.func))
-                                               for c in _calls(tdef)) if t is not None]
+    callees: dict[int, list[int]] = {}  # the helpers each function calls, by id
+    visit(body_fn, body_tree, "the body", (id(body_fn),))
 
     used_gen: set[str] = set()
     for target in order:

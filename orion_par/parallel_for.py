@@ -213,17 +213,19 @@ class ParallelFor:
 
     def compiled_body(self, keys: np.ndarray, values: np.ndarray, params: dict[str, Any],
                       accesses: tuple[Access, ...] = (), boundscheck: bool = False,
-                      python_reason: str = "") -> CompiledBody:
+                      python_reason: str = "", captured: dict[str, Any] | None = None) -> CompiledBody:
         """The numba-compiled block function for these argument types (or the Python fallback).
 
         ``accesses`` (the analyzer's): the rows they index with the key are prefetched a few records ahead.
         ``boundscheck``: compiled with every subscript checked.  ``python_reason``: do not compile (numba
-        would get this body wrong, ``BodyAnalysis.miscompiles``); run it as Python and say why.
+        would get this body wrong, ``BodyAnalysis.miscompiles``); run it as Python and say why.  ``captured``:
+        ``self.captured()`` if the caller has it (finding the helpers again reads their source).
         """
         names = tuple(sorted(params))
         args = (keys, values, 0, 0, *(params[n] for n in names))
         rows = prefetch.rows(accesses, params)
-        captured = self.captured()  # also finds the helpers (self.graph)
+        if captured is None:
+            captured = self.captured()  # also finds the helpers (self.graph)
         source = generate_source(self.body, names, keys.shape[1], rows, self.graph)
         sig = (tuple(numba.typeof(a) for a in args), source, boundscheck, python_reason)  # type: ignore[no-untyped-call]
         if sig not in self._compiled:
@@ -272,7 +274,7 @@ class ParallelFor:
             self._key_range = key_range(self._keys)
         checks.check_bounds(plan.accesses, plan.key_names, data.keys, data.params, self._key_range)
         compiled = self.compiled_body(data.keys, data.values, data.params, plan.accesses, check_bounds,
-                                      plan.miscompiles)
+                                      plan.miscompiles, captured)
         snapshot = bounds.snapshot(data.params) if check_bounds else None
         cpu: list[float] = []
         accs = {n: op for n, op in plan.accumulators.items() if n in data.params}
@@ -344,7 +346,8 @@ class ParallelFor:
         values = np.ascontiguousarray(np.asarray(self.data)[idx])
         gathered = time.perf_counter() - t0
         checks.check_bounds(analysis.accesses, analysis.key_names, keys, params)
-        compiled = self.compiled_body(keys, values, params, analysis.accesses, check_bounds, analysis.miscompiles)
+        compiled = self.compiled_body(keys, values, params, analysis.accesses, check_bounds, analysis.miscompiles,
+                                      captured)
         snapshot = bounds.snapshot(params) if check_bounds else None
         if seed is not None:
             compiled.seed(seed)
