@@ -15,6 +15,7 @@ import importlib.util
 import sys
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import tensorflow as tf
@@ -128,11 +129,113 @@ def _keras_application(name: str, batch: int, size: int, classes: int, fused: bo
         with unfused, warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)   # set_learning_phase is deprecated, and the TF1 way
             tf_keras.backend.set_learning_phase(1)   # batch norm in training mode, for this graph
-            model = getattr(tf_keras.applications, name)(input_tensor=images, weights=None, classes=classes,
-                                                         classifier_activation=None)
+            # input_shape too: MobileNetV3 reads it even when given the tensor
+            model = getattr(tf_keras.applications, name)(input_tensor=images, input_shape=(size, size, 3),
+                                                         weights=None, classes=classes, classifier_activation=None)
         out = model.output
         for update in model.updates:   # batch norm's moving averages, where _step collects them
             v1.add_to_collection(v1.GraphKeys.UPDATE_OPS, update)
         return out
 
     return _step(logits, batch, size, classes)
+
+
+# --- every network of both zoos, as each zoo builds a training step ---------------------------------------------
+
+@dataclass(frozen=True)
+class Entry:
+    """One network of a zoo, at the smallest of the usual image sizes it builds at (its pooling and VALID
+    convolutions need that much), with a batch that makes a step take seconds here."""
+
+    zoo: str    # "slim" or "keras"
+    net: str    # tf_slim.nets' function name, or tf_keras.applications' class name
+    size: int
+    batch: int = 4
+
+    @property
+    def name(self) -> str:
+        return f"{self.zoo}/{self.net}"
+
+    def build(self, classes: int = 10) -> Built:
+        """The training step: TF-Slim's with its TF1 loss and ``create_train_op`` (Momentum), tf_keras' with its
+        own loss and Adam; fused batch norm in training mode in both, as the zoos default to."""
+        if self.zoo == "slim":
+            return _slim_step(self.net, self.batch, self.size, classes)
+        return _keras_step(self.net, self.batch, self.size, classes)
+
+
+# tf_slim.nets' networks -> (module, arg scope, image size)
+_SLIM = {
+    "alexnet_v2": ("alexnet", "alexnet_v2_arg_scope", 224),
+    "inception_v1": ("inception", "inception_v1_arg_scope", 224),
+    "inception_v2": ("inception", "inception_v2_arg_scope", 64),
+    "inception_v3": ("inception", "inception_v3_arg_scope", 128),
+    "overfeat": ("overfeat", "overfeat_arg_scope", 231),
+    **{f"resnet_v{v}_{d}": (f"resnet_v{v}", "resnet_arg_scope", 64) for v in (1, 2) for d in (50, 101, 152, 200)},
+    **{net: ("vgg", "vgg_arg_scope", 224) for net in ("vgg_a", "vgg_16", "vgg_19")},
+}
+# tf_keras.applications' models that do not build at 32x32 -> the size they build at
+_KERAS_SIZES = {"InceptionV3": 96, "InceptionResNetV2": 96}
+
+
+def catalog() -> dict[str, Entry]:
+    """Every network of ``tf_slim.nets`` and ``tf_keras.applications`` (``make`` installs both), by name."""
+    import tf_keras
+
+    entries = [Entry("slim", net, size, batch=2 if size >= 224 else 4) for net, (_, _, size) in _SLIM.items()]
+    entries += [Entry("keras", net, _KERAS_SIZES.get(net, 32))
+                for net in sorted(dir(tf_keras.applications)) if net[:1].isupper()]
+    return {e.name: e for e in entries}
+
+
+def _slim_step(net: str, batch: int, size: int, classes: int) -> Built:
+    import tf_slim as slim
+    from tf_slim import nets
+
+    legacy_layers_alias()
+    module_name, scope, _ = _SLIM[net]
+    module = getattr(nets, module_name)
+    graph, feeds, (images, labels) = _inputs(batch, size, classes)
+    with graph.as_default():
+        with slim.arg_scope(getattr(module, scope)()):
+            logits, _ = getattr(module, net)(images, num_classes=classes, is_training=True)
+        v1.losses.sparse_softmax_cross_entropy(labels, tf.reshape(logits, (batch, classes)))
+        # the regularisation losses join the total, and the update ops run before it is returned (TF-Slim's way)
+        loss = v1.losses.get_total_loss()
+        train = slim.learning.create_train_op(loss, v1.train.MomentumOptimizer(0.01, 0.9))
+    return Built(graph, [train.name], feeds, _parameters(graph))
+
+
+def _keras_step(net: str, batch: int, size: int, classes: int) -> Built:
+    import tf_keras
+
+    graph, feeds, (images, labels) = _inputs(batch, size, classes)
+    with graph.as_default(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)   # set_learning_phase is deprecated, and the TF1 way
+        tf_keras.backend.set_learning_phase(1)   # batch norm and dropout in training mode, for this graph
+        # a Keras tensor over the placeholder: MobileNetV3 takes no other
+        model = getattr(tf_keras.applications, net)(input_tensor=tf_keras.Input(tensor=images),
+                                                    input_shape=(size, size, 3), weights=None, classes=classes,
+                                                    classifier_activation=None)
+        mean = tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True)(labels, model.output)
+        with tf.control_dependencies(model.updates):   # batch norm's moving averages
+            loss = tf.identity(mean, name="loss")
+        train = v1.train.AdamOptimizer(1e-3).minimize(loss, var_list=model.trainable_weights, name="train")
+    return Built(graph, ["loss:0", train.name], feeds, _parameters(graph))
+
+
+def _inputs(batch: int, size: int, classes: int) -> tuple[tf.Graph, dict[str, np.ndarray], tuple[tf.Tensor, tf.Tensor]]:
+    graph = tf.Graph()
+    rng = np.random.default_rng(0)
+    feeds = {"images:0": rng.standard_normal((batch, size, size, 3)).astype(np.float32),
+             "labels:0": rng.integers(0, classes, batch).astype(np.int32)}
+    with graph.as_default():
+        v1.set_random_seed(1234)
+        images = v1.placeholder(tf.float32, (batch, size, size, 3), name="images")
+        labels = v1.placeholder(tf.int32, (batch,), name="labels")
+    return graph, feeds, (images, labels)
+
+
+def _parameters(graph: tf.Graph) -> int:
+    with graph.as_default():
+        return sum(int(np.prod(v.shape)) for v in v1.trainable_variables())

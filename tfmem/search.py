@@ -61,8 +61,9 @@ from tfmem.units import format_bytes
 _log = logging.getLogger(__name__)
 # Up to this many ops, a plan the model makes that fits is also compared with each strategy alone, and a plan
 # that misses with the plainer options' plan: each re-simulates the graph at every step (seconds on graphs this
-# size, minutes on 20,000 ops).
-COMPARE_SINGLE_MAX_OPS = 10_000
+# size; on TF-Slim's ResNet-50, 9,200 ops, the comparisons took 300 of the search's 530 s, profiled, and the
+# model's plan is the quicker one on the graphs of experiments/results/planner_strategies.md).
+COMPARE_SINGLE_MAX_OPS = 4_000
 # A fitting plan is compared only when it is estimated this much slower than the graph before planning: no
 # comparison can gain more than the plan's overhead, and each costs several simulations.
 COMPARE_MIN_GAIN = 0.03
