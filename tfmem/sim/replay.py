@@ -14,6 +14,7 @@ from tfmem.ir.ops import (
     ALIAS_OPS,
     BUFFER_FORWARDING_INPUTS,
     FUNCTIONAL_OPS,
+    IN_PLACE_UPDATE_OPS,
     PERSISTENT_OUTPUT_OPS,
     RESOURCE_VARIABLE_OPS,
     VARIABLE_OPS,
@@ -25,6 +26,10 @@ from tfmem.sim.executor_folding import FOLDED_ATTR
 from tfmem.sim.opmemory import temp_bytes
 from tfmem.sim.profile import LiveTensor, MemoryProfile, variable_bytes
 from tfmem.sim.schedule import Schedule
+
+# Dense training updates (not ResourceSparseApply*, whose copy turns the variable copy-on-read): every resource
+# handle they take is updated in place.
+DENSE_UPDATE_PREFIX = "ResourceApply"
 
 
 @dataclass
@@ -215,6 +220,8 @@ class Replay:
 
     def _start(self, unit: str) -> None:
         domain = self.domain[unit]
+        if not self.eg.is_region(unit):
+            self._copy_on_write(self.graph[unit])
         for t in self.eg.outputs_of(unit):
             if (t, domain) not in self.buffers:
                 self.buffers[(t, domain)] = self._output_buffer(unit, t, domain)
@@ -222,6 +229,27 @@ class Replay:
         if not self.eg.is_region(unit):
             temps += temp_bytes(self.graph[unit], self.graph)
         self.temps[unit] = [self._alloc(TensorRef(unit, -1), n, domain, "scratch") for n in temps if n > 0]
+
+    def _copy_on_write(self, node: OpNode) -> None:
+        """A dense in-place update of a resource variable whose value a reader still holds (a ``ReadVariableOp``
+        output with consumers yet to run) copies the variable into a new buffer first, which the variable keeps;
+        the old one is freed after its last reader (TF's ``PrepareToUpdateVariable``: the buffer's reference
+        count is not one; ``tests/test_memsim.py::test_an_update_while_a_read_is_held_copies_the_variable``)."""
+        if node.op.startswith(DENSE_UPDATE_PREFIX):   # the variable and its slots: every handle it takes
+            handles = node.inputs
+        elif node.op in IN_PLACE_UPDATE_OPS:
+            handles = node.inputs[:1]
+        else:
+            return
+        for ref in handles:
+            old = self.var_storage.get(ref.node)
+            if old is None or old.uses <= 0 or self.graph[ref.node].op not in RESOURCE_VARIABLE_OPS:
+                continue
+            self.var_storage[ref.node] = self._alloc(ref, variable_bytes(self.graph[ref.node]), old.domain,
+                                                     "persistent")
+            if not any(b is old for b in self.var_storage.values()):   # a variable sharing it keeps it
+                old.kind = "transient"
+                self.persistent[old.domain] -= old.nbytes
 
     def _output_buffer(self, unit: str, t: TensorRef, domain: str) -> _Buffer:
         node = self.graph[t.node]
