@@ -175,7 +175,7 @@ _SLIM = {
     **{net: ("vgg", "vgg_arg_scope", 224) for net in ("vgg_a", "vgg_16", "vgg_19")},
 }
 # tf_keras.applications' models that do not build at 32x32 -> the size they build at
-_KERAS_SIZES = {"InceptionV3": 96, "InceptionResNetV2": 96}
+_KERAS_SIZES = {"InceptionV3": 96, "InceptionResNetV2": 96, "Xception": 96}
 
 
 def catalog() -> dict[str, Entry]:
