@@ -58,11 +58,12 @@ def _conv_backprop_input(node: OpNode, graph: GraphIR) -> list[int]:
     return [shard * out_image * filter_total * itemsize]
 
 
-def _xla_depthwise_backprop(node: OpNode, graph: GraphIR) -> list[int]:
+def _xla_grouped_backprop(node: OpNode, graph: GraphIR) -> list[int]:
     """A call of an XLA-compiled function (``_XlaMustCompile``; tf_keras compiles grouped convolutions so, as TF's
-    CPU kernels take no groups) whose convolution gradients run on a depthwise filter ``(kh, kw, 1, C)``: XLA on
-    the CPU expands that filter to a dense ``kh x kw x C x C`` one for each gradient, both held while the call
-    runs (measured: 2 x 110.25 MiB for C = 768, 7x7; ``tests/test_memsim.py::test_xla_depthwise_gradient``)."""
+    CPU kernels take no groups) that runs a grouped convolution's gradients. XLA on the CPU holds, while the
+    call runs, for a depthwise filter ``(kh, kw, 1, C)`` a dense ``kh x kw x C x C`` filter per gradient
+    (measured: 2 x 110.25 MiB for C = 768, 7x7), and for other groups a copy of the convolution's input and
+    one of its filter (measured at 4 shapes, to the byte; ``tests/test_memsim.py::test_xla_grouped_gradient``)."""
     name = node.attrs["f"].func.name if "f" in node.attrs else ""
     fdef = next((f for f in graph.library.function if f.signature.name == name), None)
     if fdef is None or not (fdef.attr["_XlaMustCompile"].b if "_XlaMustCompile" in fdef.attr else False):
@@ -80,7 +81,8 @@ def _xla_depthwise_backprop(node: OpNode, graph: GraphIR) -> list[int]:
             index = int(rest.rsplit(":", 1)[-1]) if rest else 0
         return node.inputs[args.index(name)] if name in args and args.index(name) < len(node.inputs) else None
 
-    out = []
+    out: list[int] = []
+    grouped: set[TensorRef] = set()   # the input and filter of a grouped (not depthwise) convolution
     for nd in fdef.node_def:
         if nd.op not in ("Conv2DBackpropInput", "Conv2DBackpropFilter") or len(nd.input) < 2:
             continue
@@ -88,16 +90,22 @@ def _xla_depthwise_backprop(node: OpNode, graph: GraphIR) -> list[int]:
         if ref is None:
             continue
         shape = graph.spec(ref).shape
-        if not shape or len(shape) != 4 or shape[2] != 1 or not all(shape):
+        if not shape or len(shape) != 4 or not all(shape):
             continue
-        kh, kw, _, channels = (int(d) for d in shape)   # type: ignore[arg-type]
-        out.append(kh * kw * channels * channels * _itemsize(graph, graph[ref.node]))
-    return out
+        kh, kw, per_group, channels = (int(d) for d in shape)   # type: ignore[arg-type]
+        if per_group == 1:
+            out.append(kh * kw * channels * channels * _itemsize(graph, graph[ref.node]))
+            continue
+        grouped.add(ref)
+        source = outer_input(nd.input[0]) if nd.op == "Conv2DBackpropFilter" else None
+        if source is not None:
+            grouped.add(source)
+    return out + [graph.spec(t).nbytes or 0 for t in sorted(grouped, key=str)]
 
 
 TEMP_RULES: dict[str, Callable[[OpNode, GraphIR], list[int]]] = {
-    "PartitionedCall": _xla_depthwise_backprop,
-    "StatefulPartitionedCall": _xla_depthwise_backprop,
+    "PartitionedCall": _xla_grouped_backprop,
+    "StatefulPartitionedCall": _xla_grouped_backprop,
     "Conv2DBackpropFilter": _conv_backprop_filter,
     "Conv2DBackpropInput": _conv_backprop_input,
 }
