@@ -10,6 +10,7 @@ from experiments import (
     _planner_report,
     allocator_fit,
     budget_met,
+    model_zoo,
     moe_placement,
     optimize_speed,
     optimize_time,
@@ -348,3 +349,20 @@ def test_budget_met_tiny(tmp_path):
     assert roomy["optimize"] == "kept" and roomy["runs"]["tfmem"]["ending"] == "ran"
     assert roomy["runs"]["tfmem"]["measured_peak_bytes"] <= roomy["budget_bytes"]
     assert "| mlp-784-1024-10 | 12 MiB |" in (tmp_path / "budget_met_tiny.md").read_text()
+
+
+@pytest.mark.testbed
+@pytest.mark.timeout(600)
+def test_model_zoo_experiment_tiny_loads_plans_and_checks_values(tmp_path):
+    """``experiments/model_zoo --tiny``: a tf_keras network loads, simulates close to its measured peak, and the plan
+    at 0.7x (where vanilla runs out of memory) runs within the budget and fetches vanilla's values."""
+    pytest.importorskip("tf_slim", reason="make installs tf-slim (requirements-zoo.lock)")
+    pytest.importorskip("tf_keras", reason="make installs tf-keras (requirements-zoo.lock)")
+    assert model_zoo.main(["--tiny", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "model_zoo_tiny.json").read_text())
+    (load,), (plan,) = result["load"], result["plan"]
+    assert "error" not in load and abs(load["sim_over_measured"] - 1) <= model_zoo.SIM_TOLERANCE
+    assert plan["vanilla_at_budget"] == "oom" and plan["accepted"]
+    assert plan["planned"]["ending"] == "ran" and plan["planned"]["peak_bytes"] <= plan["budget_bytes"]
+    assert plan["values"] == "identical"
+    assert "model_zoo --tiny" in (tmp_path / "model_zoo_tiny.md").read_text()

@@ -6,8 +6,6 @@ TensorFlow's shape function, and tfmem takes it from the kernel (``tfmem.ir.stat
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -89,19 +87,3 @@ def test_slim_fused_batch_norm_step_is_planned_and_keeps_its_values() -> None:
     for name, value in vanilla.outputs.items():
         assert np.array_equal(value, planned.outputs[name]), name
 
-
-@pytest.mark.testbed
-@pytest.mark.timeout(600)
-def test_model_zoo_experiment_tiny_loads_plans_and_checks_values(tmp_path):
-    """``experiments/model_zoo --tiny``: a tf_keras network loads, simulates close to its measured peak, and the plan
-    at 0.7x (where vanilla runs out of memory) runs within the budget and fetches vanilla's values."""
-    from experiments import model_zoo
-
-    assert model_zoo.main(["--tiny", "--out", str(tmp_path)]) == 0
-    result = json.loads((tmp_path / "model_zoo_tiny.json").read_text())
-    (load,), (plan,) = result["load"], result["plan"]
-    assert "error" not in load and abs(load["sim_over_measured"] - 1) <= model_zoo.SIM_TOLERANCE
-    assert plan["vanilla_at_budget"] == "oom" and plan["accepted"]
-    assert plan["planned"]["ending"] == "ran" and plan["planned"]["peak_bytes"] <= plan["budget_bytes"]
-    assert plan["values"] == "identical"
-    assert "model_zoo --tiny" in (tmp_path / "model_zoo_tiny.md").read_text()
