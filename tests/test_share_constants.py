@@ -161,3 +161,18 @@ def test_device_floor_is_at_least_the_working_set_bound():
     ctx = PassContext(tuple(built.fetches), device=DEVICE, feed_shapes=built.feed_shapes)
     floor, _ = device_floor_bytes(ir, ctx)
     assert floor >= tfmem.optimizer.lower_bound_bytes(ir, ctx)[0]
+
+
+def test_a_refusal_names_the_op_whose_working_set_is_the_bound():
+    """Where the feeds are tiny beside one op's working set, the bound's reason names that op, not the feeds
+    (issue 32: VGG-16's refusal blamed 1.15 MiB of feeds for a 1.15 GiB gradient sum)."""
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, (4,), name="x")
+        a = tf.fill((2048, 2048), x[0])
+        b = tf.fill((2048, 2048), x[1])
+        tf.add_n([a, b], name="total")
+    ir = annotate(g.as_graph_def())
+    floor, why = fed_layout_floor(ExecutionGraph.build(ir, ("total:0",), {}))
+    assert why.startswith("the working set of total (48.00 MiB"), why
+    assert 48 * MiB <= floor < 50 * MiB

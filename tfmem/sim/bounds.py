@@ -75,6 +75,9 @@ def fed_layout_floor(eg: ExecutionGraph) -> tuple[int, str]:
     fed = {t: rounded_bytes(eg.graph.spec(t).nbytes or 0) for t in eg.fed}
     op, unfed = largest_unfed_working_set(eg)
     floor, split = feeds_floor([[fed[t] for t in order] for order in feed_orders(eg)], unfed)
+    if floor - unfed < unfed // 10:   # the feeds and the chunks they waste are small beside the op: name the op
+        return floor, (f"the working set of {op or 'the largest op'} ({format_bytes(unfed)}: its inputs and outputs "
+                       f"at once), with the fed tensors ({format_bytes(sum(fed.values()))})")
     if split:
         return floor, f"the fed tensors and the working set of {op or 'the largest op'}"
     sizes = ", ".join(f"{t} {format_bytes(fed[t])}" for t in sorted(fed, key=lambda t: -fed[t])[:3])
