@@ -365,4 +365,4 @@ def test_model_zoo_experiment_tiny_loads_plans_and_checks_values(tmp_path):
     assert plan["vanilla_at_budget"] == "oom" and plan["accepted"]
     assert plan["planned"]["ending"] == "ran" and plan["planned"]["peak_bytes"] <= plan["budget_bytes"]
     assert plan["values"] == "identical"
-    assert "model_zoo --tiny" in (tmp_path / "model_zoo_tiny.md").read_text()
+    assert "--tiny" in (tmp_path / "model_zoo_tiny.md").read_text()

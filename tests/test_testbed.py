@@ -307,13 +307,15 @@ def test_a_worker_killed_mid_step_is_a_crash_and_the_testbed_stays_usable(tb: Te
             y = tf.matmul(y, x) / 512.0
         tf.reduce_sum(y, name="y")
 
-    def kill_mid_run() -> None:   # once the run's helper thread is in its TF calls, not while run() prepares
-        while not any(t.name == "tfmem-testbed-run" for t in threading.enumerate()):
+    earlier = {t.ident for t in threading.enumerate()}   # a cut-short run's helper may still be about
+
+    def kill_mid_run() -> None:   # once this run's helper thread is in its TF calls, not while run() prepares
+        while not any(t.name == "tfmem-testbed-run" and t.ident not in earlier for t in threading.enumerate()):
             time.sleep(0.01)
         time.sleep(0.3)
-        os.kill(worker, signal.SIGKILL)
+        # the pid read now: a run replaces servers a run before it cut short, so one read earlier may be gone
+        os.kill(tb.pids["worker"], signal.SIGKILL)
 
-    worker = tb.pids["worker"]
     killer = threading.Thread(target=kill_mid_run, daemon=True)
     killer.start()
     with pytest.raises(TestbedCrashError, match="worker server .* died"):
