@@ -13,7 +13,10 @@ It follows TensorFlow's executor and allocator:
   ``forward_input_or_allocate_output``);
 * constants and variable storage are persistent (variables allocated first: they were initialised before the
   step); fed tensors arrive before the step and, like fetched ones, are held to its end; a tensor crossing devices occupies both until the receiver is done with its copy;
-* kernels' scratch buffers (``tfmem.sim.opmemory``) live while their op runs;
+* a dense in-place update of a resource variable whose value a reader still holds copies the variable into a
+  new buffer first (TF's copy-on-write), and the old one lives until that reader is done;
+* kernels' scratch buffers (``tfmem.sim.opmemory``, XLA-compiled grouped-convolution gradients included) live
+  while their op runs;
 * allocations go through a model of TF's BFC allocator (``tfmem.sim.bfc``), so peaks are chunk sizes as TF
   reports them; with a capacity (``device_memory``) a warm-up step is replayed first, as the
   testbed runs one, since where the first step leaves buffers decides what fits later.
