@@ -250,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     previous = Path(args.out) / f"{name}.json"
     old = json.loads(previous.read_text()) if previous.exists() else {"load": [], "plan": []}
     load = [r for r in old["load"] if r["model"] not in loads]
-    plan = [r for r in old["plan"] if r["model"] not in plans]
+    # a run replaces the plan rows of the budgets it runs; a model's other budgets keep theirs
+    plan = [r for r in old["plan"] if r["model"] not in plans or r["fraction"] not in fractions]
     for model in loads:
         row, built, vanilla = load_row(catalog[model])
         load.append({**row, **stamp})
