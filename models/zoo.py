@@ -16,6 +16,7 @@ import sys
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -31,14 +32,8 @@ def available() -> bool:
 
 
 def _step(build_logits: Callable[[tf.Tensor], tf.Tensor], batch: int, size: int, classes: int) -> Built:
-    graph = tf.Graph()
-    rng = np.random.default_rng(0)
-    feeds = {"images:0": rng.standard_normal((batch, size, size, 3)).astype(np.float32),
-             "labels:0": rng.integers(0, classes, batch).astype(np.int32)}
+    graph, feeds, (images, labels) = _inputs(batch, size, classes)
     with graph.as_default():
-        v1.set_random_seed(1234)
-        images = v1.placeholder(tf.float32, (batch, size, size, 3), name="images")
-        labels = v1.placeholder(tf.int32, (batch,), name="labels")
         logits = tf.reshape(build_logits(images), (batch, classes))
         mean = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
         # Batch norm's moving averages update before the loss is read, as TF-Slim's create_train_op has it (the
@@ -46,8 +41,7 @@ def _step(build_logits: Callable[[tf.Tensor], tf.Tensor], batch: int, size: int,
         with tf.control_dependencies(v1.get_collection(v1.GraphKeys.UPDATE_OPS)):
             loss = tf.identity(mean, name="loss")
         train = v1.train.MomentumOptimizer(0.01, 0.9).minimize(loss, name="train")
-        params = sum(int(np.prod(v.shape)) for v in v1.trainable_variables())
-    return Built(graph, ["loss:0", train.name], feeds, params)
+    return Built(graph, ["loss:0", train.name], feeds, _parameters(graph))
 
 
 def legacy_layers_alias() -> None:
@@ -122,16 +116,10 @@ def keras_resnet50(batch: int = 8, size: int = 64, classes: int = 100) -> Built:
 
 
 def _keras_application(name: str, batch: int, size: int, classes: int, fused: bool) -> Built:
-    import tf_keras
-
     def logits(images: tf.Tensor) -> tf.Tensor:
         unfused = _unfused_keras_batch_norm() if not fused else contextlib.nullcontext()
-        with unfused, warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)   # set_learning_phase is deprecated, and the TF1 way
-            tf_keras.backend.set_learning_phase(1)   # batch norm in training mode, for this graph
-            # input_shape too: MobileNetV3 reads it even when given the tensor
-            model = getattr(tf_keras.applications, name)(input_tensor=images, input_shape=(size, size, 3),
-                                                         weights=None, classes=classes, classifier_activation=None)
+        with unfused:
+            model = _keras_model(name, images, size, classes)
         out = model.output
         for update in model.updates:   # batch norm's moving averages, where _step collects them
             v1.add_to_collection(v1.GraphKeys.UPDATE_OPS, update)
@@ -210,18 +198,28 @@ def _keras_step(net: str, batch: int, size: int, classes: int) -> Built:
     import tf_keras
 
     graph, feeds, (images, labels) = _inputs(batch, size, classes)
-    with graph.as_default(), warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)   # set_learning_phase is deprecated, and the TF1 way
-        tf_keras.backend.set_learning_phase(1)   # batch norm and dropout in training mode, for this graph
-        # a Keras tensor over the placeholder: MobileNetV3 takes no other
-        model = getattr(tf_keras.applications, net)(input_tensor=tf_keras.Input(tensor=images),
-                                                    input_shape=(size, size, 3), weights=None, classes=classes,
-                                                    classifier_activation=None)
+    with graph.as_default():
+        model = _keras_model(net, images, size, classes)
         mean = tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True)(labels, model.output)
         with tf.control_dependencies(model.updates):   # batch norm's moving averages
             loss = tf.identity(mean, name="loss")
         train = v1.train.AdamOptimizer(1e-3).minimize(loss, var_list=model.trainable_weights, name="train")
     return Built(graph, ["loss:0", train.name], feeds, _parameters(graph))
+
+
+def _keras_model(net: str, images: tf.Tensor, size: int, classes: int) -> Any:
+    """``tf_keras.applications.<net>`` on ``images`` (``weights=None``, logits out), batch norm and dropout in
+    training mode, built in the current graph."""
+    import tf_keras
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)   # set_learning_phase is deprecated, and the TF1 way
+        tf_keras.backend.set_learning_phase(1)
+        # a Keras tensor over the placeholder, and its shape: MobileNetV3 takes no other, and with input_shape
+        # given every model checks that the tensor is a Keras one
+        return getattr(tf_keras.applications, net)(input_tensor=tf_keras.Input(tensor=images),
+                                                   input_shape=(size, size, 3), weights=None, classes=classes,
+                                                   classifier_activation=None)
 
 
 def _inputs(batch: int, size: int, classes: int) -> tuple[tf.Graph, dict[str, np.ndarray], tuple[tf.Tensor, tf.Tensor]]:
