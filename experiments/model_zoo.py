@@ -139,8 +139,8 @@ def plan_rows(name: str, built: Any, vanilla: Any, fractions: list[float], deter
                    warnings=[str(w.message)[:300] for w in caught if issubclass(w.category, UserWarning)])
         if opt is not None:
             row.update(accepted=True, plan_peak_bytes=opt.report.after.peak_bytes,
-                       kept_as_is=opt.graph is built.graph, search=opt.report.search.summary()
-                       if opt.report.search else None, notes=list(opt.report.notes))
+                       search=opt.report.search.summary() if opt.report.search else None,
+                       notes=list(opt.report.notes))
             planned = testbed_run(budget, opt.graph, built, steps=STEPS, step_timeout_s=900, config=opt.config)
             row["planned"] = run_record(planned, vanilla)
             row["values"] = _values(row, deterministic)
