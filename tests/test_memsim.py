@@ -372,3 +372,22 @@ def test_xla_grouped_gradient(channels, groups, kernel, size):
         measured = tb.run(g, ["out:0"], {"x:0": np.ones((4, size, size, channels), np.float32)}, steps=1,
                           inter_op_threads=1).device_peak_bytes
     assert abs(simulated - measured) <= 0.02 * measured, (simulated, measured)
+
+
+def test_a_fused_batch_norm_with_odd_channels_simulates_after_grappler() -> None:
+    """Grappler's remapper fuses a training batch norm and its ReLU into ``_FusedBatchNormEx``, whose shape function
+    refuses a channel count not divisible by 4 while the session runs it (tf_keras NASNetMobile has 11 channels)."""
+    from tfmem.ir.devices import DEFAULT_DEVICE, with_default_device
+    from tfmem.sim.grappler import runtime_graph_def
+
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, (4, 8, 8, 11), name="x")
+        w = tf.Variable(tf.ones((3, 3, 11, 11)), name="w")
+        y = tf.nn.conv2d(x, w, 1, "SAME")
+        bn = v1.nn.fused_batch_norm(y, tf.ones((11,)), tf.zeros((11,)), is_training=True)[0]
+        loss = tf.reduce_sum(tf.nn.relu(bn), name="loss")
+        tf.identity(tf.gradients(loss, [w])[0], name="grad")
+    runtime = runtime_graph_def(with_default_device(g.as_graph_def(), DEFAULT_DEVICE), ["grad:0"])
+    assert any(n.op == "_FusedBatchNormEx" for n in runtime.node)   # the case this test is about
+    assert simulate(g, ["grad:0"], grappler=True).peak_bytes > 0

@@ -346,7 +346,7 @@ def _import_with_feeds(base: GraphIR, gd: graph_pb2.GraphDef, feeds: dict[Tensor
             dtype = _output_dtype(node, ref.index)
             input_map[str(ref)] = tf.compat.v1.placeholder(dtype, shape, name=f"tfmem_feed_{len(input_map)}")
         try:
-            tf.graph_util.import_graph_def(gd, input_map=input_map or None, name="")
+            tf.graph_util.import_graph_def(_for_shape_inference(gd), input_map=input_map or None, name="")
         except ValueError as e:  # the feeds are at fault only if the graph imports without them
             raise _import_error(e, feeds if input_map and _imports(gd) else {}) from None
         except Exception as e:  # e.g. NotFoundError for ops not registered in this build of TensorFlow
@@ -354,11 +354,33 @@ def _import_with_feeds(base: GraphIR, gd: graph_pb2.GraphDef, feeds: dict[Tensor
     return graph
 
 
+def _for_shape_inference(gd: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
+    """``gd`` with Grappler's ``_FusedBatchNormEx`` (batch norm + activation, fused by the remapper) imported as
+    the ``FusedBatchNormV3`` it replaced, whose outputs have the same shapes: its shape function refuses a channel
+    count not divisible by 4 (a cuDNN limit) that the session's own graph conversion does not enforce on CPU
+    (tf_keras NASNetMobile has 11 channels;
+    tests/test_memsim.py::test_a_fused_batch_norm_with_odd_channels_simulates_after_grappler)."""
+    if not any(n.op == "_FusedBatchNormEx" for n in gd.node):
+        return gd
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(gd)
+    for node in out.node:
+        if node.op == "_FusedBatchNormEx":
+            node.op = "FusedBatchNormV3"
+            data_inputs = [i for i in node.input if not i.startswith("^")]
+            controls = [i for i in node.input if i.startswith("^")]
+            del node.input[:]
+            node.input.extend(data_inputs[:5] + controls)   # x, scale, offset, mean, variance; side inputs dropped
+            for attr in ("activation_mode", "num_side_inputs"):
+                node.attr.pop(attr, None)
+    return out
+
+
 def _imports(gd: graph_pb2.GraphDef) -> bool:
     """Whether TensorFlow imports ``gd`` as it is, without feeds."""
     try:
         with tf.Graph().as_default():
-            tf.graph_util.import_graph_def(gd, name="")
+            tf.graph_util.import_graph_def(_for_shape_inference(gd), name="")
     except Exception:
         return False
     return True
