@@ -60,6 +60,7 @@ from tfmem.ir.execution import ExecutionGraph
 from tfmem.ir.frames import may_be_dead, maybe_dead, whole_frame_preds
 from tfmem.ir.graph import GraphIR, OpNode, TensorRef
 from tfmem.ir.ops import IDENTITY_OPS, PERSISTENT_OUTPUT_OPS, REF_READ_OPS, REF_VARIABLE_OPS, VARIABLE_OPS
+from tfmem.ir.tags import PINNED_TAG
 from tfmem.pipeline import PassContext, PassReport, PassResult
 from tfmem.sim import costmodel
 from tfmem.sim.profile import MemoryProfile, variable_bytes
@@ -404,7 +405,7 @@ def persistent_groups(graph: GraphIR, eg: ExecutionGraph, placement: Placement, 
             parent[rb] = ra
 
     variables = [n.name for n in graph.nodes if n.op in VARIABLE_OPS and n.name in eg.unit_of
-                 and placement.domain(n.device) == "device"]
+                 and placement.domain(n.device) == "device" and not n.attr_bool(PINNED_TAG)]
     for v in variables:
         parent.setdefault(v, v)
     var_set = set(variables)

@@ -6,6 +6,7 @@ Public surface::
     tfmem.simulate(graph, fetches, ...)       -> MemoryProfile (peak, live tensors at the peak, timeline)
     tfmem.optimize(graph, fetches, budget=...) -> Optimized(graph, graph_def, config, report)
     tfmem.unoptimized_profile(graph, fetches) -> MemoryProfile: optimize's "before", what `tfmem analyze` shows
+    tfmem.function(step, budget=...)          -> PlannedFunction: a TF2 step planned to fit, on the same variables
     tfmem.measure.grappler_peak(...)          -> TensorFlow's own estimate, to cross-check
     tfmem.testbed.Testbed(...)                -> real execution on an emulated, memory-capped accelerator
 
@@ -36,6 +37,7 @@ _LAZY = {
     "load": "tfmem.ir.loading",
     "LiveTensor": "tfmem.sim.profile", "MemoryProfile": "tfmem.sim.profile", "simulate": "tfmem.sim.memsim",
     "Optimized": "tfmem.optimizer", "optimize": "tfmem.optimizer", "unoptimized_profile": "tfmem.optimizer",
+    "function": "tfmem.planned_function", "PlannedFunction": "tfmem.planned_function",
 }
 
 __all__ = [

@@ -12,8 +12,13 @@ from types import MappingProxyType
 from tfmem.ir.graph import GraphIR, OpNode
 
 TAG_PREFIX = "_tfmem_"
-# verify() checks the swap tags in the final graph; all of them let a reader see what each Identity is for.
-KEPT_TAGS = frozenset({"_tfmem_swap_in", "_tfmem_swap_out", "_tfmem_prefetch", "_tfmem_recompute"})
+# On a variable: it must stay where it is. A TF2 variable lives where it was created; a rebuilt function can read
+# it there, not move it (``tfmem.ir.traced``, which restores the captured handle in its place; place_persistent
+# leaves it: tests/test_function.py::test_captured_variables_stay_where_they_were_created).
+PINNED_TAG = "_tfmem_pinned"
+# verify() checks the swap tags in the final graph; all of them let a reader see what each Identity is for. The pin
+# must outlive every pass.
+KEPT_TAGS = frozenset({"_tfmem_swap_in", "_tfmem_swap_out", "_tfmem_prefetch", "_tfmem_recompute", PINNED_TAG})
 
 
 def strip_tags(graph: GraphIR) -> GraphIR:

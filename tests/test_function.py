@@ -1,0 +1,135 @@
+"""tfmem.function: TF2 steps planned on their traced graph, run on the same variables (issue 33)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfmem
+from tfmem.ir.traced import rebuild, trace
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _case(name: str, *args: float) -> dict:
+    done = subprocess.run([sys.executable, "-m", "tests.tf2_cases", name, *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.timeout(900)
+def test_a_keras_step_planned_under_its_peak_keeps_every_value() -> None:
+    r = _case("keras_step", 0.6)
+    assert r["after"] <= r["budget"] < r["before"]   # the plan had work to do, and did it
+    assert r["swapped"] > 0                          # activations went to the host device
+    assert r["same_outputs"] and r["same_state"]     # loss, a gradient, weights and Adam's slots, bit for bit
+    # a partial batch runs the original step, with one warning that says how to plan it
+    assert r["partial_same"]
+    assert len(r["warnings"]) == 1 and ".plan(" in r["warnings"][0]
+
+
+def _nested_step(v: tf.Variable):
+    @tf.function
+    def inner(x):
+        return tf.nn.relu(tf.matmul(x, v))
+
+    @tf.function
+    def step(x, n):
+        h = inner(x)
+        h = tf.cond(tf.reduce_sum(h) > 0, lambda: h * 2.0, lambda: h - 1.0)
+        total = tf.while_loop(lambda i, t: i < n, lambda i, t: (i + 1, t + tf.reduce_sum(h)), (0, 0.0))[1]
+        v.assign_sub(0.01 * tf.matmul(x, h, transpose_a=True))
+        return total
+
+    return step
+
+
+def test_nested_functions_and_control_flow_are_flattened_and_rebuilt_on_the_same_variable() -> None:
+    rng = np.random.default_rng(1)
+    init = rng.standard_normal((64, 64)).astype(np.float32)
+    x = rng.standard_normal((32, 64)).astype(np.float32)
+    mine, theirs = tf.Variable(init), tf.Variable(init)
+    step, reference = _nested_step(mine), _nested_step(theirs)
+    traced = trace(step.get_concrete_function(x, tf.constant(3)))
+    ops = {n.op for n in traced.graph_def.node}
+    assert not ops & {"PartitionedCall", "StatefulPartitionedCall", "While", "StatelessWhile", "If", "StatelessIf"}
+    assert {"Enter", "Merge", "Switch"} <= ops                     # v1 frames, which the IR handles
+    rebuilt = rebuild(traced, traced.graph_def)
+    for _ in range(2):
+        got = rebuilt(tf.constant(x), tf.constant(3))[0]
+        assert np.array_equal(got.numpy(), reference(x, tf.constant(3)).numpy())
+    assert np.array_equal(mine.numpy(), theirs.numpy())           # the rebuilt step updated the user's variable
+
+
+def test_a_plain_python_step_with_a_python_argument_is_planned_per_value() -> None:
+    v = tf.Variable(tf.ones((128, 128)))
+
+    def step(x, scale):
+        v.assign(v * scale)
+        return tf.reduce_sum(tf.matmul(x, v))
+
+    planned = tfmem.function(step, budget="64MiB")
+    x = tf.ones((128, 128))
+    assert float(planned(x, 2.0)) == 128 * 128 * 128 * 2.0
+    planned.plan(x, 0.5)
+    assert len(planned.plans) == 2
+    assert float(planned(x, 0.5)) == 128 * 128 * 128.0
+    assert planned.report.after.peak_bytes <= 64 * 2**20
+
+
+def test_an_xla_step_is_refused_with_the_fix() -> None:
+    @tf.function(jit_compile=True)
+    def step(x):
+        return tf.reduce_sum(x * x)
+
+    with pytest.raises(tfmem.BadInputError, match="jit_compile=False"):
+        tfmem.function(step, budget="1GiB")(tf.ones((4,)))
+
+
+def test_a_budget_below_the_steps_bound_is_refused_with_it() -> None:
+    v = tf.Variable(tf.ones((1024, 1024)))
+
+    @tf.function
+    def step(x):
+        return tf.reduce_sum(tf.matmul(x, v))
+
+    with pytest.raises(tfmem.InfeasibleBudgetError) as caught:
+        tfmem.function(step, budget="1MiB")(tf.ones((1024, 1024)))
+    assert caught.value.lower_bound_bytes > 2**20
+
+
+def test_arguments_the_step_does_not_take_are_a_clear_error() -> None:
+    planned = tfmem.function(lambda x: x * 2.0, budget="1GiB")
+    with pytest.raises(tfmem.BadInputError, match="argument"):
+        planned(tf.ones(2), tf.ones(2))
+
+
+def test_captured_variables_stay_where_they_were_created() -> None:
+    """A TF2 variable cannot move: a budget only moving it would meet is refused (without the pin it is met)."""
+    from tfmem.ir.tags import PINNED_TAG
+
+    layers = [tf.Variable(tf.ones((1024, 1024)) / 1024, name=f"w{i}") for i in range(4)]   # 4 MiB each
+
+    @tf.function
+    def step(x):
+        for w in layers:
+            x = tf.matmul(x, w)
+        return tf.reduce_sum(x)
+
+    traced = trace(step.get_concrete_function(tf.TensorSpec((16, 1024), tf.float32)))
+    device, host = "/job:localhost/replica:0/task:0/device:CPU:0", "/job:localhost/replica:0/task:0/device:CPU:1"
+    with pytest.raises(tfmem.InfeasibleBudgetError):
+        tfmem.optimize(traced.graph_def, traced.fetches, budget="16MiB", device=device, host=host)
+    unpinned = type(traced.graph_def)()
+    unpinned.CopyFrom(traced.graph_def)
+    for node in unpinned.node:
+        node.attr.pop(PINNED_TAG, None)
+    moved = tfmem.optimize(unpinned, traced.fetches, budget="16MiB", device=device, host=host)
+    assert any(n.op == "VarHandleOp" and n.device == host for n in moved.graph_def.node)

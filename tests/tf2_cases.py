@@ -1,0 +1,100 @@
+"""TF2 steps for tests/test_function.py, each run in a fresh process: ``python -m tests.tf2_cases CASE``.
+
+A fresh process can split the CPU into two logical devices before TensorFlow starts (the test process's
+TensorFlow is already running), so that a plan has a ``host`` to swap to: ``/CPU:0`` is the device and
+``/CPU:1`` the host. Each case prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+
+import numpy as np
+import tensorflow as tf
+
+DEVICE = "/job:localhost/replica:0/task:0/device:CPU:0"
+HOST = "/job:localhost/replica:0/task:0/device:CPU:1"
+
+
+def _two_cpus() -> None:
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+
+
+def _keras_mlp(seed: int = 0) -> tuple[Any, Any, Any]:
+    """A Keras 3 MLP, its Adam and a custom training step (a plain Python function)."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((128,)), *(keras.layers.Dense(512, activation="relu") for _ in range(3)),
+                              keras.layers.Dense(10)])
+    optimizer = keras.optimizers.Adam()
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def step(x: Any, y: Any) -> Any:
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return {"loss": loss, "first": grads[0][0, :4]}
+
+    return model, optimizer, step
+
+
+def _state(model: Any, optimizer: Any) -> list[np.ndarray]:
+    return [np.asarray(v.numpy()) for v in [*model.weights, *optimizer.variables]]
+
+
+def keras_step(fraction: float) -> dict[str, Any]:
+    """A Keras 3 step planned at ``fraction`` of its simulated peak, against a twin run by ``tf.function``."""
+    import tfmem
+    from tfmem.ir.traced import trace
+
+    rng = np.random.default_rng(0)
+    x = rng.random((1024, 128)).astype(np.float32)
+    y = rng.integers(0, 10, 1024).astype(np.int32)
+    model, optimizer, step = _keras_mlp()
+    twin_model, twin_optimizer, twin_step = _keras_mlp()
+    reference = tf.function(twin_step)
+    traced = trace(reference.get_concrete_function(x, y))
+    vanilla = tfmem.simulate(traced.graph_def, traced.fetches).peak_bytes
+    budget = int(vanilla * fraction)
+    planned = tfmem.function(step, budget=budget, host=HOST)
+    same_outputs = True
+    for _ in range(3):
+        got, want = planned(x, y), reference(x, y)
+        same_outputs &= all(np.array_equal(got[k].numpy(), want[k].numpy()) for k in want)
+    report = planned.report
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        partial = [planned(x[:100], y[:100])["loss"].numpy() for _ in range(2)]
+    twin_partial = [reference(x[:100], y[:100])["loss"].numpy() for _ in range(2)]
+    return {"budget": budget, "vanilla": vanilla, "before": report.before.peak_bytes,
+            "after": report.after.peak_bytes, "same_outputs": bool(same_outputs),
+            "same_state": all(np.array_equal(a, b) for a, b in zip(_state(model, optimizer),
+                                                                   _state(twin_model, twin_optimizer), strict=True)),
+            "swapped": sum(n.op == "Identity" and n.device == HOST for n in planned.plans[next(iter(planned.plans))]
+                           .optimized.graph_def.node),
+            "warnings": [str(w.message) for w in caught],
+            "partial_same": bool(np.array_equal(partial, twin_partial))}
+
+
+CASES = {"keras_step": keras_step}
+
+
+def main(argv: list[str]) -> int:
+    _two_cpus()
+    name, *args = argv
+    print(json.dumps(CASES[name](*(float(a) for a in args))))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
