@@ -26,7 +26,7 @@ def _case(name: str, *args: float) -> dict:
 
 @pytest.mark.timeout(900)
 def test_a_keras_step_planned_under_its_peak_keeps_every_value() -> None:
-    r = _case("keras_step", 0.6)
+    r = _case("keras_step", 0.75)
     assert r["after"] <= r["budget"] < r["before"]   # the plan had work to do, and did it
     assert r["swapped"] > 0                          # activations went to the host device
     assert r["same_outputs"] and r["same_state"]     # loss, a gradient, weights and Adam's slots, bit for bit

@@ -33,7 +33,7 @@ def _keras_mlp(seed: int = 0) -> tuple[Any, Any, Any]:
     import keras
 
     keras.utils.set_random_seed(seed)
-    model = keras.Sequential([keras.Input((128,)), *(keras.layers.Dense(512, activation="relu") for _ in range(3)),
+    model = keras.Sequential([keras.Input((128,)), *(keras.layers.Dense(256, activation="relu") for _ in range(8)),
                               keras.layers.Dense(10)])
     optimizer = keras.optimizers.Adam()
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -58,13 +58,13 @@ def keras_step(fraction: float) -> dict[str, Any]:
     from tfmem.ir.traced import trace
 
     rng = np.random.default_rng(0)
-    x = rng.random((1024, 128)).astype(np.float32)
-    y = rng.integers(0, 10, 1024).astype(np.int32)
+    x = rng.random((4096, 128)).astype(np.float32)
+    y = rng.integers(0, 10, 4096).astype(np.int32)
     model, optimizer, step = _keras_mlp()
     twin_model, twin_optimizer, twin_step = _keras_mlp()
     reference = tf.function(twin_step)
     traced = trace(reference.get_concrete_function(x, y))
-    vanilla = tfmem.simulate(traced.graph_def, traced.fetches).peak_bytes
+    vanilla = tfmem.unoptimized_profile(traced.graph_def, traced.fetches, device=DEVICE, host=HOST).peak_bytes
     budget = int(vanilla * fraction)
     planned = tfmem.function(step, budget=budget, host=HOST)
     same_outputs = True
