@@ -4,7 +4,8 @@ Two stages per model (``models.zoo.catalog``: every network of ``tf_slim.nets`` 
 each a training step as its zoo builds it, fused batch norm and the zoo's loss included):
 
 * **load**: build the step, simulate it as the session runs it (``tfmem.unoptimized_profile``) and measure it on
-  an uncapped testbed, twice; the simulated peak over the larger measured one, or the error that stopped it.
+  an uncapped testbed, ``--runs`` times (2); the simulated peak over the largest measured one, or the error that
+  stopped it.
 * **plan** (``--plan`` models): at each fraction of the measured peak, whether vanilla runs out of memory in a
   testbed of that size; ``tfmem.optimize``'s answer (accepted, or refused with its lower bound), its time and
   the memory it took (the process's resident set, sampled); the plan's measured peak in a testbed of exactly the
@@ -90,7 +91,7 @@ class _PeakRss:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def load_row(entry: zoo.Entry) -> tuple[dict[str, Any], Any, Any]:
+def load_row(entry: zoo.Entry, runs: int = 2) -> tuple[dict[str, Any], Any, Any]:
     """The load stage of one network: its row, the built step and vanilla's uncapped run (None when it failed)."""
     row: dict[str, Any] = {"model": entry.name, "size": entry.size, "batch": entry.batch}
     started = time.perf_counter()
@@ -114,10 +115,11 @@ def load_row(entry: zoo.Entry) -> tuple[dict[str, Any], Any, Any]:
         return row, built, None
     # A second run: is vanilla reproducible (Grappler's AddN sums in arrival order), and how far does its peak
     # move? With two inter-op threads it is a draw: NASNetMobile peaked at 74 MiB in 1 run of 5, 95.5 in the rest.
-    again = testbed_run(UNCAPPED, built.graph, built, steps=STEPS, step_timeout_s=900)
-    row["vanilla_again"] = run_record(again, vanilla)
-    row["vanilla_deterministic"] = row["vanilla_again"]["outputs_equal_vanilla"]
-    row["measured_peak_bytes"] = max(vanilla.device_peak_bytes, again.device_peak_bytes or 0)
+    more = [testbed_run(UNCAPPED, built.graph, built, steps=STEPS, step_timeout_s=900) for _ in range(runs - 1)]
+    row["vanilla_again"] = run_record(more[0], vanilla)
+    row["more_peaks"] = [r.device_peak_bytes for r in more[1:]]
+    row["vanilla_deterministic"] = all(run_record(r, vanilla)["outputs_equal_vanilla"] for r in more)
+    row["measured_peak_bytes"] = max([vanilla.device_peak_bytes] + [r.device_peak_bytes or 0 for r in more])
     if "simulated_bytes" in row:
         row["sim_over_measured"] = round(row["simulated_bytes"] / row["measured_peak_bytes"], 4)
     return row, built, vanilla
@@ -182,7 +184,8 @@ def outcome(r: dict[str, Any]) -> str:
 def _measured(r: dict[str, Any]) -> str:
     """Both runs' peaks (rows from before the second run was recorded have one)."""
     again = r.get("vanilla_again")
-    return fmt_run(r["vanilla"]) + (f", {fmt_run(again)}" if again else "")
+    more = "".join(f", {format_bytes(p)}" if p else ", -" for p in r.get("more_peaks", []))
+    return fmt_run(r["vanilla"]) + (f", {fmt_run(again)}" if again else "") + more
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -194,7 +197,7 @@ def markdown(result: dict[str, Any]) -> str:
              "tf_keras' loss and Adam). Measured peaks are the testbed's; simulated ones tfmem's simulator "
              "(`tfmem.unoptimized_profile`, what `tfmem analyze` prints).", "",
              "## Load and simulate", "",
-             "| network | image, batch | ops | simulated | measured (testbed, two runs) | sim / larger measured | "
+             "| network | image, batch | ops | simulated | measured (testbed, each run) | sim / largest measured | "
              "opaque calls | "
              "vanilla repeats itself |",
              "|---|---|---:|---:|---:|---:|---:|---|"]
@@ -237,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--families", action="store_true", help="load one network per family (25), not all")
     parser.add_argument("--plan", action="append", help="plan these networks (repeatable; default: the issue's 6)")
     parser.add_argument("--no-plan", action="store_true", help="the load stage only")
+    parser.add_argument("--runs", type=int, default=2,
+                        help="testbed runs per network in the load stage (at least 2); the largest peak counts")
     parser.add_argument("--resume", action="store_true",
                         help="load only the networks that have no row in the results file yet (after a cut-short run)")
     parser.add_argument("--fractions", default="0.7,0.5,0.35", help="budgets as fractions of the measured peak")
@@ -261,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.resume:
         done = {r["model"] for r in old["load"]}
         loads = [m for m in loads if m not in done or m in plans]
+    if args.runs < 2:
+        parser.error(f"--runs must be at least 2 (one more run tells whether vanilla repeats itself), got {args.runs}")
     unknown = [m for m in loads if m not in catalog]
     if unknown:
         parser.error(f"unknown network(s) {', '.join(unknown)}: --list names them")
@@ -271,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     # a run replaces the plan rows of the budgets it runs; a model's other budgets keep theirs
     plan = [r for r in old["plan"] if r["model"] not in plans or r["fraction"] not in fractions]
     for model in loads:
-        row, built, vanilla = load_row(catalog[model])
+        row, built, vanilla = load_row(catalog[model], args.runs)
         load.append({**row, **stamp})
         print(f"{model}: {row.get('ops', '-')} ops, sim/measured {row.get('sim_over_measured', '-')}"
               f"{', ' + row['error'] if 'error' in row else ''}", flush=True)
