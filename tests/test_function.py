@@ -133,3 +133,23 @@ def test_captured_variables_stay_where_they_were_created() -> None:
         node.attr.pop(PINNED_TAG, None)
     moved = tfmem.optimize(unpinned, traced.fetches, budget="16MiB", device=device, host=host)
     assert any(n.op == "VarHandleOp" and n.device == host for n in moved.graph_def.node)
+
+
+@pytest.mark.timeout(900)
+def test_keras_fit_with_a_memory_budget_trains_as_plain_fit() -> None:
+    r = _case("keras_fit", 38)
+    assert r["after"] <= r["budget"] < r["before"]
+    assert r["same_history"] and r["same_state"]     # losses, weights and Adam's slots, bit for bit
+    assert r["unplanned_warnings"] == 1              # the partial last batch, once over two epochs
+
+
+def test_keras_fit_refuses_several_steps_per_execution_with_the_fix() -> None:
+    import keras
+
+    import tfmem.keras
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse", steps_per_execution=2)
+    with pytest.raises(tfmem.BadInputError, match="steps_per_execution=1"):
+        model.fit(np.ones((8, 4), np.float32), np.ones((8, 2), np.float32), verbose=0,
+                  callbacks=[tfmem.keras.MemoryBudget("1GiB")])

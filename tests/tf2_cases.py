@@ -86,7 +86,38 @@ def keras_step(fraction: float) -> dict[str, Any]:
             "partial_same": bool(np.array_equal(partial, twin_partial))}
 
 
-CASES = {"keras_step": keras_step}
+def _compiled_mlp() -> Any:
+    import keras
+
+    model, _, _ = _keras_mlp()
+    model.compile(optimizer=keras.optimizers.Adam(), jit_compile=False,
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def keras_fit(budget_mib: float) -> dict[str, Any]:
+    """``fit`` with ``MemoryBudget`` against plain ``fit`` of a twin: 3 full batches and a partial one."""
+    import tfmem.keras
+
+    rng = np.random.default_rng(0)
+    x = rng.random((3 * 4096 + 100, 128)).astype(np.float32)
+    y = rng.integers(0, 10, len(x)).astype(np.int32)
+    planned_model, reference = _compiled_mlp(), _compiled_mlp()
+    budget = tfmem.keras.MemoryBudget(f"{budget_mib}MiB", host=HOST)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        planned = planned_model.fit(x, y, batch_size=4096, epochs=2, shuffle=False, verbose=0, callbacks=[budget])
+    plain = reference.fit(x, y, batch_size=4096, epochs=2, shuffle=False, verbose=0)
+    state = [np.asarray(v.numpy()) for v in [*planned_model.weights, *planned_model.optimizer.variables]]
+    twin = [np.asarray(v.numpy()) for v in [*reference.weights, *reference.optimizer.variables]]
+    return {"before": budget.report.before.peak_bytes, "after": budget.report.after.peak_bytes,
+            "budget": budget.report.budget_bytes, "history": planned.history["loss"],
+            "same_history": planned.history == plain.history,
+            "same_state": all(np.array_equal(a, b) for a, b in zip(state, twin, strict=True)),
+            "unplanned_warnings": sum("unplanned" in str(w.message) for w in caught)}
+
+
+CASES = {"keras_step": keras_step, "keras_fit": keras_fit}
 
 
 def main(argv: list[str]) -> int:
