@@ -153,3 +153,10 @@ def test_keras_fit_refuses_several_steps_per_execution_with_the_fix() -> None:
     with pytest.raises(tfmem.BadInputError, match="steps_per_execution=1"):
         model.fit(np.ones((8, 4), np.float32), np.ones((8, 2), np.float32), verbose=0,
                   callbacks=[tfmem.keras.MemoryBudget("1GiB")])
+
+
+def test_a_host_tensorflow_does_not_have_is_refused_with_the_devices_it_has() -> None:
+    """Functions soft-place: copies to a missing host would silently stay on the device."""
+    with pytest.raises(tfmem.BadInputError, match=r"host='/GPU:7'.*CPU:0"):
+        tfmem.function(lambda x: x * 2.0, budget="1GiB", host="/GPU:7")
+    assert tfmem.function(lambda x: x * 2.0, budget="1GiB", host="/CPU:0", device="/CPU:0") is not None

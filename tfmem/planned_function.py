@@ -23,6 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfmem.errors import BadInputError
+from tfmem.ir.devices import same_device
 from tfmem.ir.traced import TracedStep, rebuild, trace
 from tfmem.optimizer import Optimized, optimize
 from tfmem.report import Report
@@ -49,6 +50,9 @@ class PlannedFunction:
             raise BadInputError(f"tfmem.function needs a callable step, got {type(step).__name__}")
         self._original = step if hasattr(step, "get_concrete_function") else tf.function(step)
         self._signature = inspect.signature(python)
+        for name, value in (("device", device), ("host", host)):
+            if value is not None:
+                check_exists(value, name)
         self._budget, self._device, self._host = budget, device or default_device(), host
         self._passes, self._threads = passes, inter_op_threads
         self._plans: dict[Signature, Plan] = {}
@@ -165,6 +169,18 @@ def check_config(optimized: Optimized) -> None:
         raise BadInputError("Grappler fails on this step, so its plan must run without Grappler, which TF2 sets per "
                             "process: call tf.config.optimizer.set_experimental_options({'disable_meta_optimizer': "
                             "True}) before the first call")
+
+
+def check_exists(name: str, what: str) -> None:
+    """Raise when TensorFlow has no device ``name``: a function's ops soft-place elsewhere without a word, and a
+    plan's copies to a host that does not exist would stay on the device."""
+    known = [d.name for d in tf.config.list_logical_devices()]
+    try:
+        found = any(same_device(name, d) for d in known)
+    except ValueError:
+        found = False
+    if not found:
+        raise BadInputError(f"{what}={name!r} is not a device TensorFlow has here; pass one of {', '.join(known)}")
 
 
 def default_device() -> str:
