@@ -1,4 +1,5 @@
-"""``tfmem.keras.MemoryBudget``: a Keras 3 callback that makes ``model.fit`` train under a device budget.
+"""``tfmem.keras.MemoryBudget``: a callback that makes ``model.fit`` train under a device budget (Keras 3 on the
+TensorFlow backend, and tf_keras).
 
     model.fit(x, y, batch_size=64, callbacks=[tfmem.keras.MemoryBudget("6GiB", host="/CPU:0")])
 
@@ -39,11 +40,26 @@ class MemoryBudget(keras.callbacks.Callback):  # type: ignore[misc]
             raise BadInputError("MemoryBudget has no plan yet: it plans at the first batch of fit()")
         return self.step.report
 
+    # tf_keras's CallbackList asks these of every callback (Keras 3's does not): MemoryBudget works in both.
+    _supports_tf_logs = True
+    _chief_worker_only = None
+
+    def _implements_train_batch_hooks(self) -> bool:
+        return False
+
+    def _implements_test_batch_hooks(self) -> bool:
+        return False
+
+    def _implements_predict_batch_hooks(self) -> bool:
+        return False
+
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         model = self.model
-        if getattr(model, "steps_per_execution", 1) != 1:
-            raise BadInputError(f"MemoryBudget plans one step per call; this model runs {model.steps_per_execution} "
-                                "in one loop: compile it with steps_per_execution=1")
+        steps = getattr(model, "steps_per_execution", 1)   # tf_keras keeps it in a variable
+        steps = int(steps.numpy()) if hasattr(steps, "numpy") else int(steps or 1)
+        if steps != 1:
+            raise BadInputError(f"MemoryBudget plans one step per call; this model runs {steps} in one loop: "
+                                "compile it with steps_per_execution=1")
         if tf.distribute.has_strategy() or model.distribute_strategy is not tf.distribute.get_strategy():
             raise BadInputError("MemoryBudget plans a step on one device; fit() runs under a distribution strategy "
                                 "here: build and fit the model outside its scope")
@@ -56,7 +72,9 @@ class MemoryBudget(keras.callbacks.Callback):  # type: ignore[misc]
 
         original = tf.function(train_step, jit_compile=False)
         self.step = PlannedFunction(original, budget=self.budget, device=self.device, host=self.host,
-                                    passes=self.passes, inter_op_threads=None)
+                                    passes=self.passes, inter_op_threads=None, unplanned_hint=(
+                                        "To plan every step, give fit a batch size that divides the data, or a "
+                                        "tf.data dataset batched with drop_remainder=True."))
         step = self.step
 
         def train_function(iterator: Any) -> Any:

@@ -44,7 +44,7 @@ class PlannedFunction:
     """A step planned per input signature; call it as the step itself. See ``tfmem.function``."""
 
     def __init__(self, step: Callable[..., Any], *, budget: int | str, device: str | None, host: str | None,
-                 passes: str | Sequence[str] | None, inter_op_threads: int | None) -> None:
+                 passes: str | Sequence[str] | None, inter_op_threads: int | None, unplanned_hint: str = "") -> None:
         python = getattr(step, "python_function", step)
         if not callable(python):
             raise BadInputError(f"tfmem.function needs a callable step, got {type(step).__name__}")
@@ -57,6 +57,7 @@ class PlannedFunction:
         self._passes, self._threads = passes, inter_op_threads
         self._plans: dict[Signature, Plan] = {}
         self._warned = False
+        self._hint = unplanned_hint
         self.__name__ = getattr(python, "__name__", "step")
         self.__doc__ = getattr(python, "__doc__", None)
 
@@ -102,8 +103,9 @@ class PlannedFunction:
                 self._warned = True
                 warnings.warn(f"tfmem.function: {self.__name__} was planned for "
                               f"{describe(next(iter(self._plans)))}, not {describe(signature_of(values))}; this call "
-                              "and others like it run the step unplanned (it may not fit the budget). Plan them "
-                              f"too with {self.__name__}.plan(...) before the loop.", UserWarning, stacklevel=2)
+                              "and others like it run the step unplanned (it may not fit the budget). "
+                              + (self._hint or f"Plan them too with {self.__name__}.plan(...) before the loop."),
+                              UserWarning, stacklevel=2)
             return self._original(*args, **kwargs)
         tensors = [tf.convert_to_tensor(v) for v in tf.nest.flatten(values, expand_composites=True)
                    if is_tensor_like(v)]
