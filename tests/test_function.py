@@ -170,3 +170,11 @@ def test_a_host_tensorflow_does_not_have_is_refused_with_the_devices_it_has() ->
     with pytest.raises(tfmem.BadInputError, match=r"host='/GPU:7'.*CPU:0"):
         tfmem.function(lambda x: x * 2.0, budget="1GiB", host="/GPU:7")
     assert tfmem.function(lambda x: x * 2.0, budget="1GiB", host="/CPU:0", device="/CPU:0") is not None
+
+
+def test_numpy_scalars_are_arguments_and_python_scalars_are_part_of_the_signature() -> None:
+    planned = tfmem.function(lambda x, s, k: tf.reduce_sum(x * s) + k, budget="1GiB")
+    x = tf.ones(2)
+    assert float(planned(x, np.float32(2.0), 1.0)) == 5.0
+    assert float(planned(x, np.float32(3.0), 1.0)) == 7.0   # the same plan: s is a tensor argument
+    assert len(planned.plans) == 1

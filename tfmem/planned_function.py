@@ -85,6 +85,7 @@ class PlannedFunction:
         key = signature_of(values)
         if key not in self._plans:
             concrete = self._original.get_concrete_function(*args, **kwargs)
+            check_arguments(values, concrete, self.__name__)
             traced = trace(concrete)
             threads = self._threads or tf.config.threading.get_inter_op_parallelism_threads() or None
             optimized = optimize(traced.graph_def, traced.fetches, budget=self._budget, device=self._device,
@@ -157,6 +158,18 @@ def function(step: Callable[..., Any] | None = None, *, budget: int | str, devic
     return wrap if step is None else wrap(step)
 
 
+def check_arguments(values: list[Any], concrete: Any, name: str) -> None:
+    """Refuse arguments whose tensors do not line up with the traced function's inputs one by one (a call passes
+    them flat, in this order): a mismatch would otherwise feed one argument's tensor to another's input."""
+    given = [(tuple(v.shape), tf.as_dtype(v.dtype)) for v in tf.nest.flatten(values, expand_composites=True)
+             if is_tensor_like(v)]
+    inputs = concrete.inputs[:len(concrete.inputs) - len(concrete.captured_inputs)]
+    wanted = [(tuple(t.shape), t.dtype) for t in inputs]
+    if given != wanted:
+        raise BadInputError(f"{name}'s arguments give tensors {given} where its traced function takes {wanted}; pass "
+                            "its changing values as tensors or arrays, positionally or by name")
+
+
 def check_config(optimized: Optimized) -> None:
     """Refuse a plan that needs a session setting a TF2 call cannot take per call (TF2 sets them per process).
 
@@ -192,7 +205,7 @@ def default_device() -> str:
 
 
 def is_tensor_like(value: Any) -> bool:
-    return isinstance(value, (tf.Tensor, np.ndarray, tf.Variable)) or tf.is_tensor(value)
+    return isinstance(value, (tf.Tensor, np.ndarray, np.generic, tf.Variable)) or tf.is_tensor(value)
 
 
 def signature_of(values: list[Any]) -> Signature:
