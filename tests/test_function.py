@@ -178,3 +178,20 @@ def test_numpy_scalars_are_arguments_and_python_scalars_are_part_of_the_signatur
     assert float(planned(x, np.float32(2.0), 1.0)) == 5.0
     assert float(planned(x, np.float32(3.0), 1.0)) == 7.0   # the same plan: s is a tensor argument
     assert len(planned.plans) == 1
+
+
+def test_ops_on_a_variable_run_where_it_lives() -> None:
+    """TensorFlow's placer puts a resource op with its resource: the traced graph says so, so that a variable in
+    host memory is simulated as read and updated there."""
+    v = tf.Variable(tf.ones((8, 8)))
+
+    @tf.function
+    def step(x):
+        v.assign_add(x)
+        return tf.reduce_sum(v.read_value() * x)
+
+    traced = trace(step.get_concrete_function(tf.TensorSpec((8, 8), tf.float32)))
+    (handle,) = traced.variables
+    users = [n for n in traced.graph_def.node if any(i.split(":")[0] == handle for i in n.input)]
+    assert {n.op for n in users} >= {"AssignAddVariableOp", "ReadVariableOp"}
+    assert all(n.device == v.device for n in users)

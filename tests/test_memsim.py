@@ -391,3 +391,20 @@ def test_a_fused_batch_norm_with_odd_channels_simulates_after_grappler() -> None
     runtime = runtime_graph_def(with_default_device(g.as_graph_def(), DEFAULT_DEVICE), ["grad:0"])
     assert any(n.op == "_FusedBatchNormEx" for n in runtime.node)   # the case this test is about
     assert simulate(g, ["grad:0"], grappler=True).peak_bytes > 0
+
+
+def test_identity_n_passes_its_inputs_through() -> None:
+    """Keras 3's optimizers pass every gradient through one IdentityN: its outputs are its inputs, not copies."""
+    g = tf.Graph()
+    with g.as_default():
+        a = v1.placeholder(tf.float32, (1024, 1024), name="a")   # 4 MiB each
+        b = v1.placeholder(tf.float32, (1024, 1024), name="b")
+        x, y = tf.identity_n([a * 2.0, b * 3.0])
+        tf.add(x, y, name="out")
+    profile = simulate(g, ["out:0"])
+    # a, b (fed) + the two products + their sum, never two more copies
+    assert profile.peak_bytes <= 5 * 4 * 2**20 + 2**20
+    from tfmem.sim.bounds import op_working_set_bytes
+
+    ir = load(g)
+    assert op_working_set_bytes(ir, next(n.name for n in ir.nodes if n.op == "IdentityN")) == 8 * 2**20

@@ -89,6 +89,7 @@ def trace(concrete: Any) -> TracedStep:
         if node.name in variables:
             placeholders[node.name] = _copy(node)
             _as_variable(node, variables[node.name])
+    _colocate_with_variables(flat, variables)
     return TracedStep(flat, inputs, outputs, control, MappingProxyType(captures), MappingProxyType(variables),
                       MappingProxyType(placeholders), concrete.structured_outputs)
 
@@ -132,6 +133,18 @@ def _inline(gd: graph_pb2.GraphDef, keep: list[str]) -> graph_pb2.GraphDef:
         return tf_optimizer.OptimizeGraph(config, meta)
     except Exception as e:
         raise MalformedGraphError(f"TensorFlow cannot inline the step's nested functions: {first_line(e)}") from e
+
+
+def _colocate_with_variables(gd: graph_pb2.GraphDef, variables: Mapping[str, tf.Variable]) -> None:
+    """Place each unplaced op that takes a variable's handle on the variable's device, as TensorFlow's placer does
+    (a resource op runs where its resource lives): a variable created in host memory is read and updated there,
+    and only the values read travel to the device."""
+    for node in gd.node:
+        if node.device:
+            continue
+        handles = [i.split(":")[0] for i in node.input if not i.startswith("^") and i.split(":")[0] in variables]
+        if handles:
+            node.device = variables[handles[0]].device
 
 
 def _as_variable(node: node_def_pb2.NodeDef, variable: tf.Variable) -> None:

@@ -13,7 +13,7 @@ from tfmem.ir.graph import GraphIR
 from tfmem.ir.ops import ALIAS_OPS
 from tfmem.sim.bfc import INITIAL_REGION, MIN_ALLOCATION, BFCAllocator, rounded_bytes
 from tfmem.sim.memsim import feed_orders
-from tfmem.sim.opmemory import temp_bytes
+from tfmem.sim.opmemory import temp_bytes, viewed_input
 from tfmem.units import format_bytes
 
 
@@ -23,7 +23,8 @@ def op_working_set_bytes(graph: GraphIR, name: str) -> int:
     if node.op in ALIAS_OPS:
         return 0
     inputs = {t: graph.spec(t).nbytes or 0 for t in node.inputs}
-    outputs = [s.nbytes or 0 for s in node.outputs]
+    # an output that is a view of an input (IdentityN's, a slice's rows) holds no bytes of its own
+    outputs = [s.nbytes or 0 for i, s in enumerate(node.outputs) if viewed_input(node, graph, i) is None]
     return sum(rounded_bytes(n) for n in (*inputs.values(), *outputs, *temp_bytes(node, graph)) if n)
 
 

@@ -165,6 +165,8 @@ def _dim0_split(value_input: int) -> Callable[[OpNode, GraphIR, int], int | None
 # Outputs that the kernel returns as a view into an input's buffer, allocating nothing: op -> rule giving,
 # for output ``index``, the input it views (or None). The view keeps the whole input buffer alive.
 VIEW_RULES: dict[str, Callable[[OpNode, GraphIR, int], int | None]] = {
+    # each output is its input, passed through (Keras 3's optimizers pass every gradient through one IdentityN)
+    "IdentityN": lambda node, graph, index: index if index < len(node.inputs) else None,
     "StridedSlice": _dim0_slice,
     "Slice": _dim0_slice,
     "Unpack": _dim0_split(0),
