@@ -67,7 +67,7 @@ def layout_room(budget_bytes: int, largest_transfer: int = 0) -> int:
     tensor, the plan's largest (``largest_transfer_bytes``), at least 4 MiB. A copy to or from the host lands
     earlier or later than replayed, and the chunk it takes or leaves moves the layout by its size: TF-Slim VGG-16's
     plan at 0.7x replayed within its budget with room to spare, and on the testbed its 392 MiB gradient sum found
-    no chunk, also with 10% more memory (experiments/results/model_zoo.md)."""
+    no chunk, also with 10% more memory (docs/RESULTS.md, "The model zoos")."""
     margin = max(LAYOUT_MARGIN_BYTES, largest_transfer)
     return max(budget_bytes - int(budget_bytes * LAYOUT_MARGIN_SHARE) - margin, 1)
 
