@@ -140,6 +140,7 @@ def test_keras_fit_with_a_memory_budget_trains_as_plain_fit() -> None:
     r = _case("keras_fit", 38)
     assert r["after"] <= r["budget"] < r["before"]
     assert r["same_history"] and r["same_state"]     # losses, weights and Adam's slots, bit for bit
+    assert r["plan_kept"]                            # a second fit() of the same model is not planned again
     # the partial last batch, once over two epochs, with a fix that works (tf_keras_fit below)
     assert len(r["unplanned_warnings"]) == 1 and "drop_remainder=True" in r["unplanned_warnings"][0]
 

@@ -107,12 +107,16 @@ def keras_fit(budget_mib: float) -> dict[str, Any]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         planned = planned_model.fit(x, y, batch_size=4096, epochs=2, shuffle=False, verbose=0, callbacks=[budget])
+        step = budget.step
+        again = planned_model.fit(x, y, batch_size=4096, epochs=1, shuffle=False, verbose=0, callbacks=[budget])
     plain = reference.fit(x, y, batch_size=4096, epochs=2, shuffle=False, verbose=0)
+    plain_again = reference.fit(x, y, batch_size=4096, epochs=1, shuffle=False, verbose=0)
     state = [np.asarray(v.numpy()) for v in [*planned_model.weights, *planned_model.optimizer.variables]]
     twin = [np.asarray(v.numpy()) for v in [*reference.weights, *reference.optimizer.variables]]
     return {"before": budget.report.before.peak_bytes, "after": budget.report.after.peak_bytes,
             "budget": budget.report.budget_bytes, "history": planned.history["loss"],
-            "same_history": planned.history == plain.history,
+            "same_history": planned.history == plain.history and again.history == plain_again.history,
+            "plan_kept": budget.step is step and len(step.plans) == 1,
             "same_state": all(np.array_equal(a, b) for a, b in zip(state, twin, strict=True)),
             "unplanned_warnings": [str(w.message) for w in caught if "unplanned" in str(w.message)]}
 

@@ -32,6 +32,7 @@ class MemoryBudget(keras.callbacks.Callback):  # type: ignore[misc]
         super().__init__()
         self.budget, self.host, self.device, self.passes = budget, host, device, passes
         self.step: PlannedFunction | None = None
+        self._planned_for: Any = None
 
     @property
     def report(self) -> Report:
@@ -67,14 +68,11 @@ class MemoryBudget(keras.callbacks.Callback):  # type: ignore[misc]
             warnings.warn("MemoryBudget: the planned step runs without XLA (jit_compile): tfmem plans the TensorFlow "
                           "graph that XLA would replace", UserWarning, stacklevel=2)
 
-        def train_step(data: Any) -> Any:
-            return model.train_step(data)
-
-        original = tf.function(train_step, jit_compile=False)
-        self.step = PlannedFunction(original, budget=self.budget, device=self.device, host=self.host,
-                                    passes=self.passes, inter_op_threads=None, unplanned_hint=(
-                                        "To plan every step, give fit a batch size that divides the data, or a "
-                                        "tf.data dataset batched with drop_remainder=True."))
+        # A later fit() keeps the plans while the model trains the same variables with the same optimizer (a
+        # recompile or a change of trainable layers makes another step, traced and planned anew).
+        key = (id(model), id(model.optimizer), tuple(id(v) for v in model.trainable_variables))
+        if self.step is None or self._planned_for != key:
+            self.step, self._planned_for = self._planned(model), key
         step = self.step
 
         def train_function(iterator: Any) -> Any:
@@ -82,3 +80,13 @@ class MemoryBudget(keras.callbacks.Callback):  # type: ignore[misc]
             return step(data)
 
         model.train_function = train_function
+
+    def _planned(self, model: Any) -> PlannedFunction:
+        def train_step(data: Any) -> Any:
+            return model.train_step(data)
+
+        original = tf.function(train_step, jit_compile=False)
+        return PlannedFunction(original, budget=self.budget, device=self.device, host=self.host, passes=self.passes,
+                               inter_op_threads=None, unplanned_hint=(
+                                   "To plan every step, give fit a batch size that divides the data, or a tf.data "
+                                   "dataset batched with drop_remainder=True."))
