@@ -96,7 +96,7 @@ PLAN_DIGEST = textwrap.dedent("""
     from tfmem import examples
     built = examples.mlp(batch=1024, dims=(512, 2048, 2048, 2048, 10), optimizer="momentum")
     peak = tfmem.simulate(built.graph, built.fetches, device="/CPU:0").peak_bytes
-    opt = tfmem.optimize(built.graph, built.fetches, budget=int(peak * 0.5), device="/CPU:0", host="/CPU:1",
+    opt = tfmem.optimize(built.graph, built.fetches, budget=int(peak * 0.55), device="/CPU:0", host="/CPU:1",
                          inter_op_threads=2)
     assert opt.report.search.solver_calls >= 1 and len(opt.report.search.attempts) > 2
     print(hashlib.sha256(opt.graph_def.SerializeToString(deterministic=True)).hexdigest())

@@ -39,6 +39,7 @@ from tensorflow.python.grappler import tf_optimizer
 
 from tfmem.errors import BadInputError, MalformedGraphError, first_line
 from tfmem.ir.tags import PINNED_TAG
+from tfmem.sim.grappler import grappler_cluster
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,7 @@ def _inline(gd: graph_pb2.GraphDef, keep: list[str]) -> graph_pb2.GraphDef:
     meta.graph_def.CopyFrom(gd)
     meta.collection_def["train_op"].node_list.value.extend(keep)
     try:
-        return tf_optimizer.OptimizeGraph(config, meta)
+        return tf_optimizer.OptimizeGraph(config, meta, cluster=grappler_cluster())   # TF allows one cluster at a time
     except Exception as e:
         raise MalformedGraphError(f"TensorFlow cannot inline the step's nested functions: {first_line(e)}") from e
 

@@ -32,6 +32,12 @@ _ANSWERS_KEPT = 4
 WORK: Counter[str] = Counter()
 
 
+def grappler_cluster() -> gcluster.Cluster:
+    """The process's one Grappler cluster: TensorFlow provisions a single cluster at a time, so every caller of
+    Grappler shares it (tfmem.ir.traced inlines functions with it)."""
+    return _cluster()
+
+
 def _cluster() -> gcluster.Cluster:
     global _CLUSTER
     if _CLUSTER is None:  # creating one costs ~10 ms and some threads; one per process is plenty
