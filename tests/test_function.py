@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 import tfmem
-from tfmem.ir.traced import rebuild, trace
+from tfmem.traced import rebuild, trace
 
 ROOT = Path(__file__).resolve().parents[1]
 

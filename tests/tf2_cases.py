@@ -55,7 +55,7 @@ def _state(model: Any, optimizer: Any) -> list[np.ndarray]:
 def keras_step(fraction: float) -> dict[str, Any]:
     """A Keras 3 step planned at ``fraction`` of its simulated peak, against a twin run by ``tf.function``."""
     import tfmem
-    from tfmem.ir.traced import trace
+    from tfmem.traced import trace
 
     rng = np.random.default_rng(0)
     x = rng.random((4096, 128)).astype(np.float32)

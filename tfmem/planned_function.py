@@ -5,7 +5,7 @@
         loss = step(x, y)          # reads and updates the same tf.Variables the original step does
 
 The first call traces the step for its arguments' shapes and dtypes (``PlannedFunction.plan`` plans more
-ahead of time), flattens the traced graph (``tfmem.ir.traced``), plans it with ``tfmem.optimize`` and
+ahead of time), flattens the traced graph (``tfmem.traced``), plans it with ``tfmem.optimize`` and
 rebuilds a function on the same variables. A later call with arguments of another signature (a partial last
 batch) runs the original step, with one warning. ``.report`` and ``.concrete_function`` say what was done.
 Variables stay where they were created (a TF2 variable cannot move); activations go to ``host``.
@@ -24,9 +24,9 @@ import tensorflow as tf
 
 from tfmem.errors import BadInputError
 from tfmem.ir.devices import same_device
-from tfmem.ir.traced import TracedStep, rebuild, trace
 from tfmem.optimizer import Optimized, optimize
 from tfmem.report import Report
+from tfmem.traced import TracedStep, rebuild, trace
 
 Signature = tuple[Any, ...]
 

@@ -13,7 +13,7 @@ from tfmem.ir.graph import GraphIR, OpNode
 
 TAG_PREFIX = "_tfmem_"
 # On a variable: it must stay where it is. A TF2 variable lives where it was created; a rebuilt function can read
-# it there, not move it (``tfmem.ir.traced``, which restores the captured handle in its place; place_persistent
+# it there, not move it (``tfmem.traced``, which restores the captured handle in its place; place_persistent
 # leaves it: tests/test_function.py::test_captured_variables_stay_where_they_were_created).
 PINNED_TAG = "_tfmem_pinned"
 # verify() checks the swap tags in the final graph; all of them let a reader see what each Identity is for. The pin

@@ -34,7 +34,7 @@ WORK: Counter[str] = Counter()
 
 def grappler_cluster() -> gcluster.Cluster:
     """The process's one Grappler cluster: TensorFlow provisions a single cluster at a time, so every caller of
-    Grappler shares it (tfmem.ir.traced inlines functions with it)."""
+    Grappler shares it (tfmem.traced inlines functions with it)."""
     return _cluster()
 
 
