@@ -144,12 +144,75 @@ def tf_keras_fit(budget_mib: float) -> dict[str, Any]:
     return _fit_twins(compiled, 2 * 4096, budget_mib, lambda m: m.optimizer.variables(), refit=False)
 
 
-CASES = {"keras_step": keras_step, "keras_fit": keras_fit, "tf_keras_fit": tf_keras_fit}
+def testbed_fit(cap_mib: float, planned: float) -> dict[str, Any]:
+    """Keras 3 ``fit`` on a testbed capped at ``cap_mib``: plain (steps on the device) or with ``MemoryBudget`` at
+    the cap (``planned`` 1); a one-batch ``fit`` warms up, then two epochs of three batches are measured."""
+    import hashlib
+
+    import tfmem.keras
+    from tfmem.testbed import Testbed, run_keras_steps_on
+
+    rng = np.random.default_rng(0)
+    x = rng.random((3 * 4096, 128)).astype(np.float32)
+    y = rng.integers(0, 10, len(x)).astype(np.int32)
+    with Testbed(f"{cap_mib}MiB") as testbed:
+        remote = testbed.connect()
+        with tf.device(remote.device):
+            model = _compiled_mlp()
+            model.optimizer.build(model.trainable_variables)   # its slots on the device too
+        callbacks = []
+        if planned:
+            callbacks = [tfmem.keras.MemoryBudget(f"{cap_mib}MiB", device=remote.device, host=remote.host)]
+        else:
+            run_keras_steps_on(model, remote.device)
+        resident = remote.in_use()
+        history: list[Any] = []
+        result = remote.measure(
+            lambda: history.append(model.fit(x, y, batch_size=4096, epochs=2, shuffle=False, verbose=0,
+                                             callbacks=callbacks).history),
+            warmup=lambda: model.fit(x[:4096], y[:4096], batch_size=4096, verbose=0, callbacks=callbacks))
+        state = hashlib.sha256(b"".join(np.asarray(v.numpy()).tobytes()
+                                        for v in [*model.weights, *model.optimizer.variables])).hexdigest()
+        places = sorted({v.value.device for v in [*model.weights, *model.optimizer.variables]})
+        report = callbacks[0].report if callbacks else None
+    return {"oom": result.oom, "error": result.error, "peak": result.device_peak_bytes, "resident": resident,
+            "history": history[0]["loss"] if history else None, "state": state, "places": places,
+            "before": report.before.peak_bytes if report else None,
+            "after": report.after.peak_bytes if report else None}
+
+
+def testbed_refusals() -> dict[str, Any]:
+    """What ``Testbed.connect`` refuses, each with the fix: a client with oneDNN on, a second testbed in the
+    process, and a session run on a connected testbed."""
+    from tfmem.errors import BadInputError
+    from tfmem.testbed import Testbed
+
+    said: dict[str, Any] = {}
+    with Testbed("16MiB") as first, Testbed("16MiB") as second:
+        os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1"   # what the check reads; TensorFlow read "0" at import
+        try:
+            first.connect()
+        except BadInputError as e:
+            said["onednn"] = str(e)
+        os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"   # the fix the message gives
+        remote = first.connect()
+        with tf.device(remote.device):
+            said["fixed"] = float(tf.reduce_sum(tf.ones(8)).numpy())
+        for key, call in (("second", second.connect), ("session", lambda: first.run(tf.Graph(), []))):
+            try:
+                call()
+            except BadInputError as e:
+                said[key] = str(e)
+    return said
+
+
+CASES = {"keras_step": keras_step, "testbed_refusals": testbed_refusals, "keras_fit": keras_fit, "tf_keras_fit": tf_keras_fit, "testbed_fit": testbed_fit}
 
 
 def main(argv: list[str]) -> int:
-    _two_cpus()
     name, *args = argv
+    if not name.startswith("testbed"):   # the testbed's device and host are its servers
+        _two_cpus()
     print(json.dumps(CASES[name](*(float(a) for a in args))))
     return 0
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.core.framework import graph_pb2
 
 from tfmem.errors import BadInputError
 from tfmem.ir.devices import same_device
@@ -91,7 +92,8 @@ class PlannedFunction:
             optimized = optimize(traced.graph_def, traced.fetches, budget=self._budget, device=self._device,
                                  host=self._host, passes=self._passes, inter_op_threads=threads)
             check_config(optimized)
-            self._plans[key] = Plan(traced, optimized, rebuild(traced, optimized.graph_def))
+            placed = place_unplaced(optimized.graph_def, self._device, set(traced.inputs))
+            self._plans[key] = Plan(traced, optimized, rebuild(traced, placed))
         return self._plans[key]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -196,6 +198,19 @@ def check_exists(name: str, what: str) -> None:
         found = False
     if not found:
         raise BadInputError(f"{what}={name!r} is not a device TensorFlow has here; pass one of {', '.join(known)}")
+
+
+def place_unplaced(graph_def: graph_pb2.GraphDef, device: str, arguments: set[str]) -> graph_pb2.GraphDef:
+    """A copy of ``graph_def`` with each unplaced op but the arguments on ``device``, where the plan simulated it:
+    left unplaced, a function's ops run on the caller's default device (a client's CPU when the device is remote,
+    tests/tf2_cases.py::testbed_fit). Arguments stay where the caller's tensors are."""
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    names = {a.split(":")[0] for a in arguments}
+    for node in out.node:
+        if not node.device and node.name not in names:
+            node.device = device
+    return out
 
 
 def default_device() -> str:

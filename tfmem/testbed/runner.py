@@ -63,6 +63,7 @@ from tfmem.errors import (
     TfmemError,
     first_line,
 )
+from tfmem.testbed.eager import Connected, connect
 from tfmem.testbed.graph import DEVICE, HOST, GraphLike, check_names, initializer_names, place_on_device
 from tfmem.testbed.proc import COMMON_ENV, ServerProcess, free_ports
 from tfmem.testbed.watch import Ending, Phase, watch
@@ -138,12 +139,12 @@ def _physical_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def _is_oom(error: tf.errors.OpError) -> bool:
+def is_oom(error: tf.errors.OpError) -> bool:
     text = str(error)
     return "OOM when allocating" in text or "out of memory" in text.lower()
 
 
-def _one_line(error: BaseException) -> str:
+def one_line(error: BaseException) -> str:
     """The informative line of a TF error: the OOM line if any, else the first line that is not boilerplate."""
     lines = [ln.strip() for ln in str(getattr(error, "message", error)).splitlines() if ln.strip()]
     oom = [ln for ln in lines if ln.startswith("OOM when allocating")]
@@ -215,6 +216,7 @@ class Testbed:
         self._spawned_inter_op = -1   # the pool of the servers started, ready or not
         self._last_words: list[str] = []
         self._closed = False
+        self._connected: Connected | None = None
         _LIVE.add(self)
         try:
             self._start(self.inter_op_threads)
@@ -228,6 +230,22 @@ class Testbed:
     def target(self) -> str:
         """The device server's gRPC target, for ``tf.compat.v1.Session(target=...)``."""
         return f"grpc://{self.cluster['worker'][0]}"
+
+    def connect(self) -> Connected:
+        """Join this process's eager runtime to the testbed's servers, for TF2 functions and Keras ``fit``.
+
+        Returns a ``Connected`` (``tfmem.testbed.eager``): its ``device`` and ``host`` names, and ``measure`` to run
+        steps and read the peaks. Once connected, ``run`` (sessions) is refused and the servers are never restarted:
+        the variables live in them. TensorFlow cannot leave a cluster, so one testbed per process may connect; the
+        process must run with ``TF_ENABLE_ONEDNN_OPTS=0``, as the servers do.
+        """
+        if self._connected is None:
+            if self._closed:
+                raise TestbedError("testbed: connect() on a closed Testbed; open a new one")
+            if not self._healthy():
+                self._start(self._running_inter_op if self._running_inter_op >= 0 else self.inter_op_threads)
+            self._connected = connect(id(self), self.cluster, dict(self._procs))
+        return self._connected
 
     @property
     def pids(self) -> dict[str, int]:
@@ -414,7 +432,7 @@ class Testbed:
             _PHASE_TIMES[digest] = longest
             return dataclasses.replace(result, reached_s=elapsed, elapsed_s=elapsed)
         if ending.kind == "oom":
-            told = _one_line(error) if isinstance(error, tf.errors.OpError) and _is_oom(error) else None
+            told = one_line(error) if isinstance(error, tf.errors.OpError) and is_oom(error) else None
             where = f"out of memory in the {ending.phase} after {ending.after_s:.2f} s"
             text = f"{where}: {told}" if told else f"{where}: {_unserved(ending.dump)}"
             return RunResult(oom=True, error=text, device_peak_bytes=None, host_peak_bytes=None, step_time_s=None,
@@ -426,16 +444,16 @@ class Testbed:
                 f"{_TIMEOUT_HINT}", phase=ending.phase, limit_s=ending.limit_s or 0.0)
         if ending.kind == "crash":
             raise TestbedCrashError("\n".join([f"testbed: a server died in the {ending.phase} after "
-                                                f"{ending.after_s:.1f} s" + (f" ({_one_line(error)})" if error else ""),
+                                                f"{ending.after_s:.1f} s" + (f" ({one_line(error)})" if error else ""),
                                                 *self._last_words]), phase=ending.phase)
         assert error is not None
-        if isinstance(error, tf.errors.ResourceExhaustedError) and _is_oom(error):  # an allocation without retry
-            return RunResult(oom=True, error=f"out of memory in the {ending.phase}: {_one_line(error)}",
+        if isinstance(error, tf.errors.ResourceExhaustedError) and is_oom(error):  # an allocation without retry
+            return RunResult(oom=True, error=f"out of memory in the {ending.phase}: {one_line(error)}",
                              device_peak_bytes=None, host_peak_bytes=None, step_time_s=None,
                              reached_s=ending.after_s, elapsed_s=elapsed)
         if isinstance(error, tf.errors.OpError):
             raise TestbedError(
-                f"testbed: running fetches {fetches[:5]} failed with {_one_line(error)}. Check the feed values, and "
+                f"testbed: running fetches {fetches[:5]} failed with {one_line(error)}. Check the feed values, and "
                 f"that every variable is initialised (initializer_names() finds 'v/Assign' ops; else pass "
                 f"init_ops=...).") from error
         if isinstance(error, TfmemError | KeyboardInterrupt):
@@ -478,6 +496,10 @@ class Testbed:
             raise TestbedError("testbed: run() on a closed Testbed; open a new one")
         if steps < 1:
             raise BadInputError(f"testbed: steps must be >= 1, got {steps}")
+        if self._connected is not None:
+            raise BadInputError("testbed: run() on a Testbed this process's eager runtime joined (connect()); a "
+                                "session's reset would drop the connected variables: use another Testbed in "
+                                "another process for sessions")
         graph_def = place_on_device(graph)
         check_names(graph_def, [*fetches, *(feeds or {})])
         inter_op = self.inter_op_threads if inter_op_threads is None else inter_op_threads

@@ -1,0 +1,168 @@
+"""TF2 on the testbed: this process's eager runtime joined to a testbed's cluster (``Testbed.connect``).
+
+With ``tf.config.experimental_connect_to_cluster`` the calling process becomes a client of the testbed's two
+servers: variables created under ``tf.device(connected.device)`` live in the capped device process, and a
+``tf.function`` whose ops are placed there runs there, so ``Connected.measure`` reads its peak from the same
+allocator statistics as a session run (``runner.py``) and an allocation over the cap is TensorFlow's own
+``ResourceExhaustedError``. Inputs made on this process (a Keras ``fit``'s batches) are copied to the device
+when a step on it reads them, as an accelerator's are.
+
+Facts ``tests/test_function.py`` pins (cases ``testbed_fit`` and ``testbed_oom`` in ``tests/tf2_cases.py``):
+the client rewrites functions for the servers (Grappler runs in the client process), so the client needs the
+servers' ``TF_ENABLE_ONEDNN_OPTS=0``: with oneDNN on, the client's rewrite changed a planned step's float
+results. A dataset's ``variant`` tensors cannot be copied between jobs, so the input pipeline stays on this
+process: ``run_keras_steps_on`` places plain ``fit``'s steps on the device the way ``tfmem.keras.MemoryBudget``
+places its planned ones.
+
+Gaps. TensorFlow has no call that leaves a cluster: once connected, this process's eager runtime keeps the
+servers' devices after the testbed closes, and logs an error for each function it can no longer remove there.
+Connect one testbed per process (a second ``connect`` in the process is refused). An out-of-memory step waits
+for TensorFlow's allocation retry (about 10 s) before it fails; a hung step is not cut short as a session's is.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import tensorflow as tf
+
+from tfmem.errors import BadInputError, TestbedCrashError, TestbedError
+from tfmem.testbed.graph import DEVICE, HOST
+from tfmem.testbed.proc import COMMON_ENV
+
+if TYPE_CHECKING:
+    from tfmem.testbed.proc import ServerProcess
+    from tfmem.testbed.runner import RunResult
+
+_CONNECTED: list[int] = []   # id of the testbed this process joined, if any (one per process: see the gaps)
+
+
+class Connected:
+    """This process joined to a testbed's servers; made by ``Testbed.connect()``.
+
+    ``device`` and ``host`` are the two servers' device names, for ``tf.device`` and for ``tfmem.function`` /
+    ``MemoryBudget``'s ``device=`` and ``host=``.
+
+    Examples
+    --------
+    >>> with Testbed("40MiB") as tb:                                        # doctest: +SKIP
+    ...     remote = tb.connect()
+    ...     with tf.device(remote.device):
+    ...         model = build_and_compile()
+    ...     run_keras_steps_on(model, remote.device)
+    ...     result = remote.measure(lambda: model.fit(x, y, epochs=2), warmup=lambda: model.fit(x[:64], y[:64]))
+    >>> result.oom, result.device_peak_bytes                                 # doctest: +SKIP
+    """
+
+    def __init__(self, procs: dict[str, ServerProcess]) -> None:
+        self._procs = procs
+        self.device, self.host = DEVICE, HOST
+
+    def sync(self) -> None:
+        """Wait for every operation this process has sent to the servers (remote execution can be asynchronous)."""
+        from tensorflow.python.eager import context
+
+        context.async_wait()
+
+    def reset_peaks(self) -> None:
+        """Start both servers' peaks from their current use, after what was sent so far has run."""
+        self.sync()
+        for proc in self._procs.values():
+            proc.call("reset")
+
+    def peaks(self) -> tuple[int, int]:
+        """The device's and the host's allocator peaks since the last ``reset_peaks``, in bytes."""
+        self.sync()
+        device, host = (self._procs[job].call("stats") for job in ("worker", "host"))
+        return int(device["peak"]), int(host["peak"])
+
+    def in_use(self) -> int:
+        """Bytes the device's allocator holds now (variables, and whatever is still alive)."""
+        self.sync()
+        return int(self._procs["worker"].call("stats")["current"])
+
+    def measure(self, body: Callable[[], object], *, warmup: Callable[[], object] | None = None,
+                repeats: int = 1) -> RunResult:
+        """Run ``warmup`` once (unmeasured: tracing, and the servers instantiating the functions), reset the peaks,
+        run ``body`` ``repeats`` times and read the peaks.
+
+        Returns a ``RunResult``: ``ending`` ``"oom"`` when the device went over its cap (with TensorFlow's line),
+        else the peaks over the repeats and the median wall time of one ``body``. ``body``'s values are the
+        caller's (keep them in a closure); ``outputs`` is empty.
+
+        Raises
+        ------
+        TestbedCrashError
+            If a server died; the connection cannot be repaired (see the module's gaps).
+        TestbedError
+            If ``body`` failed with another TensorFlow error.
+        """
+        from tfmem.testbed.runner import RunResult, is_oom, one_line
+
+        if repeats < 1:
+            raise BadInputError(f"testbed: repeats must be >= 1, got {repeats}")
+        started = time.monotonic()
+        phase = "warm-up"
+        times: list[float] = []
+        try:
+            if warmup is not None:
+                warmup()
+            self.reset_peaks()
+            for i in range(repeats):
+                phase = f"timed run {i + 1} of {repeats}"
+                start = time.perf_counter()
+                body()
+                self.sync()
+                times.append(time.perf_counter() - start)
+            phase = "reading the peaks"
+            device, host = self.peaks()
+        except tf.errors.OpError as e:
+            elapsed = time.monotonic() - started
+            if is_oom(e):
+                return RunResult(oom=True, error=f"out of memory in the {phase}: {one_line(e)}",
+                                 device_peak_bytes=None, host_peak_bytes=None, step_time_s=None,
+                                 reached_s=elapsed, elapsed_s=elapsed)
+            dead = [job for job, p in self._procs.items() if not p.alive()]
+            if dead or isinstance(e, tf.errors.UnavailableError):
+                raise TestbedCrashError(f"testbed: the {' and '.join(dead) or 'a'} server died in the {phase} "
+                                        f"({one_line(e)})", phase=phase) from e
+            raise TestbedError(f"testbed: the {phase} failed with {one_line(e)}") from e
+        elapsed = time.monotonic() - started
+        return RunResult(oom=False, error=None, device_peak_bytes=device, host_peak_bytes=host,
+                         step_time_s=statistics.median(times), reached_s=elapsed, elapsed_s=elapsed)
+
+
+def connect(testbed_id: int, cluster: dict[str, list[str]], procs: dict[str, ServerProcess]) -> Connected:
+    """Join this process's eager runtime to ``cluster`` (see ``Testbed.connect``)."""
+    if _CONNECTED:
+        raise BadInputError("testbed: this process's eager runtime already joined a testbed's cluster, and "
+                            "TensorFlow cannot leave one; connect each testbed in a process of its own")
+    wrong = {k: os.environ.get(k) for k in ("TF_ENABLE_ONEDNN_OPTS",) if os.environ.get(k) != COMMON_ENV[k]}
+    if wrong:
+        raise BadInputError(f"testbed: this process runs TensorFlow with {wrong}; the client rewrites functions "
+                            "for the servers, which run with TF_ENABLE_ONEDNN_OPTS=0: set it in the environment "
+                            "before TensorFlow is imported")
+    tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(cluster))
+    _CONNECTED.append(testbed_id)
+    return Connected(procs)
+
+
+def run_keras_steps_on(model: Any, device: str) -> None:
+    """Make plain ``model.fit`` run each training step on ``device``, its batches read on this process.
+
+    What Keras does on an accelerator without help (tf.data on the host CPU, the step on the GPU), which a
+    remote CPU device does not get by itself: under ``tf.device(device)`` the whole input pipeline would move
+    there, and a dataset cannot cross jobs. Call it after ``compile``; ``MemoryBudget`` replaces it when given.
+    """
+    step = tf.function(model.train_step)
+
+    def train_function(iterator: Any) -> Any:
+        data = iterator.get_next() if hasattr(iterator, "get_next") else next(iter(iterator))
+        with tf.device(device):
+            return step(data)
+
+    model.train_function = train_function
