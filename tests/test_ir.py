@@ -200,6 +200,8 @@ def _arithmetic_cases() -> tf.Graph:
         tf.reduce_max(m, axis=-1, name="max")
         tf.reduce_min(m, axis=[0, 1], name="min")
         tf.raw_ops.BroadcastArgs(s0=tf.constant([4, 1, 3]), s1=tf.constant([5, 1]), name="bcast")
+        tf.raw_ops.BroadcastGradientArgs(s0=tf.constant([1, 1, 3]), s1=tf.constant([2, 1, 3]), name="bcast_grad")
+        tf.raw_ops.BroadcastGradientArgs(s0=s, s1=s, name="bcast_grad_same")
         tf.transpose(m, [1, 0], name="transpose")
         tf.reverse(s, [0], name="reverse")
     return g

@@ -102,7 +102,7 @@ NEVER_CLONED = RENDEZVOUS_OPS | {"NoOp", "ControlTrigger"}
 SHAPE_ARITHMETIC_OPS = frozenset({
     "Pack", "Unpack", "ConcatV2", "Concat", "StridedSlice", "Slice", "Gather", "GatherV2", "Cast", "Reshape",
     "Squeeze", "ExpandDims", "Add", "AddV2", "Sub", "Mul", "FloorDiv", "FloorMod", "Maximum", "Minimum", "Neg",
-    "Prod", "Sum", "Max", "Min", "BroadcastArgs", "Transpose", "ReverseV2",
+    "Prod", "Sum", "Max", "Min", "BroadcastArgs", "BroadcastGradientArgs", "Transpose", "ReverseV2",
 })
 
 # --- Cost ----------------------------------------------------------------------------------------------------

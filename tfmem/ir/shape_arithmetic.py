@@ -135,6 +135,17 @@ def _squeeze(attrs: Attrs, xs: Sequence[np.ndarray], index: int) -> np.ndarray:
     return np.squeeze(xs[0], axis=dims or None)
 
 
+def _broadcast_gradient_args(attrs: Attrs, xs: Sequence[np.ndarray], index: int) -> np.ndarray:
+    """The axes a broadcast gradient sums over for operand ``index``: every axis where it is 1 or absent, unless
+    the operands' shapes are equal (``BCastList`` in tensorflow/core/util/bcast.h)."""
+    shapes = [tuple(int(d) for d in x.reshape(-1)) for x in xs]
+    out = np.broadcast_shapes(*shapes)   # raises where TensorFlow would refuse them too
+    if all(s == shapes[0] for s in shapes):
+        return np.zeros(0, dtype=xs[0].dtype)
+    padded = (1,) * (len(out) - len(shapes[index])) + shapes[index]
+    return np.array([i for i, d in enumerate(padded) if d == 1], dtype=xs[0].dtype)
+
+
 RULES: dict[str, Rule] = {
     "Pack": lambda attrs, xs, index: np.stack(xs, axis=_int(attrs, "axis")),
     "Unpack": lambda attrs, xs, index: np.take(xs[0], index, axis=_int(attrs, "axis")),
@@ -163,6 +174,7 @@ RULES: dict[str, Rule] = {
     "Min": _reduction(np.min),
     "BroadcastArgs": lambda attrs, xs, index: np.array(
         np.broadcast_shapes(tuple(xs[0].tolist()), tuple(xs[1].tolist())), dtype=xs[0].dtype),
+    "BroadcastGradientArgs": _broadcast_gradient_args,
     "Transpose": _transpose,
     "ReverseV2": lambda attrs, xs, index: np.flip(xs[0], axis=_axes(xs[1])),
 }
