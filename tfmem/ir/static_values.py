@@ -14,7 +14,9 @@ placeholders of the shapes known so far, or constants where their values are kno
 shape, size or rank of a tensor of known shape, the shape of a variable a handle reaches back to, and the
 integer arithmetic of shape subgraphs on such values: ``SHAPE_ARITHMETIC_OPS``, evaluated with numpy by
 ``tfmem.ir.shape_arithmetic``, else by TensorFlow). An op none of that reaches costs nothing: its shape is
-the import's. v1 control-flow frames and function calls are left as they are.
+the import's. Ops in v1 loop frames are all visited, a loop's ``Merge`` joining its inputs until the shapes
+settle; ``TensorList`` handles carry what ``tfmem.ir.tensor_lists`` knows of their elements, and a functional
+``While``'s outputs come from its body (``tfmem.ir.while_bodies``). Other function calls are left as they are.
 """
 
 from __future__ import annotations
@@ -31,12 +33,18 @@ from tfmem.ir import shape_arithmetic
 from tfmem.ir.frames import find_regions, topological_order
 from tfmem.ir.graph import GraphIR, OpNode, TensorRef
 from tfmem.ir.ops import (
-    CONTROL_FLOW_OPS,
+    ENTER_OPS,
+    EXIT_OPS,
     FUNCTIONAL_OPS,
     IDENTITY_OPS,
+    MERGE_OPS,
+    NEXT_ITERATION_OPS,
     SHAPE_ARITHMETIC_OPS,
+    SWITCH_OPS,
     VARIABLE_READ_OPS,
 )
+from tfmem.ir.tensor_lists import LIST_SOURCES, ListInfo, list_outputs, list_value, read_shapes
+from tfmem.ir.while_bodies import WHILE_OPS, loop_inputs, while_outputs
 
 Shapes = dict[TensorRef, tf.TensorShape]
 
@@ -52,8 +60,9 @@ KERNEL_OUTPUT_SHAPES: dict[str, dict[int, tuple[int, ...]]] = {
 # Values larger than this are never materialised: shape-computing tensors hold a few dozen numbers.
 MAX_VALUE_ELEMENTS = 4096
 _SHAPE_OPS = frozenset({"Shape", "Size", "Rank"})
-_WHILE_OPS = frozenset({"While", "StatelessWhile"})
 _INTEGER_DTYPES = frozenset({"int32", "int64"})
+# Ops whose output is their input's value: identities, and an Enter (the same value in each iteration of its frame)
+_PASSING_OPS = IDENTITY_OPS | ENTER_OPS
 
 
 def complete_shapes(graph: GraphIR, shapes: Mapping[TensorRef, tf.TensorShape], *,
@@ -68,49 +77,161 @@ def complete_shapes(graph: GraphIR, shapes: Mapping[TensorRef, tf.TensorShape], 
         is inferred again
     fed : tensors fed at run time: their shapes are as given, their values never static
 
-    Nothing is ever made less specific, and an op TensorFlow's shape function rejects is left as it was.
+    Nothing is ever made less specific than ``shapes``, and an op TensorFlow's shape function rejects is left as
+    it was. Inside v1 loops a loop-carried tensor first takes its ``Enter``'s shape, then the join of that and
+    each ``NextIteration``'s as they are computed, until nothing changes: a shape the body keeps comes out whole,
+    one it changes (a tensor that grows each iteration) as general as the iterations' disagree.
     """
     out: Shapes = dict(shapes)
     kernel_known = _kernel_shapes(graph, out)
     out.update(kernel_known)
     refined = [*refined, *kernel_known]
-    # where the import may have lost a handle's shape (through a While), and what Grappler knew better
-    seeds = [n.name for n in graph.nodes if n.op == "VariableShape"
-             or n.op in VARIABLE_READ_OPS and any(_partial(n, i, out) for i in range(len(n.outputs)))]
+    regions = find_regions(graph)
+    # where the import may have lost a handle's shape (through a While), what Grappler knew better, the lists
+    # TensorFlow cannot follow, and the loops, whose carried shapes its import leaves partial
+    seeds = [n.name for n in graph.nodes if n.op == "VariableShape" or n.op in LIST_SOURCES
+             or n.op in (VARIABLE_READ_OPS | WHILE_OPS) and any(_partial(n, i, out) for i in range(len(n.outputs)))]
     seeds += (c for t in refined for c in graph.consumers.get(t, ()))
+    if any(_partial(graph[name], i, out) or s.dtype == "variant" for name in regions
+           for i, s in enumerate(graph[name].outputs)):
+        seeds += regions
     if not seeds:
         return out
-    regions = find_regions(graph)
-    functions = {f.signature.name for f in graph.library.function}
-    values = _Values(graph, out, frozenset(fed))
-    order = topological_order(graph)
-    position = {name: i for i, name in enumerate(order)}
-    queue: list[int] = []
-    queued: set[str] = set()
-
-    def visit(names: Iterable[str]) -> None:
-        for name in names:
-            if name not in queued and name not in regions:
-                queued.add(name)
-                heapq.heappush(queue, position[name])
-
-    visit(seeds)
-    while queue:  # in topological order: a node comes after every node it reads that could still change
-        node = graph[order[heapq.heappop(queue)]]
-        if node.op in CONTROL_FLOW_OPS or node.op in FUNCTIONAL_OPS or node.op in functions:
-            continue
-        news = []   # outputs that now say more than the import knew: a shape, or a static value
-        if any(_partial(node, i, out) for i in range(len(node.outputs))):
-            for i, shape in enumerate(_infer(node, out, values)):
-                ref = TensorRef(node.name, i)
-                if ref in out and shape.is_compatible_with(out[ref]) and _more_specific(shape, out[ref]):
-                    out[ref] = out[ref].merge_with(shape)
-                    news.append(ref)
-        news += (TensorRef(node.name, i) for i in range(len(node.outputs))
-                 if values.value(TensorRef(node.name, i)) is not None)
-        for ref in news:
-            visit(graph.consumers.get(ref, ()))
+    _Walk(graph, out, frozenset(fed), regions).run(seeds)
     return out
+
+
+def _complete_body(graph: GraphIR, shapes: Shapes, lists: dict[TensorRef, ListInfo]
+                   ) -> tuple[Shapes, dict[TensorRef, ListInfo]]:
+    """``complete_shapes`` for a ``While`` body whose arguments hold the lists ``lists``: shapes and lists."""
+    out: Shapes = dict(shapes)
+    walk = _Walk(graph, out, frozenset(), find_regions(graph))
+    walk.lists.update(lists)
+    walk.run([n.name for n in graph.nodes if n.op in LIST_SOURCES or n.op in WHILE_OPS or n.name in walk.regions
+              or any(_partial(n, i, out) for i in range(len(n.outputs)))
+              or any(t in lists for t in n.inputs)])
+    return out, walk.lists
+
+
+# A loop's shapes settle in a few rounds (each can only make a shape more general); past this many visits an op
+# keeps the shape TensorFlow gave it.
+MAX_VISITS = 32
+
+
+class _Walk:
+    """``complete_shapes``' worklist: ops in topological order, an op again when an input it read has changed."""
+
+    def __init__(self, graph: GraphIR, out: Shapes, fed: frozenset[TensorRef], regions: Mapping[str, str]) -> None:
+        self.graph, self.out, self.regions = graph, out, regions
+        self.base = dict(out)
+        self.lists: dict[TensorRef, ListInfo] = {}
+        self.values = _Values(graph, out, fed, self.lists)
+        self.functions = {f.signature.name for f in graph.library.function}
+        self.order = topological_order(graph)
+        self.position = {name: i for i, name in enumerate(self.order)}
+        self.pending: set[str] = set()   # a frame's ops not visited yet: a loop's Merge reads no back edge from one
+        self.visits: dict[str, int] = {}
+
+    def run(self, seeds: Iterable[str]) -> None:
+        queue: list[int] = []
+        queued: set[str] = set()
+
+        def visit(names: Iterable[str]) -> None:
+            for name in names:
+                if name not in queued:
+                    queued.add(name)
+                    heapq.heappush(queue, self.position[name])
+
+        seeds = list(seeds)
+        self.pending = {name for name in seeds if name in self.regions}
+        visit(seeds)
+        while queue:  # in topological order: a node comes after every node it reads that could still change
+            node = self.graph[self.order[heapq.heappop(queue)]]
+            queued.discard(node.name)
+            if node.op in FUNCTIONAL_OPS and node.op not in WHILE_OPS or node.op in self.functions:
+                continue
+            first = node.name in self.pending
+            self.pending.discard(node.name)
+            self.visits[node.name] = self.visits.get(node.name, 0) + 1
+            news = self._update(node)
+            if first:   # a loop's Merge now reads this op's outputs too
+                news = [TensorRef(node.name, i) for i in range(len(node.outputs))]
+            news += (TensorRef(node.name, i) for i in range(len(node.outputs))
+                     if self.values.value(TensorRef(node.name, i)) is not None)
+            for ref in news:
+                visit(self.graph.consumers.get(ref, ()))
+
+    def _update(self, node: OpNode) -> list[TensorRef]:
+        """Infer ``node``'s outputs again from its inputs as they stand; return those that changed."""
+        refs = [TensorRef(node.name, i) for i in range(len(node.outputs))]
+        if self.visits[node.name] > MAX_VISITS:
+            shapes, infos = [self.base[r] for r in refs], list[ListInfo | None]([None] * len(refs))
+        else:
+            shapes, infos = self._outputs(node, refs)
+        changed = []
+        for ref, shape, info in zip(refs, shapes, infos, strict=True):
+            known = self.base[ref]
+            shape = known.merge_with(shape) if shape.is_compatible_with(known) else known
+            if not _same(shape, self.out[ref]) or info != self.lists.get(ref):
+                changed.append(ref)
+                self.out[ref] = shape
+                if info is None:
+                    self.lists.pop(ref, None)
+                else:
+                    self.lists[ref] = info
+        if changed and self.visits[node.name] > 1:   # values read from this op's earlier shapes are stale
+            self.values.known.clear()
+        return changed
+
+    def _outputs(self, node: OpNode, refs: list[TensorRef]) -> tuple[list[tf.TensorShape], list[ListInfo | None]]:
+        args = _Args(self)
+        if node.op in MERGE_OPS:  # the join of the inputs computed so far (a loop's back edge: once visited)
+            ready = [t for t in node.inputs if t.node not in self.pending]
+            if not ready:
+                return [self.base[r] for r in refs], [None] * len(refs)
+            shape, info = self.out[ready[0]], self.lists.get(ready[0])
+            for t in ready[1:]:
+                shape = shape.most_specific_compatible_shape(self.out[t])
+                other = self.lists.get(t)
+                info = None if info is None or other is None else info.join(other)
+            return [shape, self.base[refs[1]]], [info, None]
+        if node.op in WHILE_OPS:
+            state = while_outputs(node, self.graph.library, loop_inputs(node, self.out, self.lists), _complete_body)
+            return state if state is not None else ([self.base[r] for r in refs], [None] * len(refs))
+        infos = list_outputs(node, args) or []
+        infos += [None] * (len(refs) - len(infos))
+        if not any(_partial(node, i, self.base) for i in range(len(refs))):
+            return [self.base[r] for r in refs], infos
+        if node.op in _FORWARDING_OPS:
+            return [self.out[node.inputs[0]]] * len(refs), infos
+        read = read_shapes(node, args)
+        if read is not None:
+            return read, infos
+        return _infer(node, self.out, self.values) or [self.base[r] for r in refs], infos
+
+
+# v1 control flow that hands its input on as it is (a Switch to both outputs)
+_FORWARDING_OPS = ENTER_OPS | EXIT_OPS | NEXT_ITERATION_OPS | SWITCH_OPS
+
+
+class _Args:
+    """What ``tfmem.ir.tensor_lists``' rules read: shapes, static values and lists as the walk has them."""
+
+    def __init__(self, walk: _Walk) -> None:
+        self.walk = walk
+
+    def shape(self, t: TensorRef) -> tf.TensorShape:
+        return self.walk.out.get(t, tf.TensorShape(None))
+
+    def value(self, t: TensorRef) -> np.ndarray | None:
+        return self.walk.values.value(t)
+
+    def info(self, t: TensorRef) -> ListInfo | None:
+        return self.walk.lists.get(t)
+
+
+def _same(a: tf.TensorShape, b: tf.TensorShape) -> bool:
+    return a.rank == b.rank and (a.rank is None or a.as_list() == b.as_list())
 
 
 def _kernel_shapes(graph: GraphIR, shapes: Shapes) -> Shapes:
@@ -154,6 +275,8 @@ def _scratch_graph(node: OpNode, inputs: Sequence[tuple[tf.DType, tf.TensorShape
     """``node`` alone in a new ``tf.Graph``, its inputs constants (known values) or placeholders (None when
     TensorFlow refuses it)."""
     gd = graph_pb2.GraphDef()
+    # without a producer version TensorFlow reads a placeholder's scalar shape as unknown (graphs before v22)
+    gd.versions.producer = tf.version.GRAPH_DEF_VERSION
     names = []
     for i, (dtype, shape, value) in enumerate(inputs):
         name = f"tfmem_input_{i}"
@@ -188,14 +311,22 @@ class _Values:
     order, once every shape upstream is final.
     """
 
-    def __init__(self, graph: GraphIR, shapes: Shapes, fed: frozenset[TensorRef] = frozenset()) -> None:
+    def __init__(self, graph: GraphIR, shapes: Shapes, fed: frozenset[TensorRef] = frozenset(),
+                 lists: Mapping[TensorRef, ListInfo] | None = None) -> None:
         self.graph = graph
         self.shapes = shapes
         self.fed = fed
+        self.lists = lists if lists is not None else {}
         self.known: dict[TensorRef, np.ndarray | None] = {}
 
     def dtype(self, t: TensorRef) -> tf.DType:
         return tf.as_dtype(self.graph.spec(t).dtype)
+
+    def shape(self, t: TensorRef) -> tf.TensorShape:
+        return self.shapes.get(t, tf.TensorShape(None))
+
+    def info(self, t: TensorRef) -> ListInfo | None:
+        return self.lists.get(t)
 
     def value(self, t: TensorRef) -> np.ndarray | None:
         """The value of ``t``, or None. The tensors it is computed from come first (a depth-first post-order, a
@@ -220,7 +351,7 @@ class _Values:
         node = self.graph[t.node]
         if t in self.fed or self.graph.spec(t).dtype not in _INTEGER_DTYPES:
             return ()
-        if node.op in IDENTITY_OPS:
+        if node.op in _PASSING_OPS:
             return node.inputs[:1]
         if node.op in SHAPE_ARITHMETIC_OPS and all(self.graph.spec(s).dtype in _INTEGER_DTYPES for s in node.inputs):
             return node.inputs
@@ -241,8 +372,10 @@ class _Values:
         if node.op == "VariableShape":
             dims = self.handle_shape(node.inputs[0])
             return None if dims is None else np.array(dims, dtype=self.dtype(t).as_numpy_dtype)
-        if node.op in IDENTITY_OPS:
+        if node.op in _PASSING_OPS:
             return self.known.get(node.inputs[0]) if node.inputs else None
+        if node.op in ("TensorListLength", "TensorListElementShape"):
+            return list_value(node, self, self.dtype(t).as_numpy_dtype)
         return self._evaluated(node, t)
 
     def _evaluated(self, node: OpNode, t: TensorRef) -> np.ndarray | None:
@@ -282,9 +415,9 @@ class _Values:
             if node.op == "VarHandleOp":
                 shape = tf.TensorShape(node.attrs["shape"].shape) if "shape" in node.attrs else tf.TensorShape(None)
                 return tuple(shape.as_list()) if shape.is_fully_defined() else None
-            if node.op in IDENTITY_OPS and node.inputs:
+            if node.op in _PASSING_OPS and node.inputs:
                 t = node.inputs[0]
-            elif node.op in _WHILE_OPS and _loop_invariant(self.graph, node, t.index):
+            elif node.op in WHILE_OPS and _loop_invariant(self.graph, node, t.index):
                 t = node.inputs[t.index]
             else:
                 return None
