@@ -6,6 +6,8 @@ Usage::
                         [--inter-op-threads N]
     tfmem optimize GRAPH -o OUT [--budget 2GiB] [--passes auto|none|name,name] [--report R.md] [--plot M.png]
                                 [--trace T.json] [--inter-op-threads N] [--fetch ...] [--feed-shape ...]
+    tfmem optimize SAVED_MODEL_DIR --function NAME --budget 2GiB -o OUT_DIR [--device D --host H]
+                                [--logical-cpus N] [--passes ...] [--report R.md] [--inter-op-threads N]
     tfmem run GRAPH --testbed 1GiB [--steps 3] [--inter-op-threads N] [--fetch ...] [--feed-shape ...]
 
 Exit codes: 0 success; 2 bad input (one line ``tfmem: error: ...`` on stderr, never a traceback); 3 the graph
@@ -63,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--traceback", action="store_true", help="show the traceback of internal errors")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{analyze,optimize,run}")
     common = _Parser(add_help=False)
-    common.add_argument("graph", help="a GraphDef or MetaGraphDef, binary (.pb) or text (.pbtxt)")
+    common.add_argument("graph", help="a GraphDef or MetaGraphDef, binary (.pb) or text (.pbtxt); optimize also "
+                        "takes a SavedModel directory")
     common.add_argument("--fetch", action="append", default=[], metavar="NAME",
                         help="tensor ('loss:0') or op ('train_op') to compute; repeat; default: the graph's sinks")
     common.add_argument("--feed-shape", action="append", default=[], metavar="NAME=D1,D2",
@@ -76,7 +79,14 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--inter-op-threads", type=int,
                    help="the inter-op threads the session will run with (default: TF's, one per core)")
     o = sub.add_parser("optimize", parents=[common], help="rewrite the graph to fit a memory budget")
-    o.add_argument("-o", "--output", required=True, help="where to write the optimized GraphDef (.pb or .pbtxt)")
+    o.add_argument("-o", "--output", required=True,
+                   help="where to write the optimized GraphDef (.pb or .pbtxt), or the new SavedModel directory")
+    o.add_argument("--function", metavar="NAME",
+                   help="with a SavedModel: the function to plan (an attribute such as train_step, a dotted path, "
+                        "or a signature key); it must have been saved with a fully defined input_signature")
+    o.add_argument("--logical-cpus", type=int, metavar="N",
+                   help="with a SavedModel: split the CPU into N logical devices (/CPU:0 ... /CPU:N-1) before "
+                        "TensorFlow starts, so that a CPU-only machine has a host to plan for (--host /CPU:1)")
     o.add_argument("--budget", help="device memory to fit in, e.g. 2GiB (default: as low as is cheap)")
     o.add_argument("--passes", default="auto", help="'auto', 'none' or comma-separated pass names")
     o.add_argument("--report", help="write the report as markdown to this file")
@@ -295,6 +305,13 @@ def _print_analysis(r: dict[str, Any]) -> None:
 
 def cmd_optimize(args: argparse.Namespace) -> int:
     """``tfmem optimize``: run the passes for a budget and write the optimized GraphDef and the report."""
+    from tfmem.saved_model import is_saved_model
+
+    if args.function is not None or is_saved_model(args.graph):
+        return _optimize_saved_model(args)
+    if args.logical_cpus is not None:
+        raise BadInputError("--logical-cpus applies to a SavedModel (a graph file is planned without running "
+                            "TensorFlow's devices)")
     budget = parse_bytes(args.budget, what="--budget", minimum=1) if args.budget is not None else None
     passes = _passes(args.passes)
     ir, fetches, assumed = _load(args)
@@ -323,6 +340,78 @@ def cmd_optimize(args: argparse.Namespace) -> int:
             _write(Path(path), write)
             print(f"wrote {path}")
     return EXIT_OK
+
+
+def _optimize_saved_model(args: argparse.Namespace) -> int:
+    """``tfmem optimize SAVED_MODEL_DIR --function NAME``: plan a function of a SavedModel and save a new one whose
+    function runs the plan, on the same variables (``tfmem.saved_model``)."""
+    from tfmem.ir.devices import check_device
+    from tfmem.saved_model import optimize_saved_model, saved_model_functions
+
+    for flag, given in (("--fetch", args.fetch), ("--feed-shape", args.feed_shape)):
+        if given:
+            raise BadInputError(f"{flag} does not apply to a SavedModel: its function's signature gives the inputs "
+                                "and its outputs and updates are what a step computes")
+    if args.budget is None:
+        raise BadInputError("a SavedModel needs --budget, e.g. --budget 2GiB")
+    budget = parse_bytes(args.budget, what="--budget", minimum=1)
+    passes = _passes(args.passes)
+    check_device(args.device, "--device")
+    check_device(args.host, "--host")
+    if args.inter_op_threads is not None:
+        from tfmem.sim.arguments import check_count
+
+        check_count(args.inter_op_threads, "--inter-op-threads (0: TensorFlow's default)")
+    if args.logical_cpus is not None:
+        _split_cpu(args.logical_cpus)
+    _check_devices_exist(args)
+    if args.function is None:
+        raise BadInputError(f"{args.graph!r} is a SavedModel: name the function to plan with --function NAME (it "
+                            f"has: {', '.join(saved_model_functions(args.graph)) or 'none'})")
+    result = optimize_saved_model(args.graph, args.function, args.output, budget=budget, device=args.device,
+                                  host=args.host, passes=passes, inter_op_threads=args.inter_op_threads or None)
+    print(f"wrote {args.output} (a SavedModel whose {args.function} runs the plan, on the source's variables; "
+          f"load it where --host exists)")
+    markdown = ""
+    for signature, report in zip(result.signatures, result.reports, strict=True):
+        markdown += f"\n{args.function}{signature}:\n\n{report.to_markdown()}"
+    print(markdown, end="")
+    first = result.reports[0]
+    which = " (the first signature's)" if len(result.reports) > 1 else ""
+    for path, write, said in ((args.report, lambda p: p.write_text(markdown.lstrip()), ""),
+                              (args.plot, first.plot, which), (args.trace, first.chrome_trace, which)):
+        if path:
+            _write(Path(path), write)
+            print(f"wrote {path}{said}")
+    return EXIT_OK
+
+
+def _split_cpu(count: int) -> None:
+    """``--logical-cpus``: split the CPU into ``count`` logical devices, before TensorFlow starts its devices."""
+    import tensorflow as tf
+
+    if count < 1:
+        raise BadInputError(f"--logical-cpus must be at least 1, got {count}")
+    try:
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * count)
+    except RuntimeError:   # devices started already: only when main() is called inside a TensorFlow program
+        if len(tf.config.list_logical_devices("CPU")) != count:
+            raise BadInputError(f"--logical-cpus {count}: TensorFlow has started its devices in this process "
+                                "already; run the tfmem command in a process of its own") from None
+
+
+def _check_devices_exist(args: argparse.Namespace) -> None:
+    from tfmem.planned_function import check_exists
+
+    for flag, device in (("--device", args.device), ("--host", args.host)):
+        if device is None:
+            continue
+        try:
+            check_exists(device, flag)
+        except BadInputError as e:
+            raise BadInputError(f"{e} (on a machine with one CPU, --logical-cpus 2 makes /CPU:1 a host to swap "
+                                "to)") from None
 
 
 def _passes(spec: str) -> str | list[str]:
