@@ -94,7 +94,8 @@ def optimize_saved_model(src_dir: str | Path, function_name: str, out_dir: str |
     >>> planned = optimize_saved_model(src, "step", out, budget="64MiB")
     >>> planned.signatures
     ('(x: float32[256, 256])',)
-    >>> float(tf.saved_model.load(out).step(tf.ones((256, 256))))
+    >>> loaded = tf.saved_model.load(out)      # kept: its function does not keep the variables alive
+    >>> float(loaded.step(tf.ones((256, 256))))
     16842752.0
     """
     src, out = _check_directories(src_dir, out_dir)
