@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 import tfmem
+from tfmem.placement_check import call_collecting, misplaced
 from tfmem.traced import rebuild, trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,6 +30,8 @@ def test_a_keras_step_planned_under_its_peak_keeps_every_value() -> None:
     r = _case("keras_step", 0.75)
     assert r["after"] <= r["budget"] < r["before"]   # the plan had work to do, and did it
     assert r["swapped"] > 0                          # activations went to the host device
+    (checked, wrong), = r["placement"]               # and ran there: every placed op did, at the first call
+    assert checked > r["swapped"] and wrong == 0
     assert r["same_outputs"] and r["same_state"]     # loss, a gradient, weights and Adam's slots, bit for bit
     # a partial batch runs the original step, with one warning that says how to plan it
     assert r["partial_same"]
@@ -163,6 +166,8 @@ def test_on_the_testbed_plain_fit_runs_out_of_memory_and_the_budgeted_fit_trains
     assert not roomy["oom"] and roomy["peak"] > cap * 2**20
     # every variable lives in the device process, and training is fit's own, bit for bit
     assert planned["places"] == roomy["places"] == ["/job:worker/replica:0/task:0/device:CPU:0"]
+    (checked, wrong), = planned["placement"]   # the plan's ops ran on the servers they were placed on
+    assert checked > 0 and wrong == 0
     assert planned["history"] == roomy["history"] and planned["state"] == roomy["state"]
 
 
@@ -171,6 +176,24 @@ def test_a_testbed_connection_refuses_what_would_measure_wrong_with_the_fix() ->
     assert "TF_ENABLE_ONEDNN_OPTS=0" in said["onednn"] and said["fixed"] == 8.0
     assert "process of its own" in said["second"]
     assert "another process for sessions" in said["session"]
+
+
+def test_a_misplaced_op_is_named_with_where_it_ran() -> None:
+    v = tf.Variable(tf.ones((8,)))
+
+    @tf.function
+    def step(x):
+        return tf.reduce_sum(v * x)
+
+    concrete = step.get_concrete_function(tf.TensorSpec((8,), tf.float32))
+    planned = concrete.graph.as_graph_def()   # as a plan that put the product on a device it did not run on
+    devices = {"Mul": "/job:localhost/replica:0/task:0/device:CPU:7", "Sum": "/job:localhost/replica:0/task:0/device:CPU:0"}
+    for node in planned.node:
+        node.device = devices.get(node.op, node.device)
+    result, metadata = call_collecting(lambda: concrete(tf.ones((8,))))
+    checked, wrong = misplaced(planned, metadata)
+    assert float(result) == 8.0 and checked == 2
+    assert [(w.op, w.planned[-5:], w.ran_on[-5:]) for w in wrong] == [("mul", "CPU:7", "CPU:0")]
 
 
 def test_keras_fit_refuses_several_steps_per_execution_with_the_fix() -> None:

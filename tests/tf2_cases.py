@@ -83,6 +83,7 @@ def keras_step(fraction: float) -> dict[str, Any]:
             "swapped": sum(n.op == "Identity" and n.device == HOST for n in planned.plans[next(iter(planned.plans))]
                            .optimized.graph_def.node),
             "warnings": [str(w.message) for w in caught],
+            "placement": [(n, len(wrong)) for n, wrong in planned.placement.values()],
             "partial_same": bool(np.array_equal(partial, twin_partial))}
 
 
@@ -175,8 +176,10 @@ def testbed_fit(cap_mib: float, planned: float) -> dict[str, Any]:
                                         for v in [*model.weights, *model.optimizer.variables])).hexdigest()
         places = sorted({v.value.device for v in [*model.weights, *model.optimizer.variables]})
         report = callbacks[0].report if callbacks else None
+        placement = list(callbacks[0].step.placement.values()) if callbacks else []
     return {"oom": result.oom, "error": result.error, "peak": result.device_peak_bytes, "resident": resident,
             "history": history[0]["loss"] if history else None, "state": state, "places": places,
+            "placement": [(n, len(wrong)) for n, wrong in placement],
             "before": report.before.peak_bytes if report else None,
             "after": report.after.peak_bytes if report else None}
 

@@ -26,6 +26,7 @@ from tensorflow.core.framework import graph_pb2
 from tfmem.errors import BadInputError
 from tfmem.ir.devices import same_device
 from tfmem.optimizer import Optimized, optimize
+from tfmem.placement_check import Misplaced, call_collecting, misplaced
 from tfmem.report import Report
 from tfmem.traced import TracedStep, rebuild, trace
 
@@ -57,6 +58,7 @@ class PlannedFunction:
         self._budget, self._device, self._host = budget, device or default_device(), host
         self._passes, self._threads = passes, inter_op_threads
         self._plans: dict[Signature, Plan] = {}
+        self._placement: dict[Signature, tuple[int, list[Misplaced]]] = {}
         self._warned = False
         self._hint = unplanned_hint
         self.__name__ = getattr(python, "__name__", "step")
@@ -76,6 +78,12 @@ class PlannedFunction:
     def concrete_function(self) -> Any:
         """The rebuilt function of the first plan: flat tensor arguments in, flat outputs out."""
         return self._first().concrete_function
+
+    @property
+    def placement(self) -> dict[Signature, tuple[int, list[Misplaced]]]:
+        """Per planned signature that ran: how many placed ops were checked at its first call, and those that
+        ran on another device than planned (``tfmem.placement_check``)."""
+        return dict(self._placement)
 
     def plan(self, *args: Any, **kwargs: Any) -> Plan:
         """Trace and plan the step for these arguments' signature now (a no-op when it is planned already).
@@ -112,7 +120,14 @@ class PlannedFunction:
             return self._original(*args, **kwargs)
         tensors = [tf.convert_to_tensor(v) for v in tf.nest.flatten(values, expand_composites=True)
                    if is_tensor_like(v)]
-        flat = plan.concrete_function(*tensors)[:len(plan.traced.outputs)]   # then the updates' (None)
+        key = signature_of(values)
+        if key in self._placement:
+            flat = plan.concrete_function(*tensors)
+        else:
+            flat, metadata = call_collecting(lambda: plan.concrete_function(*tensors))
+            self._placement[key] = misplaced(plan.concrete_function.graph.as_graph_def(), metadata)
+            _warn_misplaced(self.__name__, self._placement[key][1])
+        flat = flat[:len(plan.traced.outputs)]   # then the updates' (None)
         if plan.traced.structured_outputs is None:
             return None
         return tf.nest.pack_sequence_as(plan.traced.structured_outputs, list(flat), expand_composites=True)
@@ -158,6 +173,16 @@ def function(step: Callable[..., Any] | None = None, *, budget: int | str, devic
                                inter_op_threads=inter_op_threads)
 
     return wrap if step is None else wrap(step)
+
+
+def _warn_misplaced(name: str, wrong: list[Misplaced]) -> None:
+    if wrong:
+        first = wrong[0]
+        warnings.warn(f"tfmem.function: {len(wrong)} op(s) of {name}'s plan ran on another device than planned "
+                      f"(TensorFlow's soft placement), e.g. {first.op} planned on {first.planned} ran on "
+                      f"{first.ran_on}: the plan's memory figures do not hold for this step. Plan for devices that "
+                      "have kernels for the step's ops (PlannedFunction.placement lists them all)",
+                      UserWarning, stacklevel=3)
 
 
 def check_arguments(values: list[Any], concrete: Any, name: str) -> None:
