@@ -23,7 +23,19 @@ from experiments import (
     simulator_order,
     swap_placement,
     testbed_calibration,
+    tf2_keras,
 )
+
+
+@pytest.mark.testbed
+@pytest.mark.timeout(600)
+def test_tf2_keras_tiny(tmp_path):
+    assert tf2_keras.main(["--tiny", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "tf2_keras_tiny.json").read_text())
+    (row,) = data["rows"]
+    # measured in the device process, simulated for the same step, and the budgeted fit trained as plain fit did
+    assert row["plain_peaks_mib"][0] > 0 and row["simulated_mib"] > 0 and row["roomy_identical"]
+    assert "| mlp |" in (tmp_path / "tf2_keras_tiny.md").read_text()
 
 
 @pytest.mark.testbed

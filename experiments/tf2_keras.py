@@ -1,0 +1,190 @@
+"""Keras 3 ``fit`` on the testbed, plain and with ``tfmem.keras.MemoryBudget`` (issue 33).
+
+For each model of ``models/keras3.py``, each measurement in a process of its own (a process joins one testbed's
+cluster: ``tfmem.testbed.eager``):
+
+1. plain ``fit`` on a roomy device (``--runs`` times): the measured device peak, and the simulator's peak of the
+   same traced step (two inter-op threads, the device server's pool here);
+2. ``fit`` with ``MemoryBudget`` at the roomy budget: the step-time ratio to plain where plain fits;
+3. at ``--fraction`` of the largest plain peak: plain ``fit`` (out of memory?) and ``fit`` with ``MemoryBudget``
+   at that budget: its measured peak, and whether history and every weight and optimizer slot are bit-identical
+   to plain ``fit`` on the roomy device.
+
+Every ``fit`` is a one-batch warm-up, then ``--repeats`` epochs of three batches, measured.
+
+    python -m experiments.tf2_keras                        # mlp, conv, attention; 2 runs; 0.7x
+    python -m experiments.tf2_keras --model conv --fraction 0.5
+    python -m experiments.tf2_keras --tiny                 # CI smoke: the MLP, roomy only, one run
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")   # the testbed's client must match its servers
+
+from experiments._common import RESULTS, load_average, provenance, write
+
+MiB = 2**20
+ROOMY_MIB = 1024
+CHILD_TIMEOUT_S = 900
+# TensorFlow's own log lines (and the remote-function line it logs as a connected process exits): not the error
+TF_LOG_PREFIXES = ("E0000", "W0000", "I0000", "WARNING", "This could happen")
+
+
+def measure(model_name: str, mode: str, cap_mib: int, repeats: int) -> dict[str, Any]:
+    """One measurement (run in a child process): ``fit`` of ``model_name`` on a testbed of ``cap_mib``."""
+    import tensorflow as tf
+
+    import tfmem
+    import tfmem.keras
+    from models.keras3 import build
+    from tfmem.testbed import Testbed, run_keras_steps_on
+    from tfmem.traced import trace
+
+    with Testbed(f"{cap_mib}MiB") as testbed:
+        remote = testbed.connect()
+        with tf.device(remote.device):
+            model, x, y, batch = build(model_name)
+            model.optimizer.build(model.trainable_variables)
+        row: dict[str, Any] = {"model": model_name, "mode": mode, "cap_mib": cap_mib}
+        callbacks: list[Any] = []
+        if mode == "planned":
+            callbacks = [tfmem.keras.MemoryBudget(f"{cap_mib}MiB", device=remote.device, host=remote.host)]
+        else:
+            run_keras_steps_on(model, remote.device)
+            step = tf.function(lambda data: model.train_step(data), jit_compile=False)
+            traced = trace(step.get_concrete_function((tf.constant(x[:batch]), tf.constant(y[:batch]))))
+            row["simulated_bytes"] = tfmem.unoptimized_profile(
+                traced.graph_def, traced.fetches, device=remote.device, host=remote.host, inter_op_threads=2).peak_bytes
+        history: list[list[float]] = []
+
+        def fit(rows: int) -> None:
+            h = model.fit(x[:rows], y[:rows], batch_size=batch, epochs=1, shuffle=False, verbose=0,
+                          callbacks=callbacks)
+            history.append(h.history["loss"])
+
+        row["resident_bytes"] = remote.in_use()
+        result = remote.measure(lambda: fit(len(x)), warmup=lambda: fit(batch), repeats=repeats)
+        weights = [*model.weights, *model.optimizer.variables]
+        row.update(ending=result.ending, error=result.error, peak_bytes=result.device_peak_bytes,
+                   host_peak_bytes=result.host_peak_bytes,
+                   step_time_s=result.step_time_s / (len(x) // batch) if result.step_time_s else None,
+                   history=history, state=hashlib.sha256(b"".join(v.numpy().tobytes() for v in weights)).hexdigest())
+        if callbacks and callbacks[0].step is not None:
+            report = callbacks[0].report
+            row.update(before_bytes=report.before.peak_bytes, after_bytes=report.after.peak_bytes,
+                       passes=[p.name for p in report.passes if p.changed])
+    return row
+
+
+def _child(model_name: str, mode: str, cap_mib: int, repeats: int) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "experiments.tf2_keras", "--child", model_name, mode, str(cap_mib), str(repeats)]
+    done = subprocess.run(cmd, cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True,
+                          timeout=CHILD_TIMEOUT_S)
+    if done.returncode != 0:
+        said = [ln for ln in done.stderr.splitlines() if ln.strip() and not ln.startswith(TF_LOG_PREFIXES)]
+        return {"model": model_name, "mode": mode, "cap_mib": cap_mib, "ending": "failed",
+                "error": said[-1][:300] if said else f"exit {done.returncode}"}
+    row: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return row
+
+
+def run_model(model_name: str, runs: int, fraction: float, repeats: int, tiny: bool) -> dict[str, Any]:
+    plain = [_child(model_name, "plain", ROOMY_MIB, repeats) for _ in range(runs)]
+    roomy_planned = _child(model_name, "planned", ROOMY_MIB, repeats)
+    entry: dict[str, Any] = {"model": model_name, "plain_roomy": plain, "planned_roomy": roomy_planned}
+    peaks = [r["peak_bytes"] for r in plain if r.get("peak_bytes")]
+    if not tiny and peaks:
+        cap = int(max(peaks) * fraction) // MiB
+        entry.update(cap_mib=cap, plain_cap=_child(model_name, "plain", cap, repeats),
+                     planned_cap=_child(model_name, "planned", cap, repeats))
+    return entry
+
+
+def summary(entry: dict[str, Any]) -> dict[str, Any]:
+    """The table's row of one model."""
+    plain = [r for r in entry["plain_roomy"] if r.get("peak_bytes")]
+    peaks = [r["peak_bytes"] for r in plain]
+    simulated = plain[0]["simulated_bytes"] if plain else None
+    planned = entry["planned_roomy"]
+    time_ratio = (planned["step_time_s"] / statistics.median(r["step_time_s"] for r in plain)
+                  if plain and planned.get("step_time_s") else None)
+    row: dict[str, Any] = {
+        "model": entry["model"], "plain_peaks_mib": [round(p / MiB, 2) for p in peaks],
+        "simulated_mib": round(simulated / MiB, 2) if simulated else None,
+        "simulated_over_measured": round(simulated / max(peaks), 3) if simulated and peaks else None,
+        "roomy_time_ratio": round(time_ratio, 3) if time_ratio else None,
+        "roomy_identical": bool(plain) and planned.get("state") == plain[0]["state"]}
+    if "cap_mib" in entry:
+        capped = entry["planned_cap"]
+        row.update(cap_mib=entry["cap_mib"], plain_at_cap=entry["plain_cap"].get("ending"),
+                   planned_at_cap=capped.get("ending"),
+                   planned_peak_mib=round(capped["peak_bytes"] / MiB, 2) if capped.get("peak_bytes") else None,
+                   planned_simulated_mib=round(capped["after_bytes"] / MiB, 2) if capped.get("after_bytes") else None,
+                   identical_to_roomy_plain=bool(plain) and capped.get("state") == plain[0]["state"]
+                   and capped.get("history") == plain[0]["history"],
+                   capped_time_ratio=round(capped["step_time_s"] / statistics.median(r["step_time_s"] for r in plain),
+                                           3) if plain and capped.get("step_time_s") else None)
+    return row
+
+
+def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    lines = [f"# Keras 3 fit on the testbed, plain and with MemoryBudget\n\n`{meta['command']}` ({meta['date']}, "
+             f"load before {meta['load_before']}, after {meta['load_after']})\n",
+             "| model | plain peaks (MiB) | simulated (MiB) | sim / measured | roomy: time ratio, identical | "
+             "cap (MiB) | plain at cap | planned at cap | planned peak (MiB) | planned simulated (MiB) | "
+             "identical | time ratio |", "|" + "---|" * 12]
+    for r in rows:
+        lines.append(f"| {r['model']} | {', '.join(map(str, r['plain_peaks_mib']))} | {r['simulated_mib']} | "
+                     f"{r['simulated_over_measured']} | {r['roomy_time_ratio']}x, {r['roomy_identical']} | "
+                     f"{r.get('cap_mib', '')} | {r.get('plain_at_cap', '')} | {r.get('planned_at_cap', '')} | "
+                     f"{r.get('planned_peak_mib', '')} | {r.get('planned_simulated_mib', '')} | "
+                     f"{r.get('identical_to_roomy_plain', '')} | {r.get('capped_time_ratio', '')} |")
+    lines.append("\nPeaks are the device server's allocator (testbed); simulated peaks are the simulator's for the "
+                 "same traced step with two inter-op threads. Time ratios: median step time of the planned fit over "
+                 "plain fit's, measured one after the other on this shared machine (see the loads).")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from models.keras3 import BUILDERS
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", action="append", choices=sorted(BUILDERS), help="repeatable; default: all")
+    parser.add_argument("--runs", type=int, default=2, help="plain runs on the roomy device")
+    parser.add_argument("--fraction", type=float, default=0.7, help="the budget, of the largest plain peak")
+    parser.add_argument("--repeats", type=int, default=2, help="measured epochs per fit")
+    parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        name, mode, cap, repeats = args.child
+        print(json.dumps(measure(name, mode, int(cap), int(repeats))))
+        return 0
+    names = ["mlp"] if args.tiny else (args.model or list(BUILDERS))
+    runs, repeats = (1, 1) if args.tiny else (args.runs, args.repeats)
+    load_before = load_average()
+    entries = []
+    for name in names:
+        print(f"tf2_keras: {name}", file=sys.stderr, flush=True)
+        entries.append(run_model(name, runs, args.fraction, repeats, args.tiny))
+    rows = [summary(e) for e in entries]
+    meta = provenance(argv, load_before=load_before, load_after=load_average(), fraction=args.fraction)
+    out = "tf2_keras_tiny" if args.tiny else "tf2_keras"
+    write(out, {**meta, "rows": rows, "runs": entries}, markdown(rows, meta), args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
