@@ -21,6 +21,7 @@ from tfmem.sim import costmodel
 from tfmem.sim.graphcache import GraphCache
 from tfmem.sim.opmemory import VIEW_RULES, temp_bytes, viewed_input
 from tfmem.sim.schedule import Schedule
+from tfmem.sim.tensor_list_memory import ListHoldings, list_holdings
 
 
 @dataclass(frozen=True)
@@ -47,8 +48,13 @@ class Analysis:
         return {}
 
     @cached_property
+    def lists(self) -> ListHoldings:
+        """The items each list handle holds (``tfmem.sim.tensor_list_memory``)."""
+        return list_holdings(self.eg)
+
+    @cached_property
     def footprints(self) -> FootprintModel:
-        return FootprintModel(self.eg)
+        return FootprintModel(self.eg, self.lists)
 
     @cached_property
     def views(self) -> dict[TensorRef, int]:
@@ -234,8 +240,10 @@ def order_footprint(eg: ExecutionGraph, order: Sequence[str]) -> OrderFootprint:
 class FootprintModel:
     """What ``order_footprint`` needs about each unit, computed once per graph; ``footprint`` is then cheap."""
 
-    def __init__(self, eg: ExecutionGraph) -> None:
+    def __init__(self, eg: ExecutionGraph, lists: ListHoldings | None = None) -> None:
         graph = eg.graph
+        lists = list_holdings(eg) if lists is None else lists
+        self.list_bytes, self.list_shares = lists.bytes_of, lists.shares
         self.ids: dict[TensorRef, int] = {}  # every output a unit makes visible, numbered
         for unit in eg.units:
             for t in eg.outputs_of(unit):
@@ -254,7 +262,9 @@ class FootprintModel:
     def _output(self, eg: ExecutionGraph, unit: str, t: TensorRef) -> tuple[int, int, int, int, tuple[int, ...]]:
         graph, node, tid = eg.graph, eg.graph[t.node], self.ids[t]
         reads = len(eg.consumers(t)) + (1 << 30 if t in eg.fetched else 0)  # fetched: held to the end
-        nbytes = 0 if node.op in PERSISTENT_OUTPUT_OPS else graph.spec(t).nbytes or 0
+        nbytes = 0 if node.op in PERSISTENT_OUTPUT_OPS else (graph.spec(t).nbytes or 0) + self.list_bytes.get(t, 0)
+        if t in self.list_shares:   # a list a loop hands on, like an alias
+            return tid, 0, reads, self.ids.get(self.list_shares[t], len(self.ids)), ()
         viewed = None if eg.is_region(unit) else viewed_input(node, graph, t.index)
         if viewed is not None:  # a view into an input's buffer, like an alias
             return tid, 0, reads, self.ids.get(node.inputs[viewed], len(self.ids)), ()
@@ -266,6 +276,7 @@ class FootprintModel:
         forwardable = tuple(
             self.ids[ref] for idx, ref in enumerate(node.inputs) if idx in BUFFER_FORWARDING_INPUTS.get(node.op, ())
             and ref in self.ids and graph.spec(ref).nbytes == want.nbytes and graph.spec(ref).dtype == want.dtype
+            and self.list_bytes.get(ref, 0) == self.list_bytes.get(t, 0)
             and sum(1 for x in node.inputs if x == ref) == 1
         )
         return tid, nbytes, reads, -1, forwardable

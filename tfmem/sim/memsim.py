@@ -17,6 +17,9 @@ It follows TensorFlow's executor and allocator:
   new buffer first (TF's copy-on-write), and the old one lives until that reader is done;
 * kernels' scratch buffers (``tfmem.sim.opmemory``, XLA-compiled grouped-convolution gradients included) live
   while their op runs;
+* a ``TensorList`` handle holds the items put in it (an RNN's activations, kept from its forward loop to its
+  gradient loop): they are allocated with the handle one op or loop hands to another and freed when its last
+  reader is done (``tfmem.sim.tensor_list_memory``);
 * allocations go through a model of TF's BFC allocator (``tfmem.sim.bfc``), so peaks are chunk sizes as TF
   reports them; with a capacity (``device_memory``) a warm-up step is replayed first, as the
   testbed runs one, since where the first step leaves buffers decides what fits later.
@@ -186,7 +189,7 @@ def simulate(
         if isinstance(graph, GraphIR):
             _IDLE.put(graph, tuple(fetch_names), idle)
     profile = max((Replay(eg, placement, device_memory, analysis.views, feed_order=o, sharing=sharing,
-                           copy_order=c, idle_variables=idle).run(sc)
+                           copy_order=c, idle_variables=idle, lists=analysis.lists).run(sc)
                    for sc in scheds for o in (feed_orders(eg) if device_memory is not None else [None])
                    for c in copy_orders),
                   key=lambda p: (p.allocation_failures, p.peak_bytes))

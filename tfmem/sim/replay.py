@@ -26,6 +26,7 @@ from tfmem.sim.executor_folding import FOLDED_ATTR
 from tfmem.sim.opmemory import temp_bytes
 from tfmem.sim.profile import LiveTensor, MemoryProfile, variable_bytes
 from tfmem.sim.schedule import Schedule
+from tfmem.sim.tensor_list_memory import ListHoldings, list_holdings
 
 # Dense training updates (not ResourceSparseApply*, whose copy turns the variable copy-on-read): every resource
 # handle they take is updated in place.
@@ -52,8 +53,11 @@ class Replay:
     def __init__(self, eg: ExecutionGraph, placement: Placement, device_memory: int | None = None,
                  views: dict[TensorRef, int] | None = None, feed_order: Sequence[TensorRef] | None = None,
                  sharing: dict[Hashable, list[str]] | None = None,
-                 copy_order: str = "schedule", idle_variables: Sequence[tuple[str, int, str]] = ()) -> None:
+                 copy_order: str = "schedule", idle_variables: Sequence[tuple[str, int, str]] = (),
+                 lists: ListHoldings | None = None) -> None:
         self.eg, self.graph = eg, eg.graph
+        # the items each list handle holds, allocated and freed with it (``tfmem.sim.tensor_list_memory``)
+        self.lists = list_holdings(eg) if lists is None else lists
         self.placement = placement
         self.idle_variables = tuple(idle_variables)   # (name, bytes, device): held all step, run by no op
         self._idle_names = {name for name, _, _ in self.idle_variables}
@@ -77,6 +81,10 @@ class Replay:
         self.peak_info: tuple[str, float, int] = ("", 0.0, 0)   # unit, time, length of the device log
         self.device_log: list[tuple[bool, _Buffer]] = []         # (allocated?, buffer), device domain only
         self.timeline: list[tuple[float, int, int, str]] = []
+
+    def _nbytes(self, tensor: TensorRef) -> int:
+        """A tensor's bytes; for a list handle, the items it holds."""
+        return (self.graph.spec(tensor).nbytes or 0) + self.lists.bytes_of.get(tensor, 0)
 
     def _uses(self, tensor: TensorRef, domain: str) -> int:
         return sum(1 for c in self.eg.consumers(tensor) if self.domain[c] == domain)
@@ -256,7 +264,9 @@ class Replay:
         uses = self._uses(t, domain)
         shared = None
         viewed = self.views.get(t)
-        if t.index == 0 and node.op in ALIAS_OPS and node.inputs:
+        if t in self.lists.shares:   # a list a loop hands on: the items that entered it
+            shared = self.buffers.get((self.lists.shares[t], domain))
+        elif t.index == 0 and node.op in ALIAS_OPS and node.inputs:
             shared = self.buffers.get((node.inputs[0], domain))
         elif viewed is not None:
             shared = self.buffers.get((node.inputs[viewed], domain))
@@ -271,7 +281,7 @@ class Replay:
             shared.held = shared.held or t in self.eg.fetched
             shared.readers.extend(self.eg.consumers(t))
             return shared
-        buf = self._alloc(t, self.graph.spec(t).nbytes or 0, domain, "transient")
+        buf = self._alloc(t, self._nbytes(t), domain, "transient")
         buf.uses = uses
         buf.readers.extend(self.eg.consumers(t))
         return buf
@@ -286,7 +296,7 @@ class Replay:
             buf = self.buffers.get((ref, domain))
             spec = self.graph.spec(ref)
             if (buf is None or buf.kind != "transient" or buf.held or buf.freed or buf.viewed or buf.uses != 1
-                    or spec.nbytes != want.nbytes or spec.dtype != want.dtype
+                    or spec.nbytes != want.nbytes or spec.dtype != want.dtype or self._nbytes(ref) != self._nbytes(out)
                     or sum(1 for t in node.inputs if t == ref) != 1):
                 continue
             return buf
@@ -304,7 +314,7 @@ class Replay:
         for t in self.eg.outputs_of(unit):
             buf = self.buffers[(t, domain)]
             for other in {self.domain[c] for c in self.eg.consumers(t)} - {domain}:
-                copy = self._alloc(t, self.graph.spec(t).nbytes or 0, other, "copy")
+                copy = self._alloc(t, self._nbytes(t), other, "copy")
                 copy.uses = self._uses(t, other)
                 self.buffers[(t, other)] = copy
             if buf.uses <= 0:
@@ -339,7 +349,7 @@ class Replay:
         notes = tuple(
             f"opaque op {n.name} ({n.op}): memory inside its function is not modelled"
             for n in (self.graph[x] for x in self.eg.needed) if n.op in FUNCTIONAL_OPS
-        )
+        ) + self.lists.notes
         return MemoryProfile(
             peak_bytes=self.peak["device"], peak_unit=unit, peak_time_s=time_s,
             live_at_peak=tuple(tensors), persistent_bytes=self.persistent["device"],
