@@ -178,6 +178,25 @@ def test_a_testbed_connection_refuses_what_would_measure_wrong_with_the_fix() ->
     assert "another process for sessions" in said["session"]
 
 
+def test_attention_gradients_get_their_shapes() -> None:
+    import keras
+
+    from tfmem.ir.shapes import annotate
+
+    keras.utils.set_random_seed(0)
+    tokens = keras.Input((16,), dtype="int32")
+    h = keras.layers.Embedding(50, 8)(tokens)
+    h = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4)(h, h)
+    model = keras.Model(tokens, keras.layers.Dense(3)(keras.layers.GlobalAveragePooling1D()(h)))
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    step = tf.function(lambda data: model.train_step(data))
+    traced = trace(step.get_concrete_function((tf.zeros((4, 16), tf.int32), tf.zeros((4,), tf.int32))))
+    ir = annotate(traced.graph_def)
+    # the einsum gradients' BroadcastGradientArgs read folded shapes: their outputs are sized, as is all else
+    unknown = [f"{n.name}:{i}" for n in ir.nodes for i, s in enumerate(n.outputs) if s.nbytes is None]
+    assert unknown == []
+
+
 def test_a_misplaced_op_is_named_with_where_it_ran() -> None:
     v = tf.Variable(tf.ones((8,)))
 

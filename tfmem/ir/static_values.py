@@ -92,6 +92,13 @@ def complete_shapes(graph: GraphIR, shapes: Mapping[TensorRef, tf.TensorShape], 
     seeds = [n.name for n in graph.nodes if n.op == "VariableShape" or n.op in LIST_SOURCES
              or n.op in (VARIABLE_READ_OPS | WHILE_OPS) and any(_partial(n, i, out) for i in range(len(n.outputs)))]
     seeds += (c for t in refined for c in graph.consumers.get(t, ()))
+    # and shape arithmetic the import left partial whose values are known (a BroadcastGradientArgs of folded
+    # shapes in a traced attention step, tests/test_function.py::test_attention_gradients_get_their_shapes);
+    # not every partial op: one nothing can complete would cost a scratch graph (tests/test_ir.py)
+    values = _Values(graph, out, frozenset(fed))
+    seeds += (n.name for n in graph.nodes if n.op in SHAPE_ARITHMETIC_OPS
+              and any(_partial(n, i, out) for i in range(len(n.outputs)))
+              and all(values.value(TensorRef(n.name, i)) is not None for i in range(len(n.outputs))))
     if any(_partial(graph[name], i, out) or s.dtype == "variant" for name in regions
            for i, s in enumerate(graph[name].outputs)):
         seeds += regions
