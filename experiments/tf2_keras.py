@@ -32,7 +32,7 @@ from typing import Any
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")   # the testbed's client must match its servers
 
-from experiments._common import RESULTS, load_average, provenance, write
+from experiments._common import RESULTS, code_state, load_average, provenance, write
 
 MiB = 2**20
 ROOMY_MIB = 1024
@@ -180,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tf2_keras: {name}", file=sys.stderr, flush=True)
         entries.append(run_model(name, runs, args.fraction, repeats, args.tiny))
     rows = [summary(e) for e in entries]
-    meta = provenance(argv, load_before=load_before, load_after=load_average(), fraction=args.fraction)
+    meta = provenance(argv, load_before=load_before, load_after=load_average(), fraction=args.fraction,
+                      code=code_state())
     out = "tf2_keras_tiny" if args.tiny else "tf2_keras"
     write(out, {**meta, "rows": rows, "runs": entries}, markdown(rows, meta), args.out)
     return 0
