@@ -5,7 +5,8 @@ cluster: ``tfmem.testbed.eager``):
 
 1. plain ``fit`` on a roomy device (``--runs`` times): the measured device peak, and the simulator's peak of the
    same traced step (two inter-op threads, the device server's pool here);
-2. ``fit`` with ``MemoryBudget`` at the roomy budget: the step-time ratio to plain where plain fits;
+2. twins on one roomy device, plain ``fit`` and ``fit`` with ``MemoryBudget`` at the roomy budget, an epoch of
+   each in turn (``OVERHEAD_ROUNDS``): the ratio of their median step times, and whether they end identical;
 3. at ``--fraction`` of the largest plain peak: plain ``fit`` (out of memory?) and ``fit`` with ``MemoryBudget``
    at that budget: its measured peak, and whether history and every weight and optimizer slot are bit-identical
    to plain ``fit`` on the roomy device.
@@ -26,6 +27,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,7 @@ from experiments._common import RESULTS, code_state, load_average, provenance, w
 MiB = 2**20
 ROOMY_MIB = 1024
 CHILD_TIMEOUT_S = 900
+OVERHEAD_ROUNDS = 5   # epochs of each twin, in turn, for the step-time ratio at a roomy budget
 # TensorFlow's own log lines (and the remote-function line it logs as a connected process exits): not the error
 TF_LOG_PREFIXES = ("E0000", "W0000", "I0000", "WARNING", "This could happen")
 
@@ -87,6 +90,44 @@ def measure(model_name: str, mode: str, cap_mib: int, repeats: int) -> dict[str,
     return row
 
 
+def overhead(model_name: str, rounds: int) -> dict[str, Any]:
+    """Twins on one roomy testbed (run in a child process): plain ``fit`` and ``fit`` with ``MemoryBudget`` at the
+    roomy budget, an epoch of each in turn for ``rounds`` rounds after a one-batch warm-up of each."""
+    import tensorflow as tf
+
+    import tfmem.keras
+    from models.keras3 import build
+    from tfmem.testbed import Testbed, run_keras_steps_on
+
+    with Testbed(f"{ROOMY_MIB}MiB") as testbed:
+        remote = testbed.connect()
+        twins = []
+        for _ in range(2):
+            with tf.device(remote.device):
+                model, x, y, batch = build(model_name)
+                model.optimizer.build(model.trainable_variables)
+            twins.append(model)
+        run_keras_steps_on(twins[0], remote.device)
+        callbacks: list[list[Any]] = [[], [tfmem.keras.MemoryBudget(f"{ROOMY_MIB}MiB", device=remote.device,
+                                                                     host=remote.host)]]
+        times: list[list[float]] = [[], []]
+        for model, cb in zip(twins, callbacks, strict=True):
+            model.fit(x[:batch], y[:batch], batch_size=batch, verbose=0, callbacks=cb)
+        for _ in range(rounds):
+            for model, cb, spent in zip(twins, callbacks, times, strict=True):
+                remote.sync()
+                start = time.perf_counter()
+                model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0, callbacks=cb)
+                remote.sync()
+                spent.append((time.perf_counter() - start) / (len(x) // batch))
+        states = [hashlib.sha256(b"".join(v.numpy().tobytes() for v in [*m.weights, *m.optimizer.variables]))
+                  .hexdigest() for m in twins]
+        passes = [p.name for p in callbacks[1][0].report.passes if p.changed]
+    return {"model": model_name, "mode": "overhead", "plain_step_s": times[0], "planned_step_s": times[1],
+            "ratio": statistics.median(times[1]) / statistics.median(times[0]), "identical": states[0] == states[1],
+            "passes": passes}
+
+
 def _child(model_name: str, mode: str, cap_mib: int, repeats: int) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "experiments.tf2_keras", "--child", model_name, mode, str(cap_mib), str(repeats)]
     done = subprocess.run(cmd, cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True,
@@ -101,8 +142,8 @@ def _child(model_name: str, mode: str, cap_mib: int, repeats: int) -> dict[str, 
 
 def run_model(model_name: str, runs: int, fraction: float, repeats: int, tiny: bool) -> dict[str, Any]:
     plain = [_child(model_name, "plain", ROOMY_MIB, repeats) for _ in range(runs)]
-    roomy_planned = _child(model_name, "planned", ROOMY_MIB, repeats)
-    entry: dict[str, Any] = {"model": model_name, "plain_roomy": plain, "planned_roomy": roomy_planned}
+    entry: dict[str, Any] = {"model": model_name, "plain_roomy": plain,
+                             "overhead": _child(model_name, "overhead", ROOMY_MIB, 1 if tiny else OVERHEAD_ROUNDS)}
     peaks = [r["peak_bytes"] for r in plain if r.get("peak_bytes")]
     if not tiny and peaks:
         cap = int(max(peaks) * fraction) // MiB
@@ -116,15 +157,13 @@ def summary(entry: dict[str, Any]) -> dict[str, Any]:
     plain = [r for r in entry["plain_roomy"] if r.get("peak_bytes")]
     peaks = [r["peak_bytes"] for r in plain]
     simulated = plain[0]["simulated_bytes"] if plain else None
-    planned = entry["planned_roomy"]
-    time_ratio = (planned["step_time_s"] / statistics.median(r["step_time_s"] for r in plain)
-                  if plain and planned.get("step_time_s") else None)
+    twins = entry["overhead"]
     row: dict[str, Any] = {
         "model": entry["model"], "plain_peaks_mib": [round(p / MiB, 2) for p in peaks],
         "simulated_mib": round(simulated / MiB, 2) if simulated else None,
         "simulated_over_measured": round(simulated / max(peaks), 3) if simulated and peaks else None,
-        "roomy_time_ratio": round(time_ratio, 3) if time_ratio else None,
-        "roomy_identical": bool(plain) and planned.get("state") == plain[0]["state"]}
+        "roomy_time_ratio": round(twins["ratio"], 3) if twins.get("ratio") else None,
+        "roomy_identical": bool(twins.get("identical"))}
     if "cap_mib" in entry:
         capped = entry["planned_cap"]
         row.update(cap_mib=entry["cap_mib"], plain_at_cap=entry["plain_cap"].get("ending"),
@@ -151,8 +190,9 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
                      f"{r.get('planned_peak_mib', '')} | {r.get('planned_simulated_mib', '')} | "
                      f"{r.get('identical_to_roomy_plain', '')} | {r.get('capped_time_ratio', '')} |")
     lines.append("\nPeaks are the device server's allocator (testbed); simulated peaks are the simulator's for the "
-                 "same traced step with two inter-op threads. Time ratios: median step time of the planned fit over "
-                 "plain fit's, measured one after the other on this shared machine (see the loads).")
+                 "same traced step with two inter-op threads. Roomy time ratio: median step time of twins fitted in turn "
+                 "in one process; at the cap: the planned fit's median step over plain fit's on the roomy device, "
+                 "measured in other processes on this shared machine (see the loads).")
     return "\n".join(lines) + "\n"
 
 
@@ -170,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.child:
         name, mode, cap, repeats = args.child
-        print(json.dumps(measure(name, mode, int(cap), int(repeats))))
+        print(json.dumps(overhead(name, int(repeats)) if mode == "overhead" else measure(name, mode, int(cap),
+                                                                                          int(repeats))))
         return 0
     names = ["mlp"] if args.tiny else (args.model or list(BUILDERS))
     runs, repeats = (1, 1) if args.tiny else (args.runs, args.repeats)
