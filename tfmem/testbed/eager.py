@@ -7,7 +7,7 @@ allocator statistics as a session run (``runner.py``) and an allocation over the
 ``ResourceExhaustedError``. Inputs made on this process (a Keras ``fit``'s batches) are copied to the device
 when a step on it reads them, as an accelerator's are.
 
-Facts ``tests/test_function.py`` pins (cases ``testbed_fit`` and ``testbed_oom`` in ``tests/tf2_cases.py``):
+Facts ``tests/test_function.py`` pins (cases ``testbed_fit`` and ``testbed_refusals`` in ``tests/tf2_cases.py``):
 the client rewrites functions for the servers (Grappler runs in the client process), so the client needs the
 servers' ``TF_ENABLE_ONEDNN_OPTS=0``: with oneDNN on, the client's rewrite changed a planned step's float
 results. A dataset's ``variant`` tensors cannot be copied between jobs, so the input pipeline stays on this
@@ -141,11 +141,12 @@ def connect(testbed_id: int, cluster: dict[str, list[str]], procs: dict[str, Ser
     if _CONNECTED:
         raise BadInputError("testbed: this process's eager runtime already joined a testbed's cluster, and "
                             "TensorFlow cannot leave one; connect each testbed in a process of its own")
-    wrong = {k: os.environ.get(k) for k in ("TF_ENABLE_ONEDNN_OPTS",) if os.environ.get(k) != COMMON_ENV[k]}
-    if wrong:
-        raise BadInputError(f"testbed: this process runs TensorFlow with {wrong}; the client rewrites functions "
-                            "for the servers, which run with TF_ENABLE_ONEDNN_OPTS=0: set it in the environment "
-                            "before TensorFlow is imported")
+    onednn = os.environ.get("TF_ENABLE_ONEDNN_OPTS")
+    if onednn != COMMON_ENV["TF_ENABLE_ONEDNN_OPTS"]:
+        said = "unset (oneDNN on)" if onednn is None else f"={onednn}"
+        raise BadInputError(f"testbed: this process runs TensorFlow with TF_ENABLE_ONEDNN_OPTS {said}; the client "
+                            "rewrites functions for the servers, which run with TF_ENABLE_ONEDNN_OPTS=0: set it in "
+                            "the environment before TensorFlow is imported")
     tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(cluster))
     _CONNECTED.append(testbed_id)
     return Connected(procs)
