@@ -121,7 +121,7 @@ class PlannedFunction:
         tensors = [tf.convert_to_tensor(v) for v in tf.nest.flatten(values, expand_composites=True)
                    if is_tensor_like(v)]
         key = signature_of(values)
-        if key in self._placement:
+        if key in self._placement or not tf.executing_eagerly():   # traced into another function: nothing runs
             flat = plan.concrete_function(*tensors)
         else:
             flat, metadata = call_collecting(lambda: plan.concrete_function(*tensors))
