@@ -13,7 +13,7 @@ cluster: ``tfmem.testbed.eager``):
 
 Every ``fit`` is a one-batch warm-up, then ``--repeats`` epochs of three batches, measured.
 
-    python -m experiments.tf2_keras                        # mlp, conv, attention; 2 runs; 0.7x
+    python -m experiments.tf2_keras                        # mlp, conv, attention, lstm; 2 runs; 0.7x
     python -m experiments.tf2_keras --model conv --fraction 0.5
     python -m experiments.tf2_keras --tiny                 # CI smoke: the MLP, roomy only, one run
 """
@@ -167,7 +167,8 @@ def summary(entry: dict[str, Any]) -> dict[str, Any]:
     if "cap_mib" in entry:
         capped = entry["planned_cap"]
         row.update(cap_mib=entry["cap_mib"], plain_at_cap=entry["plain_cap"].get("ending"),
-                   planned_at_cap=capped.get("ending"),
+                   planned_at_cap="refused" if "InfeasibleBudgetError" in (capped.get("error") or "")
+                   else capped.get("ending"),
                    planned_peak_mib=round(capped["peak_bytes"] / MiB, 2) if capped.get("peak_bytes") else None,
                    planned_simulated_mib=round(capped["after_bytes"] / MiB, 2) if capped.get("after_bytes") else None,
                    identical_to_roomy_plain=bool(plain) and capped.get("state") == plain[0]["state"]

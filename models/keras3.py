@@ -63,8 +63,18 @@ def attention(rng: np.random.Generator) -> tuple[Any, np.ndarray, np.ndarray, in
             32)
 
 
+def lstm(rng: np.random.Generator) -> tuple[Any, np.ndarray, np.ndarray, int]:
+    """Two stacked LSTM layers (64 units) over 64 steps of 32 features: the loop keeps every step's activations
+    in TensorLists for the gradient."""
+    import keras
+
+    model = keras.Sequential([keras.Input((64, 32)), keras.layers.LSTM(64, return_sequences=True),
+                              keras.layers.LSTM(64), keras.layers.Dense(10)])
+    return _compiled(model), rng.random((3 * 128, 64, 32), np.float32), rng.integers(0, 10, 3 * 128), 128
+
+
 BUILDERS: dict[str, Callable[[np.random.Generator], tuple[Any, np.ndarray, np.ndarray, int]]] = {
-    "mlp": mlp, "conv": conv, "attention": attention}
+    "mlp": mlp, "conv": conv, "attention": attention, "lstm": lstm}
 
 
 def build(name: str, seed: int = 0) -> tuple[Any, np.ndarray, np.ndarray, int]:
