@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -31,3 +32,26 @@ def test_tiny_demo_prints_the_table_and_writes_the_plot(tmp_path: Path) -> None:
         assert "$ tfmem analyze" in out
     assert (tmp_path / "memory.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (tmp_path / "report.md").read_text().startswith("### tfmem report")
+
+
+@pytest.mark.testbed
+@pytest.mark.timeout(900)
+def test_keras_demo_plain_fit_runs_out_of_memory_and_the_budgeted_fit_trains_under_it_identically(
+        tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "tfmem.demo_keras", "--tiny", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    data = json.loads((tmp_path / "runs.json").read_text())
+    cap = data["budget_mib"] * 2**20
+    plain, planned, roomy = (data["runs"][k] for k in ("plain fit", "fit with MemoryBudget",
+                                                        "plain fit, roomy device"))
+    assert plain["oom"] and "OOM when allocating" in plain["error"]          # TensorFlow's own, in the capped server
+    assert not planned["oom"] and planned["peak"] < cap < planned["before"]  # the plan had work to do, and did it
+    assert not roomy["oom"] and roomy["peak"] > cap
+    # every variable lives in the device process, every op the plan placed ran there, and training is fit's own
+    assert planned["places"] == roomy["places"] == ["/job:worker/replica:0/task:0/device:CPU:0"]
+    (checked, wrong), = planned["placement"]
+    assert checked > 0 and wrong == 0
+    assert planned["history"] == roomy["history"] and planned["state"] == roomy["state"]
+    assert "identical to the roomy plain fit: yes" in proc.stdout
+    assert (tmp_path / "memory.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -145,45 +145,6 @@ def tf_keras_fit(budget_mib: float) -> dict[str, Any]:
     return _fit_twins(compiled, 2 * 4096, budget_mib, lambda m: m.optimizer.variables(), refit=False)
 
 
-def testbed_fit(cap_mib: float, planned: float) -> dict[str, Any]:
-    """Keras 3 ``fit`` on a testbed capped at ``cap_mib``: plain (steps on the device) or with ``MemoryBudget`` at
-    the cap (``planned`` 1); a one-batch ``fit`` warms up, then two epochs of three batches are measured."""
-    import hashlib
-
-    import tfmem.keras
-    from tfmem.testbed import Testbed, run_keras_steps_on
-
-    rng = np.random.default_rng(0)
-    x = rng.random((3 * 4096, 128)).astype(np.float32)
-    y = rng.integers(0, 10, len(x)).astype(np.int32)
-    with Testbed(f"{cap_mib}MiB") as testbed:
-        remote = testbed.connect()
-        with tf.device(remote.device):
-            model = _compiled_mlp()
-            model.optimizer.build(model.trainable_variables)   # its slots on the device too
-        callbacks = []
-        if planned:
-            callbacks = [tfmem.keras.MemoryBudget(f"{cap_mib}MiB", device=remote.device, host=remote.host)]
-        else:
-            run_keras_steps_on(model, remote.device)
-        resident = remote.in_use()
-        history: list[Any] = []
-        result = remote.measure(
-            lambda: history.append(model.fit(x, y, batch_size=4096, epochs=2, shuffle=False, verbose=0,
-                                             callbacks=callbacks).history),
-            warmup=lambda: model.fit(x[:4096], y[:4096], batch_size=4096, verbose=0, callbacks=callbacks))
-        state = hashlib.sha256(b"".join(np.asarray(v.numpy()).tobytes()
-                                        for v in [*model.weights, *model.optimizer.variables])).hexdigest()
-        places = sorted({v.value.device for v in [*model.weights, *model.optimizer.variables]})
-        report = callbacks[0].report if callbacks else None
-        placement = list(callbacks[0].step.placement.values()) if callbacks else []
-    return {"oom": result.oom, "error": result.error, "peak": result.device_peak_bytes, "resident": resident,
-            "history": history[0]["loss"] if history else None, "state": state, "places": places,
-            "placement": [(n, len(wrong)) for n, wrong in placement],
-            "before": report.before.peak_bytes if report else None,
-            "after": report.after.peak_bytes if report else None}
-
-
 def testbed_refusals() -> dict[str, Any]:
     """What ``Testbed.connect`` refuses, each with the fix: a client with oneDNN on, a second testbed in the
     process, and a session run on a connected testbed."""
@@ -209,7 +170,8 @@ def testbed_refusals() -> dict[str, Any]:
     return said
 
 
-CASES = {"keras_step": keras_step, "testbed_refusals": testbed_refusals, "keras_fit": keras_fit, "tf_keras_fit": tf_keras_fit, "testbed_fit": testbed_fit}
+CASES = {"keras_step": keras_step, "testbed_refusals": testbed_refusals, "keras_fit": keras_fit,
+         "tf_keras_fit": tf_keras_fit}
 
 
 def main(argv: list[str]) -> int:

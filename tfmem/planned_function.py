@@ -228,7 +228,7 @@ def check_exists(name: str, what: str) -> None:
 def place_unplaced(graph_def: graph_pb2.GraphDef, device: str, arguments: set[str]) -> graph_pb2.GraphDef:
     """A copy of ``graph_def`` with each unplaced op but the arguments on ``device``, where the plan simulated it:
     left unplaced, a function's ops run on the caller's default device (a client's CPU when the device is remote,
-    tests/tf2_cases.py::testbed_fit). Arguments stay where the caller's tensors are."""
+    tests/test_demo.py, the Keras demo). Arguments stay where the caller's tensors are."""
     out = graph_pb2.GraphDef()
     out.CopyFrom(graph_def)
     names = {a.split(":")[0] for a in arguments}

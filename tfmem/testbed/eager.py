@@ -7,7 +7,7 @@ allocator statistics as a session run (``runner.py``) and an allocation over the
 ``ResourceExhaustedError``. Inputs made on this process (a Keras ``fit``'s batches) are copied to the device
 when a step on it reads them, as an accelerator's are.
 
-Facts ``tests/test_function.py`` pins (cases ``testbed_fit`` and ``testbed_refusals`` in ``tests/tf2_cases.py``):
+Facts the tests pin (``tests/test_demo.py``'s Keras demo; case ``testbed_refusals`` of ``tests/tf2_cases.py``):
 the client rewrites functions for the servers (Grappler runs in the client process), so the client needs the
 servers' ``TF_ENABLE_ONEDNN_OPTS=0``: with oneDNN on, the client's rewrite changed a planned step's float
 results. A dataset's ``variant`` tensors cannot be copied between jobs, so the input pipeline stays on this
