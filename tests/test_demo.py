@@ -46,7 +46,8 @@ def test_keras_demo_plain_fit_runs_out_of_memory_and_the_budgeted_fit_trains_und
     plain, planned, roomy = (data["runs"][k] for k in ("plain fit", "fit with MemoryBudget",
                                                         "plain fit, roomy device"))
     assert plain["oom"] and "OOM when allocating" in plain["error"]          # TensorFlow's own, in the capped server
-    assert not planned["oom"] and planned["peak"] < cap < planned["before"]  # the plan had work to do, and did it
+    # the plan had work to do, and did it: it ran within the capped allocator (its peak can reach the cap)
+    assert not planned["oom"] and planned["peak"] <= cap < planned["before"]
     assert not roomy["oom"] and roomy["peak"] > cap
     # every variable lives in the device process, every op the plan placed ran there, and training is fit's own
     assert planned["places"] == roomy["places"] == ["/job:worker/replica:0/task:0/device:CPU:0"]

@@ -31,7 +31,9 @@ from typing import Any
 import numpy as np
 
 MiB = 2**20
-BUDGET_MIB = 36      # the MLP's plain step peaked at 39.8-65 MiB on the testbed (lowest on a loaded machine)
+# The MLP's plain step peaked at 39.8-65 MiB on the testbed (lowest beside the test suite); its plan, simulated at
+# 27.9-28.2 MiB, measured 28.5-36.9 (the copies' timing: docs/RESULTS.md, "TensorFlow 2")
+BUDGET_MIB = 38
 ROOMY_MIB = 256
 BATCH = 4096
 CHILD_TIMEOUT_S = 600
@@ -132,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"simulated peak of the step: {planned['before'] / MiB:.1f} MiB as written, "
               f"{planned['after'] / MiB:.1f} MiB planned; report and plot in {args.out}/")
     ok = (rows["plain fit"].get("oom") and not planned.get("oom") and planned.get("peak") is not None
-          and planned["peak"] < BUDGET_MIB * MiB and same)
+          and planned["peak"] <= BUDGET_MIB * MiB and same)
     say("demo done" if ok else "demo done, but a run did not behave as described above")
     return 0 if ok else 1
 
