@@ -21,7 +21,6 @@ Every ``fit`` is a one-batch warm-up, then ``--repeats`` epochs of three batches
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import statistics
@@ -35,6 +34,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")   # the testbed's client must match its servers
 
 from experiments._common import RESULTS, code_state, load_average, provenance, write
+from tfmem.demo_keras import state_digest
 
 MiB = 2**20
 ROOMY_MIB = 1024
@@ -78,11 +78,10 @@ def measure(model_name: str, mode: str, cap_mib: int, repeats: int) -> dict[str,
 
         row["resident_bytes"] = remote.in_use()
         result = remote.measure(lambda: fit(len(x)), warmup=lambda: fit(batch), repeats=repeats)
-        weights = [*model.weights, *model.optimizer.variables]
         row.update(ending=result.ending, error=result.error, peak_bytes=result.device_peak_bytes,
                    host_peak_bytes=result.host_peak_bytes,
                    step_time_s=result.step_time_s / (len(x) // batch) if result.step_time_s else None,
-                   history=history, state=hashlib.sha256(b"".join(v.numpy().tobytes() for v in weights)).hexdigest())
+                   history=history, state=state_digest(model))
         if callbacks and callbacks[0].step is not None:
             report = callbacks[0].report
             row.update(before_bytes=report.before.peak_bytes, after_bytes=report.after.peak_bytes,
@@ -120,8 +119,7 @@ def overhead(model_name: str, rounds: int) -> dict[str, Any]:
                 model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0, callbacks=cb)
                 remote.sync()
                 spent.append((time.perf_counter() - start) / (len(x) // batch))
-        states = [hashlib.sha256(b"".join(v.numpy().tobytes() for v in [*m.weights, *m.optimizer.variables]))
-                  .hexdigest() for m in twins]
+        states = [state_digest(m) for m in twins]
         passes = [p.name for p in callbacks[1][0].report.passes if p.changed]
     return {"model": model_name, "mode": "overhead", "plain_step_s": times[0], "planned_step_s": times[1],
             "ratio": statistics.median(times[1]) / statistics.median(times[0]), "identical": states[0] == states[1],

@@ -51,6 +51,12 @@ def build_mlp(seed: int = 0) -> Any:
     return model
 
 
+def state_digest(model: Any) -> str:
+    """A digest of every weight and optimizer slot of ``model``: equal digests, bit-identical training state."""
+    return hashlib.sha256(b"".join(np.asarray(v.numpy()).tobytes()
+                                   for v in [*model.weights, *model.optimizer.variables])).hexdigest()
+
+
 def fit_on_testbed(cap_mib: int, planned: bool, batches: int = 3, out: Path | None = None) -> dict[str, Any]:
     """Build the MLP on a testbed capped at ``cap_mib`` and measure ``fit`` (a one-batch warm-up, then two epochs of
     ``batches`` batches), plain or with ``MemoryBudget`` at the cap; ``out``: where the plan's report goes."""
@@ -77,12 +83,11 @@ def fit_on_testbed(cap_mib: int, planned: bool, batches: int = 3, out: Path | No
             lambda: history.append(model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0,
                                              callbacks=callbacks).history["loss"]),
             warmup=lambda: model.fit(x[:BATCH], y[:BATCH], batch_size=BATCH, verbose=0, callbacks=callbacks))
-        variables = [*model.weights, *model.optimizer.variables]
         row: dict[str, Any] = {
             "oom": result.oom, "error": result.error, "peak": result.device_peak_bytes,
             "host_peak": result.host_peak_bytes, "history": history[0] if history else None,
-            "state": hashlib.sha256(b"".join(np.asarray(v.numpy()).tobytes() for v in variables)).hexdigest(),
-            "places": sorted({v.value.device for v in variables})}
+            "state": state_digest(model),
+            "places": sorted({v.value.device for v in [*model.weights, *model.optimizer.variables]})}
         if planned and callbacks[0].step is not None:
             report = callbacks[0].report
             step = callbacks[0].step

@@ -106,21 +106,21 @@ class PlannedFunction:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         values = self._bound(args, kwargs)
-        plan = self._plans.get(signature_of(values))
+        key = signature_of(values)
+        plan = self._plans.get(key)
         if plan is None and not self._plans:
             plan = self.plan(*args, **kwargs)
         if plan is None:
             if not self._warned:
                 self._warned = True
                 warnings.warn(f"tfmem.function: {self.__name__} was planned for "
-                              f"{describe(next(iter(self._plans)))}, not {describe(signature_of(values))}; this call "
+                              f"{describe(next(iter(self._plans)))}, not {describe(key)}; this call "
                               "and others like it run the step unplanned (it may not fit the budget). "
                               + (self._hint or f"Plan them too with {self.__name__}.plan(...) before the loop."),
                               UserWarning, stacklevel=2)
             return self._original(*args, **kwargs)
         tensors = [tf.convert_to_tensor(v) for v in tf.nest.flatten(values, expand_composites=True)
                    if is_tensor_like(v)]
-        key = signature_of(values)
         if key in self._placement or not tf.executing_eagerly():   # traced into another function: nothing runs
             flat = plan.concrete_function(*tensors)
         else:
