@@ -34,6 +34,7 @@ def test_tiny_demo_prints_the_table_and_writes_the_plot(tmp_path: Path) -> None:
     assert (tmp_path / "report.md").read_text().startswith("### tfmem report")
 
 
+@pytest.mark.slow
 @pytest.mark.testbed
 @pytest.mark.timeout(900)
 def test_keras_demo_plain_fit_runs_out_of_memory_and_the_budgeted_fit_trains_under_it_identically(

@@ -55,6 +55,7 @@ def test_bad_command_lines_are_refused(tmp_path):
         max_size.main(["--render", str(tmp_path / "missing.json")])
 
 
+@pytest.mark.slow
 @pytest.mark.testbed
 def test_tiny_moe_run_writes_both_sides(tmp_path):
     assert max_size.main(["moe", "--tiny", "--max-size", "4", "--out", str(tmp_path)]) == 0

@@ -20,6 +20,7 @@ def _check_run(row: dict) -> None:
     assert row["outputs_equal_vanilla"] is True and row["max_relative_difference"] == 0.0
 
 
+@pytest.mark.slow
 @pytest.mark.testbed
 def test_peak_memory_tiny(tmp_path):
     assert peak_memory.main(["--tiny", "--steps", "1", "--out", str(tmp_path)]) == 0
@@ -43,6 +44,7 @@ def test_peak_memory_tiny(tmp_path):
     assert "| mlp-small (" in (tmp_path / "peak_memory_tiny.md").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.testbed
 def test_baselines_tiny(tmp_path):
     assert baselines.main(["--tiny", "--steps", "1", "--out", str(tmp_path)]) == 0

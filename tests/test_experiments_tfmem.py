@@ -27,6 +27,7 @@ from experiments import (
 )
 
 
+@pytest.mark.slow
 @pytest.mark.testbed
 @pytest.mark.timeout(600)
 def test_tf2_keras_tiny(tmp_path):
@@ -38,6 +39,7 @@ def test_tf2_keras_tiny(tmp_path):
     assert "| mlp |" in (tmp_path / "tf2_keras_tiny.md").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.testbed
 def test_partition_parallelism_tiny(tmp_path, capsys):
     assert partition_parallelism.main(["--tiny", "--out", str(tmp_path)]) == 0
@@ -58,6 +60,7 @@ def test_optimize_speed_tiny(tmp_path):
     assert data["nodes"] > 1000 and data["optimize_s"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.testbed
 def test_optimize_time_tiny(tmp_path):
     assert optimize_time.main(["--tiny", "--out", str(tmp_path)]) == 0
@@ -69,6 +72,7 @@ def test_optimize_time_tiny(tmp_path):
     assert "| mlp |" in (tmp_path / "optimize_time_tiny.md").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.testbed
 def test_reliability_tiny(tmp_path):
     cases = "op-oom,hang"
@@ -108,6 +112,7 @@ def test_planner_tiny_never_runs_out_of_memory_when_it_accepts(tmp_path):
     assert all(r["lower_bound_bytes"] > 0 for r in rows if not r["accepted"])
 
 
+@pytest.mark.slow
 @pytest.mark.testbed
 def test_planner_strategies_at_a_fraction_tiny(tmp_path):
     assert planner.main(["--tiny", "--strategies-at", "0.9,0.8", "--out", str(tmp_path)]) == 0
@@ -123,6 +128,7 @@ def test_planner_strategies_at_a_fraction_tiny(tmp_path):
     assert "| mlp-small |" in (tmp_path / "planner_strategies.md").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.testbed
 def test_planner_gap_tiny_finds_a_cap_no_smaller_than_the_bound(tmp_path):
     """The smallest testbed cap the lowest plan runs at is at least the lower bound (a bound the real allocator
@@ -297,6 +303,7 @@ def test_planner_rejects_bad_strategy_fractions(text, capsys):
     assert "--strategies-at" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.testbed
 def test_testbed_calibration_tiny(tmp_path):
     assert testbed_calibration.main(["--tiny", "--out", str(tmp_path)]) == 0
@@ -311,6 +318,7 @@ def test_testbed_calibration_tiny(tmp_path):
 @pytest.mark.testbed
 # Two optimize runs at a 7 MiB budget, where the 4 MiB plan margin leaves 3 MiB (182 s and 323 s): 565 s for
 # the whole run alone on 2 cores (2026-11-28), past the suite's 600 s under load.
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_moe_placement_tiny(tmp_path):
     assert moe_placement.main(["--tiny", "--out", str(tmp_path)]) == 0
@@ -335,6 +343,7 @@ def test_held_out_run_of_some_graphs_replaces_their_rows_and_keeps_the_others(mo
     assert "--graph B" in (tmp_path / "planner_heldout.md").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.testbed
 def test_allocator_fit_tiny(tmp_path):
     assert allocator_fit.main(["--tiny", "--out", str(tmp_path)]) == 0
@@ -351,6 +360,7 @@ def test_allocator_fit_tiny(tmp_path):
     assert "## Graphs as written" in (tmp_path / "allocator_fit_tiny.md").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.testbed
 def test_budget_met_tiny(tmp_path):
     assert budget_met.main(["--tiny", "--out", str(tmp_path)]) == 0
@@ -363,6 +373,7 @@ def test_budget_met_tiny(tmp_path):
     assert "| mlp-784-1024-10 | 12 MiB |" in (tmp_path / "budget_met_tiny.md").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.testbed
 @pytest.mark.timeout(600)
 def test_model_zoo_experiment_tiny_loads_plans_and_checks_values(tmp_path):

@@ -25,6 +25,7 @@ def _case(name: str, *args: float) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_keras_step_planned_under_its_peak_keeps_every_value() -> None:
     r = _case("keras_step", 0.75)
@@ -138,6 +139,7 @@ def test_captured_variables_stay_where_they_were_created() -> None:
     assert any(n.op == "VarHandleOp" and n.device == host for n in moved.graph_def.node)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_keras_fit_with_a_memory_budget_trains_as_plain_fit() -> None:
     r = _case("keras_fit", 38)
@@ -148,6 +150,7 @@ def test_keras_fit_with_a_memory_budget_trains_as_plain_fit() -> None:
     assert len(r["unplanned_warnings"]) == 1 and "drop_remainder=True" in r["unplanned_warnings"][0]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_tf_keras_fit_with_a_memory_budget_plans_every_step_the_batch_size_divides() -> None:
     pytest.importorskip("tf_keras", reason="make installs tf-keras (requirements-zoo.lock)")

@@ -14,6 +14,7 @@ from tfmem import examples
 from tfmem.testbed import DEVICE, HOST
 
 
+@pytest.mark.slow
 @pytest.mark.testbed
 def test_unrolled_rnn_at_36_mib_is_refused_or_runs_in_36_mib():
     """Planning the planner again for less than it reached once gave a plan simulated at 30.0 MiB that measured
@@ -33,6 +34,7 @@ def test_unet_at_58_mib_is_refused_or_runs_in_58_mib():
     _refused_or_runs_within(examples.unet(batch=8, size=64, channels=16, levels=3), 58 * MiB)
 
 
+@pytest.mark.slow
 @pytest.mark.testbed
 def test_resnet20_with_momentum_at_112_mib_is_refused_or_runs_in_112_mib():
     """The first step's momentum updates copy the accumulators (and batch-norm betas, gammas) that share a zero or

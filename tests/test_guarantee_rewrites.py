@@ -114,6 +114,7 @@ def test_optimize_fences_after_the_plan():
     assert opt.report.after.peak_bytes < peak
 
 
+@pytest.mark.slow
 def test_large_scratch_kernels_are_totally_ordered_and_values_kept():
     """Chained by the pass; and in ``optimize`` at a budget 20% under vanilla's simulated peak, which it must
     accept, keeping the values."""

@@ -203,7 +203,8 @@ def test_cli_optimizes_a_v1_loop_graph(v1_loop, tmp_path, capsys):
 # -- TF2 While with a gradient --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("optimizer", "budget_share"), [(True, None), (True, 0.6), (False, None)],
+@pytest.mark.parametrize(("optimizer", "budget_share"),
+                         [(True, None), pytest.param(True, 0.6, marks=pytest.mark.slow), (False, None)],
                          ids=["minimize", "minimize-budget", "tf.gradients"])
 def test_v2_while_with_gradient_trains_identically(optimizer, budget_share):
     g = loop_graph(v2=True, optimizer=optimizer)

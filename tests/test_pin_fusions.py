@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import tfmem
 from models import transformer
 from tfmem.ir.devices import with_default_device
@@ -13,6 +15,7 @@ def _runtime_ops(graph_def, fetches):
     return {n.name: n.op for n in runtime_graph_def(graph_def, fetches).node}
 
 
+@pytest.mark.slow
 def test_moving_passes_keep_grappler_s_fusions():
     built = transformer.build(layers=1, d_model=128, d_ff=512, seq=64, batch=32)
     vanilla = _runtime_ops(with_default_device(built.graph.as_graph_def(), DEVICE), built.fetches)

@@ -11,6 +11,7 @@ import dataclasses
 from types import MappingProxyType
 
 import numpy as np
+import pytest
 import tensorflow as tf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -144,6 +145,7 @@ def test_random_chains_keep_their_values_whatever_is_swapped(chain):
     assert np.array_equal(vanilla, after)
 
 
+@pytest.mark.slow
 def test_an_moe_transformer_with_swapped_activations_trains_as_vanilla():
     """Measured without this pass: the second step's loss differed from vanilla's in its last bit (the attention
     softmax's gradient chain, scaled by 1/sqrt(24), was rebuilt in another order around a swap)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -122,6 +123,7 @@ def test_the_search_tries_each_strategy_alone_and_none_fits_an_impossible_target
     assert not any(c.peak_bytes <= 1 for c in search.plan_at(1))
 
 
+@pytest.mark.slow
 def test_host_placement_is_continued_by_swapping_where_neither_alone_fits():
     """A WGAN-GP whose variables (with Adam's slots) and activations both must shrink: placing the variables on
     the host, then swapping activations, fits a budget that neither strategy alone (nor swap with recompute)

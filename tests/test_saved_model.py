@@ -54,6 +54,7 @@ def _peaks(stdout: str) -> tuple[str, str]:
     return row.group(1), row.group(2)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_cli_writes_a_saved_model_whose_step_is_planned_below_its_peak(planned: tuple[Path, str]) -> None:
     out, stdout = planned
@@ -71,6 +72,7 @@ def _to_bytes(text: str) -> float:
     return parse_bytes(text.replace(" ", ""), what="a report figure")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_planned_saved_model_trains_bit_identically_on_the_loaded_variables(
         saved: Path, planned: tuple[Path, str]) -> None:

@@ -112,6 +112,7 @@ def _digest(seed: str) -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_same_graph_and_budget_give_the_same_graph_def_under_cpu_load():
     """Byte-identical plans from two runs: one on a quiet machine, one with every core kept busy by other

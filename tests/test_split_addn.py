@@ -133,6 +133,7 @@ def test_half_precision_pairs_and_looped_sums_are_left_alone():
     assert not result.changed
 
 
+@pytest.mark.slow
 def test_moving_passes_keep_the_sums_grappler_folds_bit_identical():
     """WGAN-GP's gradient penalty has add trees that Grappler folds into sorted AddNs; passes that add control
     edges and host copies stopped that folding, and the step differed by 1 ulp (measured) until optimize fixed
@@ -167,6 +168,7 @@ def test_a_training_step_is_bit_identical_and_needs_less(rnn):
     assert ctx.simulate(result.graph).peak_bytes < ctx.simulate(ir).peak_bytes
 
 
+@pytest.mark.slow
 def test_optimize_runs_it_first_and_takes_the_bound_after_it(rnn):
     # Below what it needs on one inter-op thread: a budget the graph meets returns it unchanged, no pass run.
     one = tfmem.simulate(rnn.graph, rnn.fetches, feed_shapes=rnn.feed_shapes, inter_op_threads=1).peak_bytes

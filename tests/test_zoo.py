@@ -68,6 +68,7 @@ def _slim_batch_norm_mlp(batch: int = 1024, width: int = 512, layers: int = 4) -
     return Built(graph, [train.name, loss.name], feeds, 0)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_slim_fused_batch_norm_step_is_planned_and_keeps_its_values() -> None:
     built = _slim_batch_norm_mlp()

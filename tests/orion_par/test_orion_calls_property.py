@@ -322,6 +322,7 @@ def modules(draw) -> tuple[str, int, int, int, int, int, int | None]:
             draw(st.sampled_from((4096, 7))), draw(st.sampled_from((0, None))))
 
 
+@pytest.mark.slow
 @seed(5)  # fixed: these 12 draws plan 5 bodies 1d, 3 2d and refuse 4
 @settings(max_examples=12, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])

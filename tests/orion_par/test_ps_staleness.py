@@ -146,6 +146,7 @@ def test_no_stale_reads_local_managed_communication():
         assert violations(logs[name], s) == []
 
 
+@pytest.mark.slow
 def test_no_stale_reads_ray(ray_session):
     from orion_par.ps.ray_transport import RayPS
 
