@@ -142,6 +142,7 @@ def test_planner_gap_tiny_finds_a_cap_no_smaller_than_the_bound(tmp_path):
     assert "| mlp-small |" in (tmp_path / "planner_gap_tiny.md").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.testbed
 def test_peak_variance_tiny_runs_both_forms(tmp_path):
     assert peak_variance.main(["--tiny", "--out", str(tmp_path)]) == 0

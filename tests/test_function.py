@@ -160,6 +160,7 @@ def test_tf_keras_fit_with_a_memory_budget_plans_every_step_the_batch_size_divid
     assert r["unplanned_warnings"] == []
 
 
+@pytest.mark.slow
 def test_a_testbed_connection_refuses_what_would_measure_wrong_with_the_fix() -> None:
     said = _case("testbed_refusals")
     assert "TF_ENABLE_ONEDNN_OPTS=0" in said["onednn"] and said["fixed"] == 8.0

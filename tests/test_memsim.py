@@ -351,9 +351,9 @@ def test_an_update_while_a_read_is_held_copies_the_variable(held):
     assert simulated >= (48 if held else 32) << 20   # variable, the filled update (and the copy)
 
 
+@pytest.mark.slow
 @pytest.mark.testbed
-@pytest.mark.parametrize(("channels", "groups", "kernel", "size"),
-                         [(256, 256, 3, 8), pytest.param(768, 96, 3, 16, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(("channels", "groups", "kernel", "size"), [(256, 256, 3, 8), (768, 96, 3, 16)])
 def test_xla_grouped_gradient(channels, groups, kernel, size):
     """tf_keras runs a grouped convolution as an XLA-compiled function call; its gradient holds two dense
     ``k x k x C x C`` filters while it runs when depthwise (ConvNeXt: 0.61x of the measured peak without them),

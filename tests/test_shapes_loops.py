@@ -100,6 +100,7 @@ def test_a_dynamic_rnn_lstm_is_planned_and_trains_identically():
     _plan_and_train(dynamic_rnn_graph())
 
 
+@pytest.mark.slow
 @pytest.mark.xfail(strict=True, raises=UnknownShapeError,
                    reason="a functional While gradient's body leaves its carried (batch, units) outputs partial")
 @pytest.mark.timeout(300)
