@@ -51,10 +51,14 @@ def build_mlp(seed: int = 0) -> Any:
     return model
 
 
+def training_state(model: Any) -> list[Any]:
+    """Every weight and optimizer slot of ``model``."""
+    return [*model.weights, *model.optimizer.variables]
+
+
 def state_digest(model: Any) -> str:
-    """A digest of every weight and optimizer slot of ``model``: equal digests, bit-identical training state."""
-    return hashlib.sha256(b"".join(np.asarray(v.numpy()).tobytes()
-                                   for v in [*model.weights, *model.optimizer.variables])).hexdigest()
+    """A digest of ``training_state(model)``: equal digests, bit-identical training state."""
+    return hashlib.sha256(b"".join(np.asarray(v.numpy()).tobytes() for v in training_state(model))).hexdigest()
 
 
 def fit_on_testbed(cap_mib: int, planned: bool, batches: int = 3, out: Path | None = None) -> dict[str, Any]:
@@ -87,7 +91,7 @@ def fit_on_testbed(cap_mib: int, planned: bool, batches: int = 3, out: Path | No
             "oom": result.oom, "error": result.error, "peak": result.device_peak_bytes,
             "host_peak": result.host_peak_bytes, "history": history[0] if history else None,
             "state": state_digest(model),
-            "places": sorted({v.value.device for v in [*model.weights, *model.optimizer.variables]})}
+            "places": sorted({v.value.device for v in training_state(model)})}
         if planned and callbacks[0].step is not None:
             report = callbacks[0].report
             step = callbacks[0].step
