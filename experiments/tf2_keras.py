@@ -1,6 +1,7 @@
 """Keras 3 ``fit`` on the testbed, plain and with ``tfmem.keras.MemoryBudget`` (issue 33).
 
-For each model of ``models/keras3.py``, each measurement in a process of its own (a process joins one testbed's
+For each model of ``models/keras3.py`` (the mixture of experts with its experts created in the testbed's host
+memory, ``tfmem.on_host``), each measurement in a process of its own (a process joins one testbed's
 cluster: ``tfmem.testbed.eager``):
 
 1. plain ``fit`` on a roomy device (``--runs`` times): the measured device peak, and the simulator's peak of the
@@ -13,7 +14,7 @@ cluster: ``tfmem.testbed.eager``):
 
 Every ``fit`` is a one-batch warm-up, then ``--repeats`` epochs of three batches, measured.
 
-    python -m experiments.tf2_keras                        # mlp, conv, attention, lstm; 2 runs; 0.7x
+    python -m experiments.tf2_keras                        # mlp, conv, attention, lstm, moe; 2 runs; 0.7x
     python -m experiments.tf2_keras --model conv --fraction 0.5
     python -m experiments.tf2_keras --tiny                 # CI smoke: the MLP, roomy only, one run
 """
@@ -57,7 +58,7 @@ def measure(model_name: str, mode: str, cap_mib: int, repeats: int) -> dict[str,
     with Testbed(f"{cap_mib}MiB") as testbed:
         remote = testbed.connect()
         with tf.device(remote.device):
-            model, x, y, batch = build(model_name)
+            model, x, y, batch = build(model_name, host=remote.host)
             model.optimizer.build(model.trainable_variables)
         row: dict[str, Any] = {"model": model_name, "mode": mode, "cap_mib": cap_mib}
         callbacks: list[Any] = []
@@ -109,7 +110,7 @@ def overhead(model_name: str, rounds: int) -> dict[str, Any]:
         twins = []
         for _ in range(2):
             with tf.device(remote.device):
-                model, x, y, batch = build(model_name)
+                model, x, y, batch = build(model_name, host=remote.host)
                 model.optimizer.build(model.trainable_variables)
             twins.append(model)
         run_keras_steps_on(twins[0], remote.device)

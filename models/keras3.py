@@ -1,8 +1,9 @@
 """Small Keras 3 models for the TensorFlow 2 measurements: each compiled, with data for a few batches.
 
 Sized so that one training step takes about a second on this machine's CPU and its activations dominate its
-device peak (what a plan can move). Each builder takes a seed and returns ``(model, x, y, batch_size)``;
-building under ``tf.device(...)`` puts the variables there.
+device peak (what a plan can move), but for ``moe``, whose experts' weights dominate it. Each builder takes a
+seed and a host device and returns ``(model, x, y, batch_size)``; building under ``tf.device(...)`` puts the
+variables there, and ``moe`` creates its experts (and so Adam's slots for them) on ``host`` when one is given.
 
     model, x, y, batch = build("conv", seed=0)
     model.fit(x, y, batch_size=batch, epochs=1)
@@ -24,7 +25,7 @@ def _compiled(model: Any) -> Any:
     return model
 
 
-def mlp(rng: np.random.Generator) -> tuple[Any, np.ndarray, np.ndarray, int]:
+def mlp(rng: np.random.Generator, host: str | None = None) -> tuple[Any, np.ndarray, np.ndarray, int]:
     """Eight 256-wide ReLU layers on 128 features, batches of 4096."""
     import keras
 
@@ -33,7 +34,7 @@ def mlp(rng: np.random.Generator) -> tuple[Any, np.ndarray, np.ndarray, int]:
     return _compiled(model), rng.random((3 * 4096, 128), np.float32), rng.integers(0, 10, 3 * 4096), 4096
 
 
-def conv(rng: np.random.Generator) -> tuple[Any, np.ndarray, np.ndarray, int]:
+def conv(rng: np.random.Generator, host: str | None = None) -> tuple[Any, np.ndarray, np.ndarray, int]:
     """Three conv blocks (conv, batch norm in training mode, ReLU, pooling) and dropout with a fixed seed."""
     import keras
 
@@ -46,7 +47,7 @@ def conv(rng: np.random.Generator) -> tuple[Any, np.ndarray, np.ndarray, int]:
     return _compiled(model), rng.random((3 * 64, 32, 32, 3), np.float32), rng.integers(0, 10, 3 * 64), 64
 
 
-def attention(rng: np.random.Generator) -> tuple[Any, np.ndarray, np.ndarray, int]:
+def attention(rng: np.random.Generator, host: str | None = None) -> tuple[Any, np.ndarray, np.ndarray, int]:
     """Token embeddings, two self-attention blocks (4 heads) with feed-forward layers, mean pooling."""
     import keras
 
@@ -63,7 +64,7 @@ def attention(rng: np.random.Generator) -> tuple[Any, np.ndarray, np.ndarray, in
             32)
 
 
-def lstm(rng: np.random.Generator) -> tuple[Any, np.ndarray, np.ndarray, int]:
+def lstm(rng: np.random.Generator, host: str | None = None) -> tuple[Any, np.ndarray, np.ndarray, int]:
     """Two stacked LSTM layers (64 units) over 64 steps of 32 features: the loop keeps every step's activations
     in TensorLists for the gradient."""
     import keras
@@ -73,17 +74,72 @@ def lstm(rng: np.random.Generator) -> tuple[Any, np.ndarray, np.ndarray, int]:
     return _compiled(model), rng.random((3 * 128, 64, 32), np.float32), rng.integers(0, 10, 3 * 128), 128
 
 
-BUILDERS: dict[str, Callable[[np.random.Generator], tuple[Any, np.ndarray, np.ndarray, int]]] = {
-    "mlp": mlp, "conv": conv, "attention": attention, "lstm": lstm}
+def moe(rng: np.random.Generator, host: str | None = None, *, experts: int = 24, hidden: int = 1024,
+        width: int = 256, batch: int = 256) -> tuple[Any, np.ndarray, np.ndarray, int]:
+    """A mixture of ``experts`` experts (each ``width -> hidden -> width``, ReLU) between two dense layers, with a
+    softmax gate that weighs every expert's output for every token: each step reads and updates all experts,
+    one after another. With ``host``, the experts are created there (``tfmem.on_host``), and so are Adam's
+    slots for them: they visit the device only while used."""
+    import contextlib
+
+    import keras
+
+    from tfmem.host_variables import on_host
+
+    tokens = keras.Input((width,))
+    h = keras.layers.Dense(width, activation="relu")(tokens)
+    gates = keras.layers.Dense(experts, activation="softmax")(h)
+    with on_host(host) if host else contextlib.nullcontext():
+        mixed = experts_layer(experts, hidden)(h, gates)
+    model = keras.Model(tokens, keras.layers.Dense(10)(h + mixed))
+    return (_compiled(model), rng.random((3 * batch, width), np.float32), rng.integers(0, 10, 3 * batch),
+            batch)
 
 
-def build(name: str, seed: int = 0) -> tuple[Any, np.ndarray, np.ndarray, int]:
+def _experts_layer() -> type:
+    import keras
+
+    class _Experts(keras.layers.Layer):  # type: ignore[misc]
+        """``experts`` two-layer ReLU networks, each its own variables, mixed by the gate's weights."""
+
+        def __init__(self, experts: int, hidden: int, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.experts, self.hidden = experts, hidden
+
+        def build(self, x_shape: Any, gates_shape: Any = None) -> None:
+            width = x_shape[-1]
+            self.w_in = [self.add_weight((width, self.hidden), name=f"expert{e}_in") for e in range(self.experts)]
+            self.w_out = [self.add_weight((self.hidden, width), name=f"expert{e}_out") for e in range(self.experts)]
+
+        def call(self, x: Any, gates: Any) -> Any:
+            from keras import ops
+
+            out = None
+            for e in range(self.experts):
+                y = ops.matmul(ops.relu(ops.matmul(x, self.w_in[e])), self.w_out[e]) * gates[:, e:e + 1]
+                out = y if out is None else out + y
+            return out
+
+    return _Experts
+
+
+def experts_layer(experts: int, hidden: int) -> Any:
+    """The experts of ``moe``: a Keras layer called on ``(x, gates)``."""
+    return _experts_layer()(experts, hidden)
+
+
+BUILDERS: dict[str, Callable[[np.random.Generator, str | None], tuple[Any, np.ndarray, np.ndarray, int]]] = {
+    "mlp": mlp, "conv": conv, "attention": attention, "lstm": lstm, "moe": moe}
+
+
+def build(name: str, seed: int = 0, host: str | None = None) -> tuple[Any, np.ndarray, np.ndarray, int]:
     """The model ``name`` (one of ``BUILDERS``) with Keras' seeds set to ``seed``, its inputs and labels (int32)
-    and its batch size (which divides the data: every step is planned)."""
+    and its batch size (which divides the data: every step is planned). ``host``: where ``moe`` creates its
+    experts (the others ignore it)."""
     import keras
 
     if name not in BUILDERS:
         raise ValueError(f"no Keras 3 model {name!r}; choose from {', '.join(BUILDERS)}")
     keras.utils.set_random_seed(seed)
-    model, x, y, batch = BUILDERS[name](np.random.default_rng(seed))
+    model, x, y, batch = BUILDERS[name](np.random.default_rng(seed), host)
     return model, x, y.astype(np.int32), batch

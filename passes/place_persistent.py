@@ -83,6 +83,7 @@ class PersistentGroup:
     nbytes: int
     reads: tuple[TensorRef, ...]       # tensors made on the host that device ops read
     ref: bool                          # reference variables: updates must wait for prefetches
+    resident: bool = False             # created on the host (moving it costs nothing: only its reads are timed)
 
 
 @dataclass(frozen=True)
@@ -107,22 +108,24 @@ class PlacePersistent:
         if profile.peak_bytes <= target_bytes:
             return PassResult(graph, False, PassReport.empty(self.name, "already within the budget"))
         timeline = StepTimeline.build(graph, ctx.fetches, profile, ctx.feed_shapes)
-        groups = sorted(persistent_groups(graph, timeline.eg, Placement(ctx.device, ctx.host), self.min_bytes),
-                        key=lambda g: (-g.nbytes, g.roots))
-        start_peak, moved, current = profile.peak_bytes, 0, graph
+        found = persistent_groups(graph, timeline.eg, Placement(ctx.device, ctx.host), self.min_bytes)
+        # Variables created on the host (a TF2 variable cannot move) cost no move: their reads get prefetches first.
+        resident = sorted((g for g in found if g.resident), key=lambda g: g.roots)
+        groups = sorted((g for g in found if not g.resident), key=lambda g: (-g.nbytes, g.roots))
+        start_peak, moved, current, chosen = profile.peak_bytes, -1 if resident else 0, graph, []
         while moved < len(groups) and profile.peak_bytes > target_bytes:
-            excess, take = (profile.peak_bytes - target_bytes) * self.overshoot, moved
+            excess, take = (profile.peak_bytes - target_bytes) * self.overshoot, max(moved, 0)
             covered = 0
-            while take < len(groups) and covered < excess:
+            while moved >= 0 and take < len(groups) and covered < excess:
                 covered += groups[take].nbytes
                 take += 1
-            trial = chain_to_host(place_groups(graph, groups[:take], timeline, ctx.host, self.link), groups[:take],
-                                  timeline, ctx.host)
+            trying = resident + groups[:take]
+            trial = chain_to_host(place_groups(graph, trying, timeline, ctx.host, self.link), trying, timeline,
+                                  ctx.host)
             trial_profile = ctx.simulate(trial)
             moved = take
             if trial_profile.peak_bytes < profile.peak_bytes:
-                current, profile = trial, trial_profile
-        chosen = [g for g in groups[:moved]] if current is not graph else []
+                current, profile, chosen = trial, trial_profile, trying
         if not chosen:
             return PassResult(graph, False, PassReport.empty(
                 self.name, f"moving variables to the host did not lower the peak ({format_bytes(start_peak)})"))
@@ -131,16 +134,21 @@ class PlacePersistent:
     def _report(self, before: GraphIR, after: GraphIR, chosen: list[PersistentGroup], start_peak: int,
                 profile: MemoryProfile, target_bytes: int) -> PassReport:
         added = len(after) - len(before)
-        moved_bytes = sum(g.nbytes for g in chosen)
+        moved = [g for g in chosen if not g.resident]
+        resident = [g for g in chosen if g.resident]
         met = "meets" if profile.peak_bytes <= target_bytes else "still above"
         per_step = sum((after.spec(TensorRef(n.name, 0)).nbytes or 0) for n in after.nodes
                        if n.attr_bool(PREFETCH_TAG))
+        where = [f"{len(moved)} variable groups / constants ({format_bytes(sum(g.nbytes for g in moved))}) now "
+                 "live on the host"] if moved else []
+        where += [f"{len(resident)} variable groups created on the host "
+                  f"({format_bytes(sum(g.nbytes for g in resident))}) are read there"] if resident else []
         notes = (
-            f"{len(chosen)} variable groups / constants ({format_bytes(moved_bytes)}) now live on the host; "
-            f"{added} prefetches bring {format_bytes(per_step)} to the device per step",
+            f"{'; '.join(where)}; {added} prefetches bring {format_bytes(per_step)} to the device per step",
             f"simulated peak {format_bytes(start_peak)} -> {format_bytes(profile.peak_bytes)}, {met} the budget",
         )
-        details: dict[str, object] = {"moved": [r for g in chosen for r in g.roots], "prefetches": added,
+        details: dict[str, object] = {"moved": [r for g in moved for r in g.roots],
+                                      "resident": [r for g in resident for r in g.roots], "prefetches": added,
                                       "groups": [(",".join(g.roots), g.nbytes) for g in chosen]}
         return PassReport(self.name, True, nodes_added=added, control_edges_added=added, bytes_moved=per_step,
                           notes=notes, details=details)
@@ -404,8 +412,10 @@ def persistent_groups(graph: GraphIR, eg: ExecutionGraph, placement: Placement, 
         if ra != rb:
             parent[rb] = ra
 
+    # On the device and free to move, or already on the host (where device ops read it through copies)
     variables = [n.name for n in graph.nodes if n.op in VARIABLE_OPS and n.name in eg.unit_of
-                 and placement.domain(n.device) == "device" and not n.attr_bool(PINNED_TAG)]
+                 and ((placement.domain(n.device) == "device" and not n.attr_bool(PINNED_TAG))
+                      or placement.domain(n.device) == "host")]
     for v in variables:
         parent.setdefault(v, v)
     var_set = set(variables)
@@ -434,9 +444,11 @@ def persistent_groups(graph: GraphIR, eg: ExecutionGraph, placement: Placement, 
         )
         if any(eg.is_region(c) for t in reads for c in eg.consumers(t)) or any(may_be_dead(graph, t) for t in reads):
             continue  # a frame reads it whole, or a TF1 cond may skip it: no prefetch of it
-        if nbytes >= min_bytes:
+        resident = all(placement.domain(graph[v].device) == "host" for v in roots)
+        if nbytes >= min_bytes and (reads or not resident):
             ref = any(graph[v].op in REF_VARIABLE_OPS for v in roots)
-            groups.append(PersistentGroup(tuple(sorted(roots)), tuple(sorted(members)), nbytes, reads, ref))
+            groups.append(PersistentGroup(tuple(sorted(roots)), tuple(sorted(members)), nbytes, reads, ref,
+                                          resident))
     for node in graph.nodes:
         if (node.op in PERSISTENT_OUTPUT_OPS and node.op not in VARIABLE_OPS and node.name in eg.unit_of
                 and placement.domain(node.device) == "device" and (node.outputs[0].nbytes or 0) >= min_bytes

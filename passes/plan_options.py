@@ -58,13 +58,21 @@ def build_options(graph: GraphIR, ctx: PassContext, timeline: StepTimeline, prof
         placement = Placement(ctx.device, ctx.host)
         for g in persistent_groups(graph, timeline.eg, placement, PlacePersistent().min_bytes):
             reads, _ = plan_group_prefetches(graph, g, timeline, usable, link)
-            windows = sorted(
-                (timeline.end_s[p.trigger] if p.trigger else 0.0, max(timeline.end_s[c] for c in p.consumers),
-                 graph.spec(t).nbytes or 0)
-                for t, prefetches in reads for p in prefetches)
-            savings = savings_outside(g.nbytes, windows, makespan)
+            windows = {t: sorted((timeline.end_s[p.trigger] if p.trigger else 0.0,
+                                  max(timeline.end_s[c] for c in p.consumers), graph.spec(t).nbytes or 0)
+                                 for p in prefetches) for t, prefetches in reads}
+            exposed = sum(p.exposed_s for _, ps in reads for p in ps)
+            if g.resident:
+                # Created on the host: unplanned, each read's copy reaches the device as the step starts and
+                # stays until its last reader. Timed prefetches save that outside their windows, and cost
+                # only what they expose: the copies were made anyway.
+                savings = tuple(s for t, w in windows.items() if w
+                                for s in savings_outside(graph.spec(t).nbytes or 0, w, max(e for _, e, _ in w)))
+                out.append(Option("place", ",".join(g.roots), g.nbytes, exposed, savings, g))
+                continue
+            savings = savings_outside(g.nbytes, sorted(x for w in windows.values() for x in w), makespan)
             transfer = sum(p.transfer_s for _, ps in reads for p in ps) + link.transfer_s(g.nbytes)
-            cost = sum(p.exposed_s for _, ps in reads for p in ps) + copy_share(link) * transfer
+            cost = exposed + copy_share(link) * transfer
             out.append(Option("place", ",".join(g.roots), g.nbytes, cost, savings, g))
     return out
 

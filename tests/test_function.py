@@ -39,6 +39,16 @@ def test_a_keras_step_planned_under_its_peak_keeps_every_value() -> None:
     assert len(r["warnings"]) == 1 and ".plan(" in r["warnings"][0]
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_experts_created_on_the_host_visit_the_device_per_use_and_train_identically() -> None:
+    r = _case("moe_fit", 0.5)
+    assert r["experts_on_host"] == [True]            # tfmem.on_host created them there (and Adam's slots)
+    assert r["after"] <= r["budget"] < r["before"]
+    assert r["resident"]                             # their reads were timed, not moved
+    assert r["same_history"] and r["same_state"]     # losses, weights and Adam's slots, bit for bit
+
+
 def _nested_step(v: tf.Variable):
     @tf.function
     def inner(x):
@@ -166,6 +176,14 @@ def test_a_testbed_connection_refuses_what_would_measure_wrong_with_the_fix() ->
     assert "TF_ENABLE_ONEDNN_OPTS=0" in said["onednn"] and said["fixed"] == 8.0
     assert "process of its own" in said["second"]
     assert "another process for sessions" in said["session"]
+
+
+@pytest.mark.slow
+def test_a_connected_measurement_ends_promptly_in_an_out_of_memory_or_a_crash() -> None:
+    oom, crash = _case("testbed_oom"), _case("testbed_crash")
+    assert oom["oom"] and "out of memory" in oom["error"] and oom["seconds"] < 8   # TF's own retry takes 10 s
+    assert "worker server died" in crash["crash"] and crash["seconds"] < 30
+    assert "new process" in oom["after"] and "new process" in crash["after"]   # the connection is over
 
 
 def test_attention_gradients_get_their_shapes() -> None:

@@ -267,6 +267,43 @@ def _stay_bytes(graph, start):
     return max((graph.spec(TensorRef(start, i)).nbytes or 0 for i in range(len(graph[start].outputs))), default=0)
 
 
+def _experts_on_host(graph_def):
+    """``graph_def`` placed as a user who created the experts on the host would have it: their variables (and
+    Adam's slots), and every op that reads, updates or is colocated with them, there; the rest on the device."""
+    out = placed(graph_def)
+    on_host = {n.name for n in out.node if n.op == "VarHandleOp" and n.name.startswith("expert")}
+    for n in out.node:
+        colocated = {c.decode()[5:] for c in n.attr["_class"].list.s} if "_class" in n.attr else set()
+        if n.name in on_host or colocated & on_host or any(i.split(":")[0] in on_host for i in n.input):
+            n.device = HOST
+    return out, on_host
+
+
+def test_variables_created_on_the_host_are_prefetched_per_use_not_moved():
+    built = examples.moe_layer(experts=4, batch=64, d_model=128, d_ff=256, optimizer="adam")
+    graph_def, on_host = _experts_on_host(built.graph.as_graph_def())
+    ir = tfmem.load(graph_def)
+    ctx = PassContext(tuple(built.fetches), None, DEVICE, HOST, inter_op_threads=THREADS)
+    unplanned = ctx.simulate(ir)
+    # Unplanned, every read of a host variable is copied to the device as the step starts, so the step holds
+    # all experts' copies together; planned, each copy comes just before its readers.
+    ctx = PassContext(tuple(built.fetches), int(unplanned.peak_bytes * 0.6), DEVICE, HOST, inter_op_threads=THREADS)
+    result = PlacePersistent().run(ir, ctx)
+    assert result.changed
+    details = result.report.details
+    assert details["moved"] == [] and set(details["resident"]) <= on_host and len(details["resident"]) >= 8
+    assert "created on the host" in result.report.notes[0]
+    assert all(result.graph[n.name].device == n.device for n in ir.nodes)   # nothing moved: only copies added
+    prefetches = [n for n in result.graph.nodes if n.attr_bool(PREFETCH_TAG)]
+    assert prefetches and all(same_device(n.device, HOST) and n.control_inputs for n in prefetches)
+    assert ctx.simulate(result.graph).peak_bytes < unplanned.peak_bytes
+    verify(result.graph)
+    tensors = [f for f in built.fetches if ":" in f]
+    same = zip(session_run(graph_def, tensors, built.feeds), session_run(result.graph.to_graph_def(), tensors,
+                                                                        built.feeds), strict=True)
+    assert all(np.array_equal(a, b) for a, b in same)
+
+
 def test_gpu_and_cpu_device_strings():
     built = examples.mlp(batch=256, dims=(256, 1024, 1024, 10))
     ir = tfmem.load(placed(built.graph, "/GPU:0"))

@@ -170,7 +170,92 @@ def testbed_refusals() -> dict[str, Any]:
     return said
 
 
-CASES = {"keras_step": keras_step, "testbed_refusals": testbed_refusals, "keras_fit": keras_fit,
+def moe_fit(fraction: float) -> dict[str, Any]:
+    """A mixture of experts created in host memory (``tfmem.on_host``), ``fit`` with ``MemoryBudget`` at
+    ``fraction`` of its plain step's simulated peak, against plain ``fit`` of a twin built alike."""
+    import keras
+
+    import tfmem
+    import tfmem.keras
+    from models.keras3 import moe
+    from tfmem.traced import trace
+
+    def built() -> tuple[Any, np.ndarray, np.ndarray, int]:
+        keras.utils.set_random_seed(0)
+        with tf.device(DEVICE):
+            model, x, y, batch = moe(np.random.default_rng(0), HOST, experts=8, hidden=256, width=64, batch=64)
+            model.optimizer.build(model.trainable_variables)
+        return model, x, y.astype(np.int32), batch
+
+    probe, x, y, batch = built()   # traced for the plain step's peak, never run
+    traced = trace(tf.function(lambda data: probe.train_step(data), jit_compile=False).get_concrete_function(
+        (tf.constant(x[:batch]), tf.constant(y[:batch]))))
+    plain = tfmem.unoptimized_profile(traced.graph_def, traced.fetches, device=DEVICE, host=HOST).peak_bytes
+    planned_model, reference = built()[0], built()[0]
+    budget = tfmem.keras.MemoryBudget(int(plain * fraction), device=DEVICE, host=HOST)
+    history = planned_model.fit(x, y, batch_size=batch, epochs=2, shuffle=False, verbose=0, callbacks=[budget])
+    twin = reference.fit(x, y, batch_size=batch, epochs=2, shuffle=False, verbose=0)
+    report = budget.report
+    placed = [p for p in report.passes if p.name in ("place_persistent", "planner") and p.changed]
+    return {"plain": plain, "budget": report.budget_bytes, "before": report.before.peak_bytes,
+            "after": report.after.peak_bytes, "same_history": history.history == twin.history,
+            "same_state": all(np.array_equal(a, b) for a, b in zip(_state(planned_model, planned_model.optimizer),
+                                                                   _state(reference, reference.optimizer), strict=True)),
+            "experts_on_host": sorted({v.value.device == HOST for v in planned_model.weights if "expert" in v.path}),
+            "resident": sorted({r for p in placed for r in p.details.get("resident", [])}),
+            "notes": [n for p in report.passes if p.changed for n in p.notes]}
+
+
+def _testbed_ending(ending: str) -> dict[str, Any]:
+    """How a connected measurement ends: a step over the cap (``oom``: reported without TensorFlow's 10 s
+    allocation retry), or a device server killed mid-step (``crash``: not a client waiting forever); and
+    what a measurement after it says."""
+    import signal
+    import threading
+    import time
+
+    from tfmem.errors import TestbedCrashError, TestbedError
+    from tfmem.testbed import Testbed
+
+    said: dict[str, Any] = {}
+    with Testbed("16MiB") as testbed:
+        remote = testbed.connect()
+
+        @tf.function
+        def step(n: Any) -> Any:   # a 32 MiB tensor on a 16 MiB device, or a few seconds of small matmuls
+            with tf.device(remote.device):
+                if ending == "oom":
+                    return tf.reduce_sum(tf.fill((8 * 2**20,), tf.cast(n, tf.float32)))   # not folded
+                x = tf.ones((128, 128))
+                return tf.reduce_sum(tf.while_loop(lambda i, y: i < n, lambda i, y: (i + 1, tf.tanh(y @ x)),
+                                                   (0, x))[1])
+
+        if ending == "crash":
+            worker = testbed.pids["worker"]
+            threading.Timer(2.0, lambda: os.kill(worker, signal.SIGKILL)).start()
+        start = time.monotonic()
+        try:
+            result = remote.measure(lambda: step(tf.constant(10**7)).numpy())
+            said = {"oom": result.oom, "error": result.error}
+        except TestbedCrashError as e:
+            said = {"crash": str(e)}
+        said["seconds"] = time.monotonic() - start
+        try:
+            remote.measure(lambda: None)
+        except TestbedError as e:
+            said["after"] = str(e)
+    return said
+
+
+def testbed_oom() -> dict[str, Any]:
+    return _testbed_ending("oom")
+
+
+def testbed_crash() -> dict[str, Any]:
+    return _testbed_ending("crash")
+
+
+CASES = {"keras_step": keras_step, "testbed_oom": testbed_oom, "testbed_crash": testbed_crash, "moe_fit": moe_fit, "testbed_refusals": testbed_refusals, "keras_fit": keras_fit,
          "tf_keras_fit": tf_keras_fit}
 
 

@@ -7,6 +7,7 @@ Public surface::
     tfmem.optimize(graph, fetches, budget=...) -> Optimized(graph, graph_def, config, report)
     tfmem.unoptimized_profile(graph, fetches) -> MemoryProfile: optimize's "before", what `tfmem analyze` shows
     tfmem.function(step, budget=...)          -> PlannedFunction: a TF2 step planned to fit, on the same variables
+    tfmem.on_host(host)                       -> a scope: TF2 variables made in it live in host memory
     tfmem.measure.grappler_peak(...)          -> TensorFlow's own estimate, to cross-check
     tfmem.testbed.Testbed(...)                -> real execution on an emulated, memory-capped accelerator
 
@@ -38,6 +39,7 @@ _LAZY = {
     "LiveTensor": "tfmem.sim.profile", "MemoryProfile": "tfmem.sim.profile", "simulate": "tfmem.sim.memsim",
     "Optimized": "tfmem.optimizer", "optimize": "tfmem.optimizer", "unoptimized_profile": "tfmem.optimizer",
     "function": "tfmem.planned_function", "PlannedFunction": "tfmem.planned_function",
+    "on_host": "tfmem.host_variables",
 }
 
 __all__ = [

@@ -14,10 +14,18 @@ results. A dataset's ``variant`` tensors cannot be copied between jobs, so the i
 process: ``run_keras_steps_on`` places plain ``fit``'s steps on the device the way ``tfmem.keras.MemoryBudget``
 places its planned ones.
 
+``measure`` runs the steps in a helper thread that ``tfmem.testbed.watch`` watches, as a session's run is: an
+allocation over the cap is reported from the allocator's memory map at once (not after TensorFlow's 10 s
+retry), and a server that dies ends the measurement with ``TestbedCrashError`` instead of a client waiting
+forever. Both happen: when a step ran out of memory receiving a tensor from the host job, the device server
+died of a segmentation fault after writing its maps (a mixture of experts created in host memory,
+``experiments/tf2_keras.py``); that is reported as the out-of-memory it is. Either way the servers are stopped,
+so the connection measures nothing more.
+
 Gaps. TensorFlow has no call that leaves a cluster: once connected, this process's eager runtime keeps the
 servers' devices after the testbed closes, and logs an error for each function it can no longer remove there.
-Connect one testbed per process (a second ``connect`` in the process is refused). An out-of-memory step waits
-for TensorFlow's allocation retry (about 10 s) before it fails; a hung step is not cut short as a session's is.
+Connect one testbed per process (a second ``connect`` in the process is refused). A hung step is not cut short
+(no phase has a time limit here, unlike a session's run).
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
@@ -58,8 +67,12 @@ class Connected:
     >>> result.oom, result.device_peak_bytes                                 # doctest: +SKIP
     """
 
-    def __init__(self, procs: dict[str, ServerProcess]) -> None:
+    def __init__(self, procs: dict[str, ServerProcess], dumps: Callable[[], list[Path]] | None = None,
+                 stop: Callable[[], None] | None = None) -> None:
         self._procs = procs
+        self._dumps = dumps or (lambda: [])
+        self._stop = stop or (lambda: None)
+        self._ended: str | None = None   # why the servers were stopped, once they were
         self.device, self.host = DEVICE, HOST
 
     def sync(self) -> None:
@@ -90,53 +103,83 @@ class Connected:
         """Run ``warmup`` once (unmeasured: tracing, and the servers instantiating the functions), reset the peaks,
         run ``body`` ``repeats`` times and read the peaks.
 
-        Returns a ``RunResult``: ``ending`` ``"oom"`` when the device went over its cap (with TensorFlow's line),
-        else the peaks over the repeats and the median wall time of one ``body``. ``body``'s values are the
-        caller's (keep them in a closure); ``outputs`` is empty.
+        Returns a ``RunResult``: ``oom`` when the device went over its cap (TensorFlow's line, or the request the
+        allocator could not serve: then the servers were stopped and the connection measures nothing more), else
+        the peaks over the repeats and the median wall time of one ``body``. ``body``'s values are the caller's
+        (keep them in a closure); ``outputs`` is empty.
 
         Raises
         ------
         TestbedCrashError
-            If a server died; the connection cannot be repaired (see the module's gaps).
+            If a server died (after no failed request); the connection cannot be repaired.
         TestbedError
             If ``body`` failed with another TensorFlow error.
         """
-        from tfmem.testbed.runner import RunResult, is_oom, one_line
+        from tfmem.testbed.runner import RunResult, is_oom, one_line, unserved
+        from tfmem.testbed.watch import Phase, watch
 
         if repeats < 1:
             raise BadInputError(f"testbed: repeats must be >= 1, got {repeats}")
+        if self._ended is not None:
+            raise TestbedError(f"testbed: this connection is over ({self._ended}); measure again in a new process "
+                               "with a new Testbed")
         started = time.monotonic()
-        phase = "warm-up"
-        times: list[float] = []
-        try:
+        earlier = set(self._dumps())   # maps of an earlier measurement's failed requests
+
+        def work(phase: Phase) -> tuple[list[float], int, int]:
+            times: list[float] = []
             if warmup is not None:
+                phase.enter("warm-up", float("inf"))
                 warmup()
             self.reset_peaks()
             for i in range(repeats):
-                phase = f"timed run {i + 1} of {repeats}"
+                phase.enter(f"timed run {i + 1} of {repeats}", float("inf"))
                 start = time.perf_counter()
                 body()
                 self.sync()
                 times.append(time.perf_counter() - start)
-            phase = "reading the peaks"
+            phase.enter("reading the peaks", float("inf"))
             device, host = self.peaks()
-        except tf.errors.OpError as e:
-            elapsed = time.monotonic() - started
-            if is_oom(e):
-                return RunResult(oom=True, error=f"out of memory in the {phase}: {one_line(e)}",
-                                 device_peak_bytes=None, host_peak_bytes=None, step_time_s=None,
-                                 reached_s=elapsed, elapsed_s=elapsed)
-            dead = [job for job, p in self._procs.items() if not p.alive()]
-            if dead or isinstance(e, tf.errors.UnavailableError):
-                raise TestbedCrashError(f"testbed: the {' and '.join(dead) or 'a'} server died in the {phase} "
-                                        f"({one_line(e)})", phase=phase) from e
-            raise TestbedError(f"testbed: the {phase} failed with {one_line(e)}") from e
+            return times, device, host
+
+        ending = watch(work, started=started, dumps=lambda: [d for d in self._dumps() if d not in earlier],
+                       dead=self._died, stop=self._stop_servers)
         elapsed = time.monotonic() - started
-        return RunResult(oom=False, error=None, device_peak_bytes=device, host_peak_bytes=host,
-                         step_time_s=statistics.median(times), reached_s=elapsed, elapsed_s=elapsed)
+        if ending.kind == "ran":
+            times, device, host = ending.value
+            return RunResult(oom=False, error=None, device_peak_bytes=device, host_peak_bytes=host,
+                             step_time_s=statistics.median(times), reached_s=elapsed, elapsed_s=elapsed)
+        e = ending.error
+        if ending.kind == "oom" or (isinstance(e, tf.errors.OpError) and is_oom(e)):
+            said = one_line(e) if isinstance(e, tf.errors.OpError) and is_oom(e) else unserved(ending.dump)
+            after = f" after {ending.after_s:.2f} s" if ending.kind == "oom" else ""
+            return RunResult(oom=True, error=f"out of memory in the {ending.phase}{after}: {said}",
+                             device_peak_bytes=None, host_peak_bytes=None, step_time_s=None,
+                             reached_s=ending.after_s, elapsed_s=elapsed)
+        if ending.kind == "crash" or isinstance(e, tf.errors.UnavailableError):
+            self._stop_servers()
+            raise TestbedCrashError(f"testbed: {self._ended} in the {ending.phase}"
+                                    + (f" ({one_line(e)})" if isinstance(e, tf.errors.OpError) else ""),
+                                    phase=ending.phase) from e
+        if isinstance(e, tf.errors.OpError):
+            raise TestbedError(f"testbed: the {ending.phase} failed with {one_line(e)}") from e
+        assert e is not None
+        raise e
+
+    def _died(self) -> bool:
+        return not all(p.alive() for p in self._procs.values())
+
+    def _stop_servers(self) -> None:
+        """Cut a measurement short (``watch``): the servers are killed, which ends the helper's TensorFlow call."""
+        if self._ended is None:
+            dead = [job for job, p in self._procs.items() if not p.alive()]
+            self._ended = (f"the {' and '.join(dead)} server died" if dead
+                           else "the servers were stopped at an out-of-memory")
+            self._stop()
 
 
-def connect(testbed_id: int, cluster: dict[str, list[str]], procs: dict[str, ServerProcess]) -> Connected:
+def connect(testbed_id: int, cluster: dict[str, list[str]], procs: dict[str, ServerProcess],
+            dumps: Callable[[], list[Path]] | None = None, stop: Callable[[], None] | None = None) -> Connected:
     """Join this process's eager runtime to ``cluster`` (see ``Testbed.connect``)."""
     if _CONNECTED:
         raise BadInputError("testbed: this process's eager runtime already joined a testbed's cluster, and "
@@ -149,7 +192,7 @@ def connect(testbed_id: int, cluster: dict[str, list[str]], procs: dict[str, Ser
                             "the environment before TensorFlow is imported")
     tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(cluster))
     _CONNECTED.append(testbed_id)
-    return Connected(procs)
+    return Connected(procs, dumps, stop)
 
 
 def run_keras_steps_on(model: Any, device: str) -> None:

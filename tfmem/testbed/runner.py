@@ -244,7 +244,8 @@ class Testbed:
                 raise TestbedError("testbed: connect() on a closed Testbed; open a new one")
             if not self._healthy():
                 self._start(self._running_inter_op if self._running_inter_op >= 0 else self.inter_op_threads)
-            self._connected = connect(id(self), self.cluster, dict(self._procs))
+            self._clear_dumps()
+            self._connected = connect(id(self), self.cluster, dict(self._procs), self._dumps, self._kill_servers)
         return self._connected
 
     @property
@@ -434,7 +435,7 @@ class Testbed:
         if ending.kind == "oom":
             told = one_line(error) if isinstance(error, tf.errors.OpError) and is_oom(error) else None
             where = f"out of memory in the {ending.phase} after {ending.after_s:.2f} s"
-            text = f"{where}: {told}" if told else f"{where}: {_unserved(ending.dump)}"
+            text = f"{where}: {told}" if told else f"{where}: {unserved(ending.dump)}"
             return RunResult(oom=True, error=text, device_peak_bytes=None, host_peak_bytes=None, step_time_s=None,
                              reached_s=ending.after_s, elapsed_s=elapsed)
         if ending.kind == "timeout":
@@ -607,7 +608,7 @@ def _run_and_close(target: str, g: tf.Graph, config: tf.compat.v1.ConfigProto,
         sess.close()
 
 
-def _unserved(dump: Path | None) -> str:
+def unserved(dump: Path | None) -> str:
     """What the allocator's memory map at a failed request says: in use, free, and the largest free chunk."""
     from tensorflow.core.protobuf.bfc_memory_map_pb2 import MemoryDump
 

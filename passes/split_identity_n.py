@@ -1,0 +1,97 @@
+"""Split each ``IdentityN`` into one ``Identity`` per tensor: the same values without the barrier.
+
+``IdentityN`` passes N tensors through unchanged, but starts only when all N exist, so all N are on the device
+together. Keras 3 passes every gradient of a step through one (``tf.custom_gradient`` around the optimizer's
+update), which makes the whole gradient a working set: a mixture of experts cannot update one expert while the
+next expert's gradient is computed, and its lower bound is every expert's gradient at once
+(``tests/test_split_identity_n.py``). Separate identities let each tensor flow on as soon as it exists.
+
+Only the barrier goes: control edges into the ``IdentityN`` are kept on every identity. An ``IdentityN`` that
+is fetched, that others wait for through a control edge, or that sits in a v1 loop frame is left alone (its
+name or its timing is part of the graph's contract there).
+
+Requires: nothing. Ensures: the same values (identities copy nothing); the outputs' consumers read the new
+identities.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import ClassVar
+
+from tensorflow.core.framework import attr_value_pb2
+
+from tfmem.ir.editor import DO_NOT_REMOVE
+from tfmem.ir.frames import find_regions
+from tfmem.ir.graph import GraphIR, OpNode, TensorRef
+from tfmem.pipeline import PassContext, PassReport, PassResult
+from tfmem.units import format_bytes
+
+SPLIT_TAG = "_tfmem_split_identity_n"
+
+
+@dataclass(frozen=True)
+class SplitIdentityN:
+    """Replace each ``IdentityN`` of 2+ tensors by an ``Identity`` per tensor (see the module docstring).
+
+    Examples
+    --------
+    >>> import tensorflow as tf
+    >>> from tfmem.ir.loading import load
+    >>> from tfmem.pipeline import PassContext
+    >>> g = tf.Graph()
+    >>> with g.as_default():
+    ...     a, b = tf.ones((4,)), tf.zeros((4,))
+    ...     a2, b2 = tf.identity_n([a, b], name="both")
+    ...     _ = tf.add(a2, b2, name="total")
+    >>> result = SplitIdentityN().run(load(g), PassContext(("total:0",)))
+    >>> [str(t) for t in result.graph["total"].inputs]
+    ['both/tfmem_split_0:0', 'both/tfmem_split_1:0']
+    """
+
+    name: ClassVar[str] = "split_identity_n"
+    # It does not depend on the budget: optimize runs it once, before planning and before the lower bound.
+    budget_independent: ClassVar[bool] = True
+    peak_non_increasing: ClassVar[bool] = False
+
+    def run(self, graph: GraphIR, ctx: PassContext) -> PassResult:
+        fetched = {f.split(":")[0].lstrip("^") for f in ctx.fetches}
+        waited_for = {c for n in graph.nodes for c in n.control_inputs}
+        in_frames = find_regions(graph)
+        splits = [n for n in graph.nodes if n.op == "IdentityN" and len(n.inputs) > 1 and n.name not in fetched
+                  and n.name not in waited_for and n.name not in in_frames]
+        if not splits:
+            return PassResult(graph, False, PassReport.empty(self.name, "no IdentityN barriers to split"))
+        taken = set(graph.by_name)
+        renamed: dict[TensorRef, TensorRef] = {}
+        replacement: dict[str, list[OpNode]] = {}
+        for node in splits:
+            parts = []
+            for i, t in enumerate(node.inputs):
+                name, k = f"{node.name}/tfmem_split_{i}", 0
+                while name in taken:
+                    k += 1
+                    name = f"{node.name}/tfmem_split_{i}_{k}"
+                taken.add(name)
+                attrs = {"T": attr_value_pb2.AttrValue(type=node.attrs["T"].list.type[i]),
+                         SPLIT_TAG: attr_value_pb2.AttrValue(b=True), DO_NOT_REMOVE: attr_value_pb2.AttrValue(b=True)}
+                parts.append(OpNode(name, "Identity", (t,), node.control_inputs, node.device, (node.outputs[i],),
+                                    MappingProxyType(attrs)))
+                renamed[TensorRef(node.name, i)] = TensorRef(name, 0)
+            replacement[node.name] = parts
+        nodes: list[OpNode] = []
+        for node in graph.nodes:
+            if node.name in replacement:
+                nodes += replacement[node.name]
+                continue
+            inputs = tuple(renamed.get(t, t) for t in node.inputs)
+            nodes.append(node if inputs == node.inputs else OpNode(
+                node.name, node.op, inputs, node.control_inputs, node.device, node.outputs, node.attrs, node.proto))
+        largest = max(splits, key=lambda n: sum(s.nbytes or 0 for s in n.outputs))
+        held = sum(s.nbytes or 0 for s in largest.outputs)
+        notes = (f"{len(splits)} IdentityN barrier(s) split into {len(renamed)} identities; largest: {largest.name} "
+                 f"({len(largest.inputs)} tensors, {format_bytes(held)} that no longer wait for each other)",)
+        return PassResult(graph.replace_nodes(tuple(nodes)), True, PassReport(
+            self.name, changed=True, nodes_added=len(renamed) - len(splits), notes=notes,
+            details={"split": {n.name: len(n.inputs) for n in splits}}))
