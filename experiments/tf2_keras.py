@@ -82,7 +82,7 @@ def measure(model_name: str, mode: str, cap_mib: int, repeats: int) -> dict[str,
         row.update(ending=result.ending, error=result.error, peak_bytes=result.device_peak_bytes,
                    host_peak_bytes=result.host_peak_bytes,
                    step_time_s=result.step_time_s / (len(x) // batch) if result.step_time_s else None,
-                   history=history, state=state_digest(model))
+                   history=history, state=None if result.oom else state_digest(model))   # OOM: servers stopped
         if callbacks and callbacks[0].step is not None:
             report = callbacks[0].report
             row.update(before_bytes=report.before.peak_bytes, after_bytes=report.after.peak_bytes,

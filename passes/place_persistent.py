@@ -427,6 +427,16 @@ def persistent_groups(graph: GraphIR, eg: ExecutionGraph, placement: Placement, 
             touching.setdefault(v, set()).add(node.name)
             for w in touched:
                 union(v, w)
+    # The elementwise arithmetic between a variable's reads and its writes (Keras 3's optimizers update in plain
+    # ops, not one fused kernel) runs beside the variable: only the gradient then travels to the host, instead of
+    # the variable and its slots to the device and their new values back. Groups it joins move together.
+    owner = {m: v for v in variables for m in (v, *touching.get(v, ()))}
+    for op, sources in host_update_ops(graph, eg, placement, set(owner)).items():
+        writes = {c for i in range(len(graph[op].outputs)) for c in graph.consumers.get(TensorRef(op, i), ())}
+        linked = sorted({owner[m] for m in sources | writes if m in owner})
+        for r in linked[1:]:
+            union(linked[0], r)
+        touching.setdefault(linked[0], set()).add(op)
     clusters: dict[str, list[str]] = {}
     for v in variables:
         clusters.setdefault(find(v), []).append(v)
@@ -457,6 +467,40 @@ def persistent_groups(graph: GraphIR, eg: ExecutionGraph, placement: Placement, 
             groups.append(PersistentGroup((node.name,), (node.name,), node.outputs[0].nbytes or 0,
                                           (TensorRef(node.name, 0),), False))
     return groups
+
+
+# Elementwise ops whose result is the correctly rounded IEEE value on any device (or exact), so running one on
+# the host instead of the device keeps its value bit for bit.
+EXACT_ELEMENTWISE_OPS = frozenset({"Add", "AddV2", "Sub", "Mul", "RealDiv", "Sqrt", "Square", "Neg", "Maximum",
+                                   "Minimum", "Identity"})
+
+
+def host_update_ops(graph: GraphIR, eg: ExecutionGraph, placement: Placement, on_host: set[str]) -> dict[str, set[str]]:
+    """Device ops of ``EXACT_ELEMENTWISE_OPS`` that read, through other such ops, what ``on_host`` ops make, and
+    whose results only ``on_host`` ops (or other such ops) read: an update's arithmetic between a variable's
+    reads and its writes. Each maps to the ``on_host`` ops it reads from, directly or through the others.
+
+    Examples: Keras 3's Adam computes ``m += (g - m) * (1 - beta1)`` as Sub, Mul and AssignAddVariableOp; the
+    Sub and the Mul are returned (the gradient ``g`` comes from the device, ``m`` from the host).
+    """
+    sources: dict[str, set[str]] = {}
+    for node in graph.nodes:   # a topological layout: a reader comes after what it reads
+        if (node.op not in EXACT_ELEMENTWISE_OPS or node.name in on_host or node.name not in eg.unit_of
+                or eg.is_region(eg.unit_of[node.name]) or placement.domain(node.device) != "device"):
+            continue
+        read = {t.node for t in node.inputs if t.node in on_host}
+        read.update(*(sources[t.node] for t in node.inputs if t.node in sources))
+        if read:
+            sources[node.name] = read
+    changed = True
+    while changed:   # keep only those whose every reader is on the host or kept
+        changed = False
+        for name in list(sources):
+            readers = {c for i in range(len(graph[name].outputs)) for c in graph.consumers.get(TensorRef(name, i), ())}
+            if not readers or any(c not in on_host and c not in sources for c in readers):
+                del sources[name]
+                changed = True
+    return sources
 
 
 def _colocated_with(node: OpNode) -> list[str]:

@@ -7,6 +7,7 @@ budget vanilla runs out of memory at runs after ``optimize``, under the budget.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import networkx as nx
@@ -35,6 +36,7 @@ from tests.helpers import (
     THREADS,
     placed,
     session_run,
+    train_steps,
     training_like_dags,
     training_like_graph,
     v1,
@@ -302,6 +304,43 @@ def test_variables_created_on_the_host_are_prefetched_per_use_not_moved():
     same = zip(session_run(graph_def, tensors, built.feeds), session_run(result.graph.to_graph_def(), tensors,
                                                                         built.feeds), strict=True)
     assert all(np.array_equal(a, b) for a, b in same)
+
+
+def test_an_update_written_in_plain_ops_runs_beside_its_host_variables():
+    # Momentum SGD in elementwise ops, as Keras 3 writes its optimizers: m = 0.9 m + g; w -= 0.1 m. With w and m
+    # created on the host, the arithmetic joins them there: only the gradient travels, and w and m move as one.
+    g = tf.Graph()
+    with g.as_default():
+        rng = np.random.default_rng(0)
+        x = v1.placeholder(tf.float32, (256, 512), name="x")
+        with tf.device(HOST):
+            w = v1.get_variable("w", initializer=rng.standard_normal((512, 512)).astype(np.float32) / 16,
+                                use_resource=True)
+            m = v1.get_variable("m", initializer=np.zeros((512, 512), np.float32), use_resource=True)
+        h = tf.tanh(tf.matmul(tf.tanh(tf.matmul(x, w)), w))
+        loss = tf.reduce_sum(h, name="loss")
+        grad, = tf.gradients(loss, [w])
+        new_m = m.assign(m.read_value() * 0.9 + grad)
+        with tf.control_dependencies([new_m]):
+            tf.group(w.assign_sub(m.read_value() * 0.1), name="train")
+    graph_def = placed(g)
+    for n in graph_def.node:   # TF's placer runs an op on a resource where the resource lives
+        if any(i in ("w", "m") for i in n.input):
+            n.device = HOST
+    fetches = ("loss:0", "train")
+    ir = tfmem.load(graph_def, {"x:0": (256, 512)})
+    ctx = PassContext(fetches, None, DEVICE, HOST, feed_shapes={"x:0": (256, 512)}, inter_op_threads=THREADS)
+    ctx = dataclasses.replace(ctx, target_bytes=int(ctx.simulate(ir).peak_bytes * 0.7))
+    result = PlacePersistent().run(ir, ctx)
+    assert result.changed and sorted(result.report.details["resident"]) == ["m", "w"]   # one group
+    arithmetic = [n for n in ir.nodes if n.op in ("Mul", "AddV2") and same_device(n.device, DEVICE)
+                  and any(same_device(c.device, HOST) for c in ir.nodes if n.name in {t.node for t in c.inputs})]
+    assert len(arithmetic) >= 2 and all(same_device(result.graph[n.name].device, HOST) for n in arithmetic)
+    verify(result.graph)
+    feeds = {"x:0": rng.standard_normal((256, 512)).astype(np.float32)}
+    assert all(np.array_equal(a, b) for a, b in zip(train_steps(graph_def, fetches, feeds),
+                                                    train_steps(result.graph.to_graph_def(), fetches, feeds),
+                                                    strict=True))
 
 
 def test_gpu_and_cpu_device_strings():

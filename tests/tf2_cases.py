@@ -183,7 +183,7 @@ def moe_fit(fraction: float) -> dict[str, Any]:
     def built() -> tuple[Any, np.ndarray, np.ndarray, int]:
         keras.utils.set_random_seed(0)
         with tf.device(DEVICE):
-            model, x, y, batch = moe(np.random.default_rng(0), HOST, experts=8, hidden=256, width=64, batch=64)
+            model, x, y, batch = moe(np.random.default_rng(0), HOST, experts=8, hidden=512, width=128, batch=256)
             model.optimizer.build(model.trainable_variables)
         return model, x, y.astype(np.int32), batch
 
@@ -196,13 +196,23 @@ def moe_fit(fraction: float) -> dict[str, Any]:
     history = planned_model.fit(x, y, batch_size=batch, epochs=2, shuffle=False, verbose=0, callbacks=[budget])
     twin = reference.fit(x, y, batch_size=batch, epochs=2, shuffle=False, verbose=0)
     report = budget.report
-    placed = [p for p in report.passes if p.name in ("place_persistent", "planner") and p.changed]
+    plan = next(iter(budget.step.plans.values()))
+    nodes = {n.name: n for n in plan.optimized.graph_def.node}
+    prefetched = {n.input[0].split(":")[0] for n in nodes.values() if "_tfmem_prefetch" in n.attr}
+    experts = {name for name, v in plan.traced.variables.items()   # the weights (Adam's slots are "adam/...")
+               if "expert" in v.name and not v.name.startswith("adam")}
     return {"plain": plain, "budget": report.budget_bytes, "before": report.before.peak_bytes,
             "after": report.after.peak_bytes, "same_history": history.history == twin.history,
             "same_state": all(np.array_equal(a, b) for a, b in zip(_state(planned_model, planned_model.optimizer),
                                                                    _state(reference, reference.optimizer), strict=True)),
             "experts_on_host": sorted({v.value.device == HOST for v in planned_model.weights if "expert" in v.path}),
-            "resident": sorted({r for p in placed for r in p.details.get("resident", [])}),
+            # expert weights read through a timed prefetch
+            "prefetched_experts": len({i.split(":")[0] for n in plan.optimized.graph_def.node if n.name in prefetched
+                                       for i in n.input if i.split(":")[0] in experts}),
+            # Adam's arithmetic on the experts runs on the host, beside them: their slots are never copied
+            "update_on_host": sorted({nodes[c.input[1].split(":")[0]].device == HOST for c in nodes.values()
+                                      if c.op == "AssignSubVariableOp" and c.input[0] in experts}),
+            "experts": len(experts),
             "notes": [n for p in report.passes if p.changed for n in p.notes]}
 
 

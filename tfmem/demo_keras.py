@@ -90,7 +90,7 @@ def fit_on_testbed(cap_mib: int, planned: bool, batches: int = 3, out: Path | No
         row: dict[str, Any] = {
             "oom": result.oom, "error": result.error, "peak": result.device_peak_bytes,
             "host_peak": result.host_peak_bytes, "history": history[0] if history else None,
-            "state": state_digest(model),
+            "state": None if result.oom else state_digest(model),   # an out-of-memory stopped the servers
             "places": sorted({v.value.device for v in training_state(model)})}
         if planned and callbacks[0].step is not None:
             report = callbacks[0].report
