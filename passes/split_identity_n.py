@@ -6,9 +6,12 @@ update), which makes the whole gradient a working set: a mixture of experts cann
 next expert's gradient is computed, and its lower bound is every expert's gradient at once
 (``tests/test_split_identity_n.py``). Separate identities let each tensor flow on as soon as it exists.
 
-Only the barrier goes: control edges into the ``IdentityN`` are kept on every identity. An ``IdentityN`` that
-is fetched, that others wait for through a control edge, or that sits in a v1 loop frame is left alone (its
-name or its timing is part of the graph's contract there).
+Only a barrier that bounds the plan is split: one whose tensors together exceed every other op's working set
+(the lower bound of any plan, ``tfmem.sim.bounds``). Elsewhere the barrier costs a plan nothing, and splitting
+it changes the order in which memory is freed: a Keras 3 MLP's plan at 0.75x of its peak then failed the
+allocator replay (``tests/test_function.py``, the Keras step). Control edges into the ``IdentityN`` are kept on
+every identity. An ``IdentityN`` that is fetched, that others wait for through a control edge, or that sits in
+a v1 loop frame is left alone (its name or its timing is part of the graph's contract there).
 
 Requires: nothing. Ensures: the same values (identities copy nothing); the outputs' consumers read the new
 identities.
@@ -23,9 +26,11 @@ from typing import ClassVar
 from tensorflow.core.framework import attr_value_pb2
 
 from tfmem.ir.editor import DO_NOT_REMOVE
+from tfmem.ir.execution import ExecutionGraph
 from tfmem.ir.frames import find_regions
 from tfmem.ir.graph import GraphIR, OpNode, TensorRef
 from tfmem.pipeline import PassContext, PassReport, PassResult
+from tfmem.sim.bounds import op_working_set_bytes
 from tfmem.units import format_bytes
 
 SPLIT_TAG = "_tfmem_split_identity_n"
@@ -42,12 +47,12 @@ class SplitIdentityN:
     >>> from tfmem.pipeline import PassContext
     >>> g = tf.Graph()
     >>> with g.as_default():
-    ...     a, b = tf.ones((4,)), tf.zeros((4,))
-    ...     a2, b2 = tf.identity_n([a, b], name="both")
-    ...     _ = tf.add(a2, b2, name="total")
-    >>> result = SplitIdentityN().run(load(g), PassContext(("total:0",)))
-    >>> [str(t) for t in result.graph["total"].inputs]
-    ['both/tfmem_split_0:0', 'both/tfmem_split_1:0']
+    ...     xs = [tf.fill((64,), float(i)) for i in range(4)]
+    ...     ys = tf.identity_n(xs, name="all")        # all four at once: the largest working set here
+    ...     _ = [tf.negative(y, name=f"neg{i}") for i, y in enumerate(ys)]
+    >>> result = SplitIdentityN().run(load(g), PassContext(tuple(f"neg{i}:0" for i in range(4))))
+    >>> [str(t) for t in result.graph["neg2"].inputs]
+    ['all/tfmem_split_2:0']
     """
 
     name: ClassVar[str] = "split_identity_n"
@@ -59,10 +64,18 @@ class SplitIdentityN:
         fetched = {f.split(":")[0].lstrip("^") for f in ctx.fetches}
         waited_for = {c for n in graph.nodes for c in n.control_inputs}
         in_frames = find_regions(graph)
-        splits = [n for n in graph.nodes if n.op == "IdentityN" and len(n.inputs) > 1 and n.name not in fetched
-                  and n.name not in waited_for and n.name not in in_frames]
-        if not splits:
+        barriers = [n for n in graph.nodes if n.op == "IdentityN" and len(n.inputs) > 1 and n.name not in fetched
+                    and n.name not in waited_for and n.name not in in_frames]
+        if not barriers:
             return PassResult(graph, False, PassReport.empty(self.name, "no IdentityN barriers to split"))
+        eg = ExecutionGraph.build(graph, ctx.fetches, ctx.feed_shapes)
+        others = max((op_working_set_bytes(graph, n) for n in eg.needed
+                      if eg.unit_of[n] == n and graph[n].op != "IdentityN"), default=0)
+        splits = [n for n in barriers if n.name in eg.needed and op_working_set_bytes(graph, n.name) > others]
+        if not splits:
+            return PassResult(graph, False, PassReport.empty(
+                self.name, f"no IdentityN barrier bounds the plan (another op's working set, "
+                f"{format_bytes(others)}, is larger)"))
         taken = set(graph.by_name)
         renamed: dict[TensorRef, TensorRef] = {}
         replacement: dict[str, list[OpNode]] = {}

@@ -46,7 +46,8 @@ def test_keras_demo_plain_fit_runs_out_of_memory_and_the_budgeted_fit_trains_und
     cap = data["budget_mib"] * 2**20
     plain, planned, roomy = (data["runs"][k] for k in ("plain fit", "fit with MemoryBudget",
                                                         "plain fit, roomy device"))
-    assert plain["oom"] and "OOM when allocating" in plain["error"]          # TensorFlow's own, in the capped server
+    # the capped server's allocator could not serve a request (seen in its memory map, before TF's 10 s retry)
+    assert plain["oom"] and "could not serve a request" in plain["error"]
     # the plan had work to do, and did it: it ran within the capped allocator (its peak can reach the cap)
     assert not planned["oom"] and planned["peak"] <= cap < planned["before"]
     assert not roomy["oom"] and roomy["peak"] > cap

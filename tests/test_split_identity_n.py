@@ -57,6 +57,14 @@ def test_each_tensor_flows_on_alone_with_the_same_values() -> None:
     assert len(set(map(float, want))) == 3 and all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
 
 
+def test_a_barrier_smaller_than_another_ops_working_set_is_kept() -> None:
+    # two 1 MiB gradients: a 512x512 matmul (two inputs and its output, 3 MiB) bounds the plan, not the barrier
+    g, fetches = _updates_through_identity_n(layers=2)
+    ctx = PassContext(tuple(fetches), feed_shapes={"x:0": (512, 512)})
+    result = SplitIdentityN().run(load(g, {"x:0": (512, 512)}), ctx)
+    assert not result.changed and "bounds the plan" in result.report.notes[0]
+
+
 def test_a_barrier_others_wait_for_or_fetch_is_kept() -> None:
     g, fetches = _updates_through_identity_n(control_reader=True)
     ctx = PassContext(tuple(fetches), feed_shapes={"x:0": (512, 512)})
