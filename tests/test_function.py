@@ -12,7 +12,10 @@ import pytest
 import tensorflow as tf
 
 import tfmem
+from passes import LEADING_REWRITES
+from tfmem.pipeline import PassContext, run_pipeline
 from tfmem.placement_check import call_collecting, misplaced
+from tfmem.sim.grappler import runtime_nodes
 from tfmem.traced import rebuild, trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -266,3 +269,26 @@ def test_ops_on_a_variable_run_where_it_lives() -> None:
     users = [n for n in traced.graph_def.node if any(i.split(":")[0] == handle for i in n.input)]
     assert {n.op for n in users} >= {"AssignAddVariableOp", "ReadVariableOp"}
     assert all(n.device == v.device for n in users)
+
+
+def test_a_function_arguments_shape_is_known_to_grapplers_rewrite() -> None:
+    # The TF2 runtime knows a function's argument shapes, so Grappler folds this tree of adds into one AddN (a
+    # session's Grappler, not knowing a feed's shape, does not); the plan must reproduce the function's sum.
+    rng = np.random.default_rng(3)
+    ws = [tf.Variable(rng.standard_normal((64, 64)).astype(np.float32)) for _ in range(8)]
+
+    @tf.function
+    def step(x):
+        out = None
+        for w in ws:
+            y = tf.tanh(tf.matmul(x, w))
+            out = y if out is None else out + y
+        return out * 1.5
+
+    traced = trace(step.get_concrete_function(tf.TensorSpec((32, 64), tf.float32)))
+    ir = tfmem.load(traced.graph_def)
+    assert any("AddOpsRewrite" in n.name for n in runtime_nodes(ir, traced.fetches))
+    planned = run_pipeline(ir, LEADING_REWRITES, PassContext(tuple(traced.fetches)))[0]
+    rebuilt = rebuild(traced, planned.to_graph_def())
+    x = tf.constant(rng.standard_normal((32, 64)).astype(np.float32))
+    assert np.array_equal(rebuilt(x)[0].numpy(), step(x).numpy())

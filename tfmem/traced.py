@@ -38,7 +38,7 @@ from tensorflow.python.eager import wrap_function
 from tensorflow.python.grappler import tf_optimizer
 
 from tfmem.errors import BadInputError, MalformedGraphError, first_line
-from tfmem.ir.tags import PINNED_TAG
+from tfmem.ir.tags import PINNED_TAG, SHAPED_ARGUMENT_TAG
 from tfmem.sim.grappler import grappler_cluster
 
 
@@ -86,7 +86,10 @@ def trace(concrete: Any) -> TracedStep:
             variables[internal.op.name] = v
     flat = _inline(gd, [*(o.split(":")[0] for o in outputs), *control])
     placeholders = {}
+    arguments = {i.split(":")[0] for i in inputs}
     for node in flat.node:
+        if node.name in arguments and node.op == "Placeholder":
+            node.attr[SHAPED_ARGUMENT_TAG].b = True
         if node.name in variables:
             placeholders[node.name] = _copy(node)
             _as_variable(node, variables[node.name])

@@ -16,6 +16,10 @@ TAG_PREFIX = "_tfmem_"
 # it there, not move it (``tfmem.traced``, which restores the captured handle in its place; place_persistent
 # leaves it: tests/test_function.py::test_captured_variables_stay_where_they_were_created).
 PINNED_TAG = "_tfmem_pinned"
+# On a placeholder: an argument of a TF2 function, whose shape the function runtime's Grappler knows (a session's
+# does not: a feed may take any shape), so its rewrites (an add tree folded into one AddN) depend on that shape
+# (tfmem.sim.grappler; tests/test_function.py::test_a_function_arguments_shape_is_known_to_grapplers_rewrite).
+SHAPED_ARGUMENT_TAG = "_tfmem_shaped_argument"
 # verify() checks the swap tags in the final graph; all of them let a reader see what each Identity is for. The pin
 # must outlive every pass.
 KEPT_TAGS = frozenset({"_tfmem_swap_in", "_tfmem_swap_out", "_tfmem_prefetch", "_tfmem_recompute", PINNED_TAG})
