@@ -118,7 +118,7 @@ def _shape_arguments(graph_def: graph_pb2.GraphDef) -> None:
     "TensorFlow 2")."""
     added = []
     for node in graph_def.node:
-        if node.op != "Placeholder" or not node.attr[SHAPED_ARGUMENT_TAG].b:
+        if node.op != "Placeholder" or SHAPED_ARGUMENT_TAG not in node.attr:   # (indexing would add the attr)
             continue
         dims = [d.size for d in node.attr["shape"].shape.dim]
         if node.attr["shape"].shape.unknown_rank or any(d < 0 for d in dims):
