@@ -292,3 +292,23 @@ def test_a_function_arguments_shape_is_known_to_grapplers_rewrite() -> None:
     rebuilt = rebuild(traced, planned.to_graph_def())
     x = tf.constant(rng.standard_normal((32, 64)).astype(np.float32))
     assert np.array_equal(rebuilt(x)[0].numpy(), step(x).numpy())
+
+
+def test_on_host_creates_variables_on_a_host_that_exists_and_only_eagerly() -> None:
+    from tfmem.errors import BadInputError
+    from tfmem.ir.devices import same_device
+
+    with tfmem.on_host() as host:
+        v = tf.Variable(tf.zeros((4,)))
+    assert same_device(v.device, host)
+    with pytest.raises(BadInputError, match="not a device TensorFlow has here"):
+        with tfmem.on_host("/device:GPU:7"):
+            pass
+
+    @tf.function
+    def builds_inside():
+        with tfmem.on_host():
+            return tf.constant(1.0)
+
+    with pytest.raises(Exception, match="outside any tf.function"):   # autograph wraps it in a StagingError
+        builds_inside()
