@@ -55,7 +55,7 @@ from passes.transfer import (
     trigger_candidates,
 )
 from tfmem.ir.devices import Placement
-from tfmem.ir.editor import DO_NOT_REMOVE, GraphEditor
+from tfmem.ir.editor import DO_NOT_REMOVE, GraphEditor, claim_name
 from tfmem.ir.execution import ExecutionGraph
 from tfmem.ir.frames import may_be_dead, maybe_dead, whole_frame_preds
 from tfmem.ir.graph import GraphIR, OpNode, TensorRef
@@ -213,7 +213,7 @@ def chain_to_host(graph: GraphIR, groups: list[PersistentGroup], timeline: StepT
     after: dict[str, list[OpNode]] = {}   # node -> the receipts laid out right after it
     names = set(graph.by_name)
     for t in sorted(readers, key=lambda t: (timeline.rank[t.node], t.index)):
-        name = _unique(names, f"{t.node}/tfmem_to_host_{t.index}")
+        name = claim_name(names, f"{t.node}/tfmem_to_host_{t.index}")
         receipts[t] = name
         attrs = {DO_NOT_REMOVE: attr_value_pb2.AttrValue(b=True), **identity_attrs(graph, t, TO_HOST_TAG)}
         after.setdefault(t.node, []).append(OpNode(name, "Identity", (t,), (), host, (graph.spec(t),),
@@ -358,15 +358,6 @@ def _chain_order(graph: GraphIR, timeline: StepTimeline, items: Mapping[str, set
     if len(order) != len(graph.nodes):
         raise ValueError("chain_to_host: the graph has a cycle outside v1 loop frames")
     return ChainPlan(tuple(order), tuple(chain), follows, dropped, added)
-
-
-def _unique(names: set[str], base: str) -> str:
-    name, i = base, 0
-    while name in names:
-        i += 1
-        name = f"{base}_{i}"
-    names.add(name)
-    return name
 
 
 def _allocating_op(graph: GraphIR, tensor: TensorRef) -> str:

@@ -33,6 +33,16 @@ from tfmem.ir.graph import GraphIR, OpNode, TensorRef, TensorSpec
 DO_NOT_REMOVE = "_grappler_do_not_remove"
 
 
+def claim_name(names: set[str], base: str) -> str:
+    """``base``, or ``base_1``, ``base_2``... the first not in ``names``; added to ``names``."""
+    name, i = base, 0
+    while name in names:
+        i += 1
+        name = f"{base}_{i}"
+    names.add(name)
+    return name
+
+
 class GraphEditor:
     """Collects additions to ``graph``; ``finish()`` returns a new graph in a valid topological layout."""
 

@@ -18,6 +18,7 @@ from tensorflow.core.protobuf import meta_graph_pb2
 from tensorflow.python.grappler import item as gitem
 
 from tfmem.errors import BadInputError, MalformedGraphError, UnknownShapeError, first_line
+from tfmem.ir.editor import claim_name
 from tfmem.ir.graph import GraphIR, OpNode, TensorRef, TensorSpec
 from tfmem.ir.ops import FEEDABLE_OPS
 from tfmem.ir.static_values import complete_shapes
@@ -268,7 +269,7 @@ def _specs_from_grappler(
         full = tf.TensorShape(shape) if shape is not None else declared
         if not full.is_fully_defined():  # Grappler would drop even the known dimensions: import instead
             return None
-        defaults.append(_as_shape_only_feed(node, full, names))
+        defaults.append(as_shape_only_feed(node, full, names))
     patched.node.extend(defaults)
     meta = meta_graph_pb2.MetaGraphDef()
     meta.graph_def.CopyFrom(patched)
@@ -299,7 +300,7 @@ def _misfit(name: str, shape: tuple[int, ...], declared: tf.TensorShape) -> BadI
                          f"{declared}{fix}")
 
 
-def _as_shape_only_feed(node: node_def_pb2.NodeDef, shape: tf.TensorShape, names: set[str]) -> node_def_pb2.NodeDef:
+def as_shape_only_feed(node: node_def_pb2.NodeDef, shape: tf.TensorShape, names: set[str]) -> node_def_pb2.NodeDef:
     """Turn the placeholder ``node`` into a ``PlaceholderWithDefault`` of ``shape``; return the default it reads.
 
     Grappler's inference takes a placeholder for a feed of unknown shape, so its shape must be stated another
@@ -309,7 +310,7 @@ def _as_shape_only_feed(node: node_def_pb2.NodeDef, shape: tf.TensorShape, names
     Grappler evaluates nothing through a ``PlaceholderWithDefault``: what depends on the fed value stays unknown.
     """
     dtype = node.attr["dtype"].type
-    default = node_def_pb2.NodeDef(name=_unique(f"{node.name}/tfmem_shape_only", names), op="Const")
+    default = node_def_pb2.NodeDef(name=claim_name(names, f"{node.name}/tfmem_shape_only"), op="Const")
     default.attr["dtype"].type = dtype
     default.attr["value"].tensor.dtype = dtype
     default.attr["value"].tensor.tensor_shape.CopyFrom(shape.as_proto())
@@ -320,15 +321,6 @@ def _as_shape_only_feed(node: node_def_pb2.NodeDef, shape: tf.TensorShape, names
     node.attr["shape"].shape.CopyFrom(shape.as_proto())
     node.input.append(default.name)
     return default
-
-
-def _unique(name: str, names: set[str]) -> str:
-    out, i = name, 0
-    while out in names:
-        i += 1
-        out = f"{name}_{i}"
-    names.add(out)
-    return out
 
 
 def _with_outputs(node: OpNode, outputs: tuple[TensorSpec, ...]) -> OpNode:

@@ -13,7 +13,6 @@ import logging
 from collections import Counter, OrderedDict
 from collections.abc import Iterable
 
-import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
@@ -23,6 +22,7 @@ from tensorflow.python.grappler import tf_optimizer
 from tfmem.errors import first_line
 from tfmem.ir.devices import DEFAULT_DEVICE, with_default_device
 from tfmem.ir.graph import GraphIR, TensorRef
+from tfmem.ir.shapes import as_shape_only_feed
 from tfmem.ir.tags import SHAPED_ARGUMENT_TAG
 
 _CLUSTER: gcluster.Cluster | None = None
@@ -112,37 +112,18 @@ def _optimized(graph_def: graph_pb2.GraphDef, fetches: Iterable[str],
 
 def _shape_arguments(graph_def: graph_pb2.GraphDef) -> None:
     """Give each TF2 function argument (``SHAPED_ARGUMENT_TAG``) a shape Grappler trusts, as the function runtime
-    does: a ``PlaceholderWithDefault`` of its shape, never folded. A session's feeds (plain placeholders) may
-    take any shape, so Grappler's shape inference ignores theirs, and rewrites that need static shapes (an add
-    tree folded into one ``AddN``) then happen in a function but not in a session (docs/RESULTS.md,
-    "TensorFlow 2")."""
-    added = []
+    does (``as_shape_only_feed``). A session's feeds (plain placeholders) may take any shape, so Grappler's shape
+    inference ignores theirs, and rewrites that need static shapes (an add tree folded into one ``AddN``) then
+    happen in a function but not in a session (docs/RESULTS.md, "TensorFlow 2")."""
+    names = {n.name for n in graph_def.node}
+    defaults = []
     for node in graph_def.node:
         if node.op != "Placeholder" or SHAPED_ARGUMENT_TAG not in node.attr:   # (indexing would add the attr)
             continue
-        dims = [d.size for d in node.attr["shape"].shape.dim]
-        if node.attr["shape"].shape.unknown_rank or any(d < 0 for d in dims):
-            continue
-        dtype = tf.dtypes.as_dtype(node.attr["dtype"].type)
-        default = f"{node.name}/tfmem_argument_shape"
-        added += [_const(f"{default}/dims", np.asarray(dims, np.int32)),
-                  _const(f"{default}/zero", np.zeros((), dtype.as_numpy_dtype))]
-        fill = node_def_pb2.NodeDef(name=default, op="Fill", input=[f"{default}/dims", f"{default}/zero"],
-                                    device=node.device)
-        fill.attr["T"].type = dtype.as_datatype_enum
-        fill.attr["index_type"].type = tf.int32.as_datatype_enum
-        added.append(fill)
-        node.op = "PlaceholderWithDefault"
-        node.input[:] = [default]
-        node.attr["dtype"].type = dtype.as_datatype_enum
-    graph_def.node.extend(added)
-
-
-def _const(name: str, value: np.ndarray) -> node_def_pb2.NodeDef:
-    node = node_def_pb2.NodeDef(name=name, op="Const")
-    node.attr["dtype"].type = tf.dtypes.as_dtype(value.dtype).as_datatype_enum
-    node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value))
-    return node
+        shape = tf.TensorShape(node.attr["shape"].shape)
+        if shape.is_fully_defined():
+            defaults.append(as_shape_only_feed(node, shape, names))
+    graph_def.node.extend(defaults)
 
 
 def _run_grappler(graph_def: graph_pb2.GraphDef, fetches: list[str],
