@@ -11,6 +11,7 @@ variables there, and ``moe`` creates its experts (and so Adam's slots for them) 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -96,6 +97,7 @@ def moe(rng: np.random.Generator, host: str | None = None, *, experts: int = 24,
             batch)
 
 
+@functools.cache   # one class (Keras is imported on first use)
 def _experts_layer() -> type:
     import keras
 

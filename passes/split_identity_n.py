@@ -19,21 +19,20 @@ identities.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import ClassVar
 
 from tensorflow.core.framework import attr_value_pb2
 
-from tfmem.ir.editor import DO_NOT_REMOVE
+from tfmem.ir.editor import DO_NOT_REMOVE, claim_name
 from tfmem.ir.execution import ExecutionGraph
 from tfmem.ir.frames import find_regions
 from tfmem.ir.graph import GraphIR, OpNode, TensorRef
 from tfmem.pipeline import PassContext, PassReport, PassResult
 from tfmem.sim.bounds import op_working_set_bytes
 from tfmem.units import format_bytes
-
-SPLIT_TAG = "_tfmem_split_identity_n"
 
 
 @dataclass(frozen=True)
@@ -71,7 +70,8 @@ class SplitIdentityN:
         eg = ExecutionGraph.build(graph, ctx.fetches, ctx.feed_shapes)
         others = max((op_working_set_bytes(graph, n) for n in eg.needed
                       if eg.unit_of[n] == n and graph[n].op != "IdentityN"), default=0)
-        splits = [n for n in barriers if n.name in eg.needed and op_working_set_bytes(graph, n.name) > others]
+        held = {n.name: op_working_set_bytes(graph, n.name) for n in barriers if n.name in eg.needed}
+        splits = [n for n in barriers if held.get(n.name, 0) > others]
         if not splits:
             return PassResult(graph, False, PassReport.empty(
                 self.name, f"no IdentityN barrier bounds the plan (another op's working set, "
@@ -80,31 +80,23 @@ class SplitIdentityN:
         renamed: dict[TensorRef, TensorRef] = {}
         replacement: dict[str, list[OpNode]] = {}
         for node in splits:
-            parts = []
+            replacement[node.name] = []
             for i, t in enumerate(node.inputs):
-                name, k = f"{node.name}/tfmem_split_{i}", 0
-                while name in taken:
-                    k += 1
-                    name = f"{node.name}/tfmem_split_{i}_{k}"
-                taken.add(name)
+                name = claim_name(taken, f"{node.name}/tfmem_split_{i}")
                 attrs = {"T": attr_value_pb2.AttrValue(type=node.attrs["T"].list.type[i]),
-                         SPLIT_TAG: attr_value_pb2.AttrValue(b=True), DO_NOT_REMOVE: attr_value_pb2.AttrValue(b=True)}
-                parts.append(OpNode(name, "Identity", (t,), node.control_inputs, node.device, (node.outputs[i],),
-                                    MappingProxyType(attrs)))
+                         DO_NOT_REMOVE: attr_value_pb2.AttrValue(b=True)}
+                replacement[node.name].append(OpNode(name, "Identity", (t,), node.control_inputs, node.device,
+                                                     (node.outputs[i],), MappingProxyType(attrs)))
                 renamed[TensorRef(node.name, i)] = TensorRef(name, 0)
-            replacement[node.name] = parts
         nodes: list[OpNode] = []
         for node in graph.nodes:
-            if node.name in replacement:
-                nodes += replacement[node.name]
-                continue
             inputs = tuple(renamed.get(t, t) for t in node.inputs)
-            nodes.append(node if inputs == node.inputs else OpNode(
-                node.name, node.op, inputs, node.control_inputs, node.device, node.outputs, node.attrs, node.proto))
-        largest = max(splits, key=lambda n: sum(s.nbytes or 0 for s in n.outputs))
-        held = sum(s.nbytes or 0 for s in largest.outputs)
+            nodes += replacement.get(node.name, [node if inputs == node.inputs
+                                                 else dataclasses.replace(node, inputs=inputs)])
+        largest = max(splits, key=lambda n: held[n.name])
         notes = (f"{len(splits)} IdentityN barrier(s) split into {len(renamed)} identities; largest: {largest.name} "
-                 f"({len(largest.inputs)} tensors, {format_bytes(held)} that no longer wait for each other)",)
+                 f"({len(largest.inputs)} tensors, {format_bytes(held[largest.name])} that no longer wait for each "
+                 "other)",)
         return PassResult(graph.replace_nodes(tuple(nodes)), True, PassReport(
             self.name, changed=True, nodes_added=len(renamed) - len(splits), notes=notes,
             details={"split": {n.name: len(n.inputs) for n in splits}}))

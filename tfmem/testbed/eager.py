@@ -67,11 +67,11 @@ class Connected:
     >>> result.oom, result.device_peak_bytes                                 # doctest: +SKIP
     """
 
-    def __init__(self, procs: dict[str, ServerProcess], dumps: Callable[[], list[Path]] | None = None,
-                 stop: Callable[[], None] | None = None) -> None:
+    def __init__(self, procs: dict[str, ServerProcess], dumps: Callable[[], list[Path]],
+                 stop: Callable[[], None]) -> None:
         self._procs = procs
-        self._dumps = dumps or (lambda: [])
-        self._stop = stop or (lambda: None)
+        self._dumps = dumps   # the device allocator's maps of failed requests
+        self._stop = stop     # kills both servers
         self._ended: str | None = None   # why the servers were stopped, once they were
         self.device, self.host = DEVICE, HOST
 
@@ -179,7 +179,7 @@ class Connected:
 
 
 def connect(testbed_id: int, cluster: dict[str, list[str]], procs: dict[str, ServerProcess],
-            dumps: Callable[[], list[Path]] | None = None, stop: Callable[[], None] | None = None) -> Connected:
+            dumps: Callable[[], list[Path]], stop: Callable[[], None]) -> Connected:
     """Join this process's eager runtime to ``cluster`` (see ``Testbed.connect``)."""
     if _CONNECTED:
         raise BadInputError("testbed: this process's eager runtime already joined a testbed's cluster, and "
