@@ -269,11 +269,12 @@ def _stay_bytes(graph, start):
     return max((graph.spec(TensorRef(start, i)).nbytes or 0 for i in range(len(graph[start].outputs))), default=0)
 
 
-def _experts_on_host(graph_def):
-    """``graph_def`` placed as a user who created the experts on the host would have it: their variables (and
-    Adam's slots), and every op that reads, updates or is colocated with them, there; the rest on the device."""
+def _variables_on_host(graph_def, chosen):
+    """``graph_def`` placed as a user who created the variables ``chosen(name)`` picks on the host would have it:
+    they, and every op that reads, updates or is colocated with them (TF's placer puts a resource op where its
+    resource lives), there; the rest on the device. Returns the graph and the names of those variables."""
     out = placed(graph_def)
-    on_host = {n.name for n in out.node if n.op == "VarHandleOp" and n.name.startswith("expert")}
+    on_host = {n.name for n in out.node if n.op == "VarHandleOp" and chosen(n.name)}
     for n in out.node:
         colocated = {c.decode()[5:] for c in n.attr["_class"].list.s} if "_class" in n.attr else set()
         if n.name in on_host or colocated & on_host or any(i.split(":")[0] in on_host for i in n.input):
@@ -283,7 +284,7 @@ def _experts_on_host(graph_def):
 
 def test_variables_created_on_the_host_are_prefetched_per_use_not_moved():
     built = examples.moe_layer(experts=4, batch=64, d_model=128, d_ff=256, optimizer="adam")
-    graph_def, on_host = _experts_on_host(built.graph.as_graph_def())
+    graph_def, on_host = _variables_on_host(built.graph.as_graph_def(), lambda name: name.startswith("expert"))
     ir = tfmem.load(graph_def)
     ctx = PassContext(tuple(built.fetches), None, DEVICE, HOST, inter_op_threads=THREADS)
     unplanned = ctx.simulate(ir)
@@ -323,10 +324,7 @@ def test_an_update_written_in_plain_ops_runs_beside_its_host_variables():
         new_m = m.assign(m.read_value() * 0.9 + grad)
         with tf.control_dependencies([new_m]):
             tf.group(w.assign_sub(m.read_value() * 0.1), name="train")
-    graph_def = placed(g)
-    for n in graph_def.node:   # TF's placer runs an op on a resource where the resource lives
-        if any(i in ("w", "m") for i in n.input):
-            n.device = HOST
+    graph_def, _ = _variables_on_host(g.as_graph_def(), lambda name: name in ("w", "m"))
     fetches = ("loss:0", "train")
     ir = tfmem.load(graph_def, {"x:0": (256, 512)})
     ctx = PassContext(fetches, None, DEVICE, HOST, feed_shapes={"x:0": (256, 512)}, inter_op_threads=THREADS)
