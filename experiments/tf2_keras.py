@@ -8,13 +8,13 @@ cluster: ``tfmem.testbed.eager``):
    same traced step (two inter-op threads, the device server's pool here);
 2. twins on one roomy device, plain ``fit`` and ``fit`` with ``MemoryBudget`` at the roomy budget, an epoch of
    each in turn (``OVERHEAD_ROUNDS``): the ratio of their median step times, and whether they end identical;
-3. at ``--fraction`` of the largest plain peak: plain ``fit`` (out of memory?) and ``fit`` with ``MemoryBudget``
-   at that budget: its measured peak, and whether history and every weight and optimizer slot are bit-identical
-   to plain ``fit`` on the roomy device.
+3. at ``--fraction`` of the largest plain peak (0.7, and 0.8 where the plan is refused at 0.7): plain ``fit``
+   (out of memory?) and ``fit`` with ``MemoryBudget`` at that budget: its measured peak, and whether history and
+   every weight and optimizer slot are bit-identical to plain ``fit`` on the roomy device.
 
 Every ``fit`` is a one-batch warm-up, then ``--repeats`` epochs of three batches, measured.
 
-    python -m experiments.tf2_keras                        # mlp, conv, attention, lstm, moe; 2 runs; 0.7x
+    python -m experiments.tf2_keras                        # mlp, conv, attention, lstm, moe; 2 runs; 0.7x, 0.8x
     python -m experiments.tf2_keras --model conv --fraction 0.5
     python -m experiments.tf2_keras --tiny                 # CI smoke: the MLP, roomy only, one run
 """
@@ -38,6 +38,7 @@ from experiments._common import RESULTS, code_state, load_average, provenance, w
 from tfmem.demo_keras import state_digest
 
 MiB = 2**20
+DEFAULT_FRACTIONS = [0.7, 0.8]
 ROOMY_MIB = 1024
 CHILD_TIMEOUT_S = 900
 OVERHEAD_ROUNDS = 5   # epochs of each twin, in turn, for the step-time ratio at a roomy budget
@@ -145,15 +146,27 @@ def _child(model_name: str, mode: str, cap_mib: int, repeats: int) -> dict[str, 
     return row
 
 
-def run_model(model_name: str, runs: int, fraction: float, repeats: int, tiny: bool) -> dict[str, Any]:
+def run_model(model_name: str, runs: int, fractions: list[float], repeats: int, tiny: bool) -> dict[str, Any]:
     plain = [_child(model_name, "plain", ROOMY_MIB, repeats) for _ in range(runs)]
     entry: dict[str, Any] = {"model": model_name, "plain_roomy": plain,
                              "overhead": _child(model_name, "overhead", ROOMY_MIB, 1 if tiny else OVERHEAD_ROUNDS)}
     peaks = [r["peak_bytes"] for r in plain if r.get("peak_bytes")]
-    if not tiny and peaks:
+    if tiny or not peaks:
+        return entry
+    # The tightest of ``fractions`` (ascending) where plain fit runs out of memory and the planned one runs:
+    # a refusal tries the next, while plain fit still runs out of memory there.
+    entry["tried"] = []
+    for fraction in fractions:
         cap = int(max(peaks) * fraction) // MiB
-        entry.update(cap_mib=cap, plain_cap=_child(model_name, "plain", cap, repeats),
-                     planned_cap=_child(model_name, "planned", cap, repeats))
+        attempt: dict[str, Any] = {"fraction": fraction, "cap_mib": cap,
+                                   "plain_cap": _child(model_name, "plain", cap, repeats)}
+        entry["tried"].append(attempt)
+        entry.update(attempt)
+        if attempt["plain_cap"].get("ending") != "oom":
+            break
+        attempt["planned_cap"] = entry["planned_cap"] = _child(model_name, "planned", cap, repeats)
+        if attempt["planned_cap"].get("ending") == "ran":
+            break
     return entry
 
 
@@ -170,8 +183,8 @@ def summary(entry: dict[str, Any]) -> dict[str, Any]:
         "roomy_time_ratio": round(twins["ratio"], 3) if twins.get("ratio") else None,
         "roomy_identical": bool(twins.get("identical"))}
     if "cap_mib" in entry:
-        capped = entry["planned_cap"]
-        row.update(cap_mib=entry["cap_mib"], plain_at_cap=entry["plain_cap"].get("ending"),
+        capped = entry.get("planned_cap", {})
+        row.update(fraction=entry["fraction"], cap_mib=entry["cap_mib"], plain_at_cap=entry["plain_cap"].get("ending"),
                    planned_at_cap="refused" if "InfeasibleBudgetError" in (capped.get("error") or "")
                    else capped.get("ending"),
                    planned_peak_mib=round(capped["peak_bytes"] / MiB, 2) if capped.get("peak_bytes") else None,
@@ -189,12 +202,12 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = [f"# Keras 3 fit on the testbed, plain and with MemoryBudget\n\n`{meta['command']}` ({meta['date']}, "
              f"load before {meta['load_before']}, after {meta['load_after']})\n",
              "| model | plain peaks (MiB) | simulated (MiB) | sim / measured | roomy: time ratio, identical | "
-             "cap (MiB) | plain at cap | planned at cap | planned peak (MiB) | planned simulated (MiB) | "
+             "budget: fraction, cap (MiB) | plain at cap | planned at cap | planned peak (MiB) | planned simulated (MiB) | "
              "planned simulated on the cap (MiB) | identical | time ratio |", "|" + "---|" * 13]
     for r in rows:
         lines.append(f"| {r['model']} | {', '.join(map(str, r['plain_peaks_mib']))} | {r['simulated_mib']} | "
                      f"{r['simulated_over_measured']} | {r['roomy_time_ratio']}x, {r['roomy_identical']} | "
-                     f"{r.get('cap_mib', '')} | {r.get('plain_at_cap', '')} | {r.get('planned_at_cap', '')} | "
+                     f"{r.get('fraction', '')}, {r.get('cap_mib', '')} | {r.get('plain_at_cap', '')} | {r.get('planned_at_cap', '')} | "
                      f"{r.get('planned_peak_mib', '')} | {r.get('planned_simulated_mib', '')} | "
                      f"{r.get('planned_simulated_at_cap_mib', '')} | {r.get('identical_to_roomy_plain', '')} | {r.get('capped_time_ratio', '')} |")
     lines.append("\nPeaks are the device server's allocator (testbed); simulated peaks are the simulator's for the "
@@ -211,7 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", action="append", choices=sorted(BUILDERS), help="repeatable; default: all")
     parser.add_argument("--runs", type=int, default=2, help="plain runs on the roomy device")
-    parser.add_argument("--fraction", type=float, default=0.7, help="the budget, of the largest plain peak")
+    parser.add_argument("--fraction", type=float, action="append",
+                        help="the budget, of the largest plain peak; repeatable: after a refusal the next larger one "
+                             "is tried while plain fit still runs out of memory (default: 0.7, then 0.8)")
     parser.add_argument("--repeats", type=int, default=2, help="measured epochs per fit")
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -224,13 +239,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     names = ["mlp"] if args.tiny else (args.model or list(BUILDERS))
     runs, repeats = (1, 1) if args.tiny else (args.runs, args.repeats)
+    fractions = sorted(args.fraction or DEFAULT_FRACTIONS)
     load_before = load_average()
     entries = []
     for name in names:
         print(f"tf2_keras: {name}", file=sys.stderr, flush=True)
-        entries.append(run_model(name, runs, args.fraction, repeats, args.tiny))
+        entries.append(run_model(name, runs, fractions, repeats, args.tiny))
     rows = [summary(e) for e in entries]
-    meta = provenance(argv, load_before=load_before, load_after=load_average(), fraction=args.fraction,
+    meta = provenance(argv, load_before=load_before, load_after=load_average(), fractions=fractions,
                       code=code_state())
     out = "tf2_keras_tiny" if args.tiny else "tf2_keras"
     write(out, {**meta, "rows": rows, "runs": entries}, markdown(rows, meta), args.out)

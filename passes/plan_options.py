@@ -19,7 +19,7 @@ from passes.plan_cover import (
     savings_outside,
 )
 from passes.recompute import Recompute, apply_recompute
-from passes.swap_activations import SwapActivations, apply_swaps, device_activations
+from passes.swap_activations import SwapActivations, activation_bytes, apply_swaps, device_activations
 from passes.timeline import StepTimeline
 from passes.transfer import readers_through_aliases, trigger_candidates
 from tfmem.ir.devices import Placement
@@ -27,6 +27,7 @@ from tfmem.ir.graph import GraphIR
 from tfmem.pipeline import PassContext
 from tfmem.sim import costmodel
 from tfmem.sim.profile import MemoryProfile
+from tfmem.sim.tensor_list_memory import list_holdings
 
 
 def build_options(graph: GraphIR, ctx: PassContext, timeline: StepTimeline, profile: MemoryProfile,
@@ -85,10 +86,11 @@ def idle_windows(graph: GraphIR, ctx: PassContext, timeline: StepTimeline, min_b
     (its fallback) may split it elsewhere and swap a swapped-in copy again; a lower bound must allow all of it.
     """
     out = []
-    for t in device_activations(graph, ctx, timeline, timeline.order, min_bytes):
+    lists = list_holdings(timeline.eg)
+    for t in device_activations(graph, ctx, timeline, timeline.order, min_bytes, lists=lists):
         readers = sorted(readers_through_aliases(graph, timeline.eg, t), key=timeline.rank.__getitem__)
-        nbytes = graph.spec(t).nbytes or 0
-        busy_until, gaps = timeline.end_s[t.node], []
+        nbytes = activation_bytes(graph, t, lists)
+        busy_until, gaps = timeline.end_s[timeline.eg.unit_of[t.node]], []
         for c in readers:
             if timeline.start_s[c] > busy_until:
                 gaps.append((busy_until, timeline.start_s[c], nbytes))

@@ -43,6 +43,7 @@ from passes.timeline import StepTimeline
 from passes.transfer import (
     Prefetch,
     add_prefetches,
+    frame_readers,
     group_consumers,
     identity_attrs,
     movable,
@@ -52,6 +53,7 @@ from passes.transfer import (
 )
 from tfmem.ir.devices import Placement
 from tfmem.ir.editor import GraphEditor
+from tfmem.ir.frames import find_regions
 from tfmem.ir.graph import GraphIR, TensorRef
 from tfmem.ir.ops import ALIAS_OPS, PERSISTENT_OUTPUT_OPS, RESOURCE_VARIABLE_OPS, VARIABLE_READ_OPS
 from tfmem.ir.verify import SWAP_IN_ATTR, SWAP_OUT_ATTR
@@ -59,6 +61,7 @@ from tfmem.pipeline import PassContext, PassReport, PassResult
 from tfmem.sim import costmodel
 from tfmem.sim.opmemory import viewed_input
 from tfmem.sim.profile import MemoryProfile
+from tfmem.sim.tensor_list_memory import ListHoldings, list_holdings
 from tfmem.units import format_bytes
 
 
@@ -174,14 +177,15 @@ class SwapActivations:
         split in ``splits`` that sends some readers late (two with ``just_in_time``, see ``candidates_over_gaps``).
         """
         usable = trigger_candidates(graph, timeline)
+        lists = list_holdings(timeline.eg)
         out = []
         for t, split in itertools.product(device_activations(graph, ctx, timeline, producers, self.min_bytes,
-                                                             exclude), splits):
+                                                             exclude, lists), splits):
             readers = split_readers(graph, timeline, t, split)
             if readers is None:
                 continue
-            nbytes = graph.spec(t).nbytes or 0
-            idle_from = max([timeline.end_s[t.node]] + [timeline.end_s[c] for c in readers.early])
+            nbytes = activation_bytes(graph, t, lists)
+            idle_from = max([timeline.end_s[timeline.eg.unit_of[t.node]]] + [timeline.end_s[c] for c in readers.early])
             groups = group_consumers(readers.late, timeline, split_gap_s=2 * self.link.transfer_s(nbytes))
             prefetches = plan_prefetches(groups, nbytes, timeline, self.link, usable, readers.floor)
             if any(p.trigger is None for p in prefetches):
@@ -198,25 +202,56 @@ class SwapActivations:
 
 
 def device_activations(graph: GraphIR, ctx: PassContext, timeline: StepTimeline, producers: Sequence[str],
-                       min_bytes: int, exclude: Collection[TensorRef] = ()) -> list[TensorRef]:
-    """Transient device tensors of ``producers`` that only device ops read: what swap and recompute may free."""
+                       min_bytes: int, exclude: Collection[TensorRef] = (),
+                       lists: ListHoldings | None = None) -> list[TensorRef]:
+    """Transient device tensors of ``producers`` that only device ops read: what swap and recompute may free.
+
+    With ``lists`` (``tfmem.sim.tensor_list_memory``), ``TensorList`` handles that hold items count too, also
+    where a v1 loop hands one to another (an RNN's forward loop to its gradient loop): TensorFlow copies a list
+    between devices item by item, so a swap frees its items (``tests/test_swap_lists.py``).
+    """
     eg = timeline.eg
     placement = Placement(ctx.device, ctx.host)
-    on_device = {u: not eg.is_region(u) and placement.domain(graph[u].device) == "device" for u in eg.units}
+    regions = find_regions(graph) if lists is not None else {}
+
+    def on_device(unit: str, tensor: TensorRef | None = None) -> bool:
+        if not eg.is_region(unit):
+            return placement.domain(graph[unit].device) == "device"
+        if lists is None or tensor is None:   # a frame reads it whole, on whichever devices its ops are
+            return False
+        nodes = [tensor.node] if eg.unit_of.get(tensor.node) == unit else frame_readers(graph, regions, unit, tensor)
+        return bool(nodes) and all(placement.domain(graph[n].device) == "device" for n in nodes)
+
     out = []
     for u in producers:
-        if not on_device[u] or graph[u].attr_bool(SWAP_IN_ATTR) or graph[u].op in ALIAS_OPS:
+        if eg.is_region(u):   # a frame's outputs: only the lists it hands on (an RNN's activations)
+            outputs = [t for t in eg.outputs_of(u) if held_list(t, lists) and on_device(u, t)]
+        elif not on_device(u) or graph[u].attr_bool(SWAP_IN_ATTR) or graph[u].op in ALIAS_OPS:
             continue  # an alias op's output is a view: its source is the candidate
-        for i, spec in enumerate(graph[u].outputs):
-            t = TensorRef(u, i)
+        else:
+            outputs = [TensorRef(u, i) for i in range(len(graph[u].outputs))]
+        for t in outputs:
             # A view (a slice of a fed batch, say) frees nothing when it leaves: its source holds the buffer.
-            if ((spec.nbytes or 0) < min_bytes or t in eg.fetched or t in eg.fed or not movable(graph, t)
-                    or t in exclude or buffer_root(graph, t) != t or shares_persistent_buffer(graph, t)):
+            # (A frame's list is charged to its Exit, which buffer_root would follow into the loop.)
+            if (activation_bytes(graph, t, lists) < min_bytes or t in eg.fetched or t in eg.fed
+                    or not (movable(graph, t) or held_list(t, lists)) or t in exclude
+                    or (not eg.is_region(u) and (buffer_root(graph, t) != t or shares_persistent_buffer(graph, t)))):
                 continue
             readers = readers_through_aliases(graph, eg, t)
-            if readers and all(on_device.get(c, False) for c in readers):  # frames and other devices: leave
+            if readers and all(on_device(c, readers[c]) for c in readers):  # other devices: leave
                 out.append(t)
     return out
+
+
+def held_list(tensor: TensorRef, lists: ListHoldings | None) -> bool:
+    """Whether ``tensor`` is a list handle holding items of its own (not a loop's pass-through of another)."""
+    return lists is not None and lists.bytes_of.get(tensor, 0) > 0 and tensor not in lists.shares
+
+
+def activation_bytes(graph: GraphIR, tensor: TensorRef, lists: ListHoldings | None) -> int:
+    """Bytes a swap of ``tensor`` frees: its buffer, or for a list handle the items it holds."""
+    held = lists.bytes_of.get(tensor, 0) if lists is not None and tensor not in lists.shares else 0
+    return (graph.spec(tensor).nbytes or 0) + held
 
 
 # Given a tensor's producer and its readers (in rank order), the rank of the last reader that uses it before it
@@ -238,7 +273,7 @@ def split_readers(graph: GraphIR, timeline: StepTimeline, tensor: TensorRef, spl
     """Readers of ``tensor`` (through identities and views) split by ``split``; None when none would read it late."""
     reads = readers_through_aliases(graph, timeline.eg, tensor)
     readers = sorted(reads, key=timeline.rank.__getitem__)
-    last_early = split(tensor.node, readers)
+    last_early = split(timeline.eg.unit_of[tensor.node], readers)
     if last_early is None:
         return None
     early = [c for c in readers if timeline.rank[c] <= last_early]

@@ -22,7 +22,7 @@ from tensorflow.core.framework import attr_value_pb2
 from passes.timeline import StepTimeline
 from tfmem.ir.editor import GraphEditor
 from tfmem.ir.execution import ExecutionGraph
-from tfmem.ir.frames import back_edges, maybe_dead
+from tfmem.ir.frames import back_edges, find_regions, maybe_dead
 from tfmem.ir.graph import GraphIR, TensorRef
 from tfmem.ir.ops import (
     IDENTITY_OPS,
@@ -217,6 +217,20 @@ def add_prefetches(editor: GraphEditor, source: TensorRef, original: TensorRef, 
         made: dict[TensorRef, TensorRef] = {}
         for consumer in p.consumers:
             read = (reads or {}).get(consumer, original)
-            editor.rewire(consumer, read, same_view(editor, TensorRef(name, 0), read, original, made))
+            copy = same_view(editor, TensorRef(name, 0), read, original, made)
+            for node in frame_readers(graph, find_regions(graph), consumer, read) if is_frame(consumer) else [consumer]:
+                editor.rewire(node, read, copy)
         names.append(name)
     return names
+
+
+def is_frame(unit: str) -> bool:
+    """Whether ``unit`` names a v1 frame (``ExecutionGraph``'s ``frame:<name>`` units), not a node."""
+    return unit.startswith("frame:")
+
+
+def frame_readers(graph: GraphIR, regions: Mapping[str, str], frame: str, tensor: TensorRef) -> list[str]:
+    """The nodes of ``frame`` (a ``frame:<name>`` unit; ``regions`` is ``find_regions(graph)``) that read
+    ``tensor``: the ``Enter`` ops a copy for the frame must feed."""
+    name = frame.removeprefix("frame:")
+    return [c for c in graph.consumers.get(tensor, ()) if regions.get(c) == name]

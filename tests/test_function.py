@@ -53,6 +53,18 @@ def test_experts_created_on_the_host_visit_the_device_per_use_and_train_identica
     assert r["same_history"] and r["same_state"]     # losses, weights and Adam's slots, bit for bit
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_recurrent_step_swaps_the_lists_one_loop_hands_to_another_and_trains_identically() -> None:
+    r = _case("lstm_fit", 0.85)
+    assert r["after"] <= r["budget"] < r["before"]
+    # the first layer's activations, kept in lists from its forward loop to its gradient loop, went to the host
+    assert any("lstm" in t and "/while/exit/" in t for t in r["swapped"]), r["swapped"]
+    (checked, wrong), = r["placement"]
+    assert checked > 0 and wrong == 0
+    assert r["same_history"] and r["same_state"]     # losses, weights and Adam's slots, bit for bit
+
+
 def _nested_step(v: tf.Variable):
     @tf.function
     def inner(x):

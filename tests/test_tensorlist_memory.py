@@ -110,6 +110,31 @@ def test_a_v1_loops_pushes_are_held_by_its_exit_for_the_trip_count():
     assert peak >= 4096 + 10 * 4096
 
 
+def test_a_traced_functions_loop_has_its_trip_count_read_through_the_lowered_bodys_identities():
+    """A ``tf.function``'s ``while_loop``, lowered to v1 frames by ``tfmem.traced`` (as Grappler's function
+    optimizer does), passes its counter through the body's output ``Identity`` before ``NextIteration``: the
+    trip count is still read, so the list the loop hands on holds its items in our graph, not only in
+    Grappler's rewrite of it (the swap pass plans on ours: ``tests/test_function.py``, the recurrent step)."""
+    from tensorflow.python.ops import list_ops
+
+    from tfmem.traced import trace
+
+    @tf.function
+    def step(x):
+        def body(i, lst):
+            return i + 1, list_ops.tensor_list_push_back(lst, x * tf.cast(i, tf.float32))
+
+        empty = list_ops.empty_tensor_list(element_shape=(1024,), element_dtype=tf.float32)
+        _, lst = tf.while_loop(lambda i, _: i < 10, body, [tf.constant(0), empty])
+        return tf.reduce_sum(list_ops.tensor_list_get_item(lst, 3, tf.float32, element_shape=(1024,)))
+
+    traced = trace(step.get_concrete_function(tf.TensorSpec((1024,), tf.float32)))
+    ir = annotate(traced.graph_def)
+    assert any(n.op == "Exit" for n in ir.nodes)   # lowered, not a functional While
+    holdings = list_holdings(ExecutionGraph.build(ir, traced.fetches, traced.inputs))
+    assert sorted(holdings.bytes_of.values()) == [10 * 4096] and not holdings.notes, holdings
+
+
 def test_a_loop_whose_trip_count_is_unknown_is_named_in_the_profile():
     from tensorflow.python.ops import list_ops
 

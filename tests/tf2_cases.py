@@ -216,6 +216,43 @@ def moe_fit(fraction: float) -> dict[str, Any]:
             "notes": [n for p in report.passes if p.changed for n in p.notes]}
 
 
+def lstm_fit(fraction: float) -> dict[str, Any]:
+    """Two stacked Keras 3 LSTM layers, ``fit`` with ``MemoryBudget`` at ``fraction`` of the plain step's
+    simulated peak, against plain ``fit`` of a twin. The step's peak is in the second layer's gradient loop, while
+    the first layer's forward loop holds its activations in lists for its own gradient loop: only swapping those
+    lists (handed from loop to loop) brings it down."""
+    import keras
+
+    import tfmem
+    import tfmem.keras
+    from models.keras3 import lstm
+    from tfmem.traced import trace
+
+    def built() -> tuple[Any, np.ndarray, np.ndarray, int]:   # 2 x LSTM(64) over 64 steps, batch 128
+        keras.utils.set_random_seed(0)
+        model, x, y, batch = lstm(np.random.default_rng(0))
+        model.optimizer.build(model.trainable_variables)
+        return model, x[:4 * batch], y[:4 * batch].astype(np.int32), batch
+
+    probe, x, y, batch = built()
+    traced = trace(tf.function(lambda data: probe.train_step(data), jit_compile=False).get_concrete_function(
+        (tf.constant(x[:batch]), tf.constant(y[:batch]))))
+    plain = tfmem.unoptimized_profile(traced.graph_def, traced.fetches, device=DEVICE, host=HOST).peak_bytes
+    planned_model, reference = built()[0], built()[0]
+    budget = tfmem.keras.MemoryBudget(int(plain * fraction), device=DEVICE, host=HOST)
+    history = planned_model.fit(x, y, batch_size=batch, epochs=2, shuffle=False, verbose=0, callbacks=[budget])
+    twin = reference.fit(x, y, batch_size=batch, epochs=2, shuffle=False, verbose=0)
+    report = budget.report
+    swapped = [d["tensor"] for p in report.passes if p.changed
+               for d in p.details.get("decisions", ()) if d["kind"] == "swap"]  # type: ignore[attr-defined]
+    return {"plain": plain, "budget": report.budget_bytes, "before": report.before.peak_bytes,
+            "after": report.after.peak_bytes, "same_history": history.history == twin.history,
+            "same_state": all(np.array_equal(a, b) for a, b in zip(_state(planned_model, planned_model.optimizer),
+                                                                   _state(reference, reference.optimizer), strict=True)),
+            "swapped": swapped,
+            "placement": [(n, len(wrong)) for n, wrong in budget.step.placement.values()]}
+
+
 def _testbed_ending(ending: str) -> dict[str, Any]:
     """How a connected measurement ends: a step over the cap (``oom``: reported without TensorFlow's 10 s
     allocation retry), or a device server killed mid-step (``crash``: not a client waiting forever); and
@@ -265,7 +302,7 @@ def testbed_crash() -> dict[str, Any]:
     return _testbed_ending("crash")
 
 
-CASES = {"keras_step": keras_step, "testbed_oom": testbed_oom, "testbed_crash": testbed_crash, "moe_fit": moe_fit, "testbed_refusals": testbed_refusals, "keras_fit": keras_fit,
+CASES = {"keras_step": keras_step, "testbed_oom": testbed_oom, "testbed_crash": testbed_crash, "moe_fit": moe_fit, "lstm_fit": lstm_fit, "testbed_refusals": testbed_refusals, "keras_fit": keras_fit,
          "tf_keras_fit": tf_keras_fit}
 
 

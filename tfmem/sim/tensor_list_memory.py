@@ -280,6 +280,8 @@ class _Lists:
             return None
         start = self._final(enter)
         add = self.graph[self.graph[back.node].inputs[0].node]
+        while add.op in IDENTITY_OPS and add.inputs:   # a lowered functional loop's body output identities
+            add = self.graph[add.inputs[0].node]
         if start is None or add.op not in ("Add", "AddV2") or len(add.inputs) != 2:
             return None
         for own, other in (add.inputs, add.inputs[::-1]):
