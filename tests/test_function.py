@@ -178,6 +178,18 @@ def test_keras_fit_with_a_memory_budget_trains_as_plain_fit() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+def test_memory_budget_plans_evaluate_and_predict_when_asked_with_the_same_results() -> None:
+    r = _case("keras_evaluate_predict", 38)
+    assert r["planned"] == ["predict", "test", "train"]
+    assert r["train_after"] <= r["budget"]
+    # fit's validation (val_loss) and evaluate ran the planned test step, predict the planned predict step
+    assert r["same_history"] and len(r["val_loss"]) == 2 and r["same_evaluate"] and r["same_predict"]
+    assert r["same_state"]
+    assert all(checked > 0 and wrong == 0 for kind in r["placement"].values() for checked, wrong in kind)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_tf_keras_fit_with_a_memory_budget_plans_every_step_the_batch_size_divides() -> None:
     pytest.importorskip("tf_keras", reason="make installs tf-keras (requirements-zoo.lock)")
     r = _case("tf_keras_fit", 38)

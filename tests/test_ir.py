@@ -204,6 +204,9 @@ def _arithmetic_cases() -> tf.Graph:
         tf.raw_ops.BroadcastGradientArgs(s0=s, s1=s, name="bcast_grad_same")
         tf.transpose(m, [1, 0], name="transpose")
         tf.reverse(s, [0], name="reverse")
+        tf.range(2, 5, name="range")
+        tf.range(6, -3, -4, name="range_down")
+        tf.math.invert_permutation(tf.constant([2, 0, 3, 1]), name="invert_permutation")
     return g
 
 
@@ -220,8 +223,10 @@ def test_shape_arithmetic_is_evaluated_as_tensorflow_does():
             assert got.dtype == expected.dtype and np.array_equal(got, expected), (op.name, got, expected)
     with pytest.raises(IndexError):   # numpy would wrap the index; TensorFlow refuses it
         shape_arithmetic.evaluate("GatherV2", {}, [np.array([1, 2]), np.array(-1), np.array(0)])
+    with pytest.raises(ValueError):   # a range's length is checked before numpy makes it
+        shape_arithmetic.evaluate("Range", {}, [np.array(0), np.array(2**40), np.array(1)])
     with pytest.raises(shape_arithmetic.Unsupported):
-        shape_arithmetic.evaluate("Range", {}, [np.array(0), np.array(4), np.array(1)])
+        shape_arithmetic.evaluate("Fill", {}, [np.array([2]), np.array(1)])
 
 
 def test_partial_shapes_that_nothing_can_complete_cost_no_scratch_graph(monkeypatch):

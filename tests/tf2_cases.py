@@ -129,6 +129,32 @@ def keras_fit(budget_mib: float) -> dict[str, Any]:
     return _fit_twins(_compiled_mlp, 3 * 4096 + 100, budget_mib, lambda m: m.optimizer.variables, refit=True)
 
 
+def keras_evaluate_predict(budget_mib: float) -> dict[str, Any]:
+    """``MemoryBudget(evaluate=True, predict=True)``: ``fit`` with validation, ``evaluate`` and ``predict``, each
+    step planned, against a twin run plainly."""
+    import tfmem.keras
+
+    rng = np.random.default_rng(0)
+    x, xv = rng.random((2 * 4096, 128)).astype(np.float32), rng.random((4096, 128)).astype(np.float32)
+    y, yv = rng.integers(0, 10, len(x)).astype(np.int32), rng.integers(0, 10, len(xv)).astype(np.int32)
+    planned_model, reference = _compiled_mlp(), _compiled_mlp()
+    budget = tfmem.keras.MemoryBudget(f"{budget_mib}MiB", host=HOST, evaluate=True, predict=True)
+    said = []
+    for model, callbacks in ((planned_model, [budget]), (reference, [])):
+        history = model.fit(x, y, batch_size=4096, epochs=2, shuffle=False, verbose=0, validation_data=(xv, yv),
+                            callbacks=callbacks).history
+        evaluated = model.evaluate(xv, yv, batch_size=4096, verbose=0, callbacks=callbacks)
+        predicted = model.predict(xv, batch_size=4096, verbose=0, callbacks=callbacks)
+        said.append((history, evaluated, predicted, _state(model, model.optimizer)))
+    (history, evaluated, predicted, state), (twin_history, twin_evaluated, twin_predicted, twin_state) = said
+    return {"planned": sorted(budget.steps), "same_history": history == twin_history, "val_loss": history["val_loss"],
+            "same_evaluate": evaluated == twin_evaluated, "same_predict": bool(np.array_equal(predicted, twin_predicted)),
+            "same_state": all(np.array_equal(a, b) for a, b in zip(state, twin_state, strict=True)),
+            "placement": {kind: [(n, len(wrong)) for n, wrong in step.placement.values()]
+                          for kind, step in budget.steps.items()},
+            "train_after": budget.report.after.peak_bytes, "budget": budget.report.budget_bytes}
+
+
 def tf_keras_fit(budget_mib: float) -> dict[str, Any]:
     """The same with tf_keras (Keras 2) and data the batch size divides: every step is planned."""
     import tf_keras
@@ -302,7 +328,7 @@ def testbed_crash() -> dict[str, Any]:
     return _testbed_ending("crash")
 
 
-CASES = {"keras_step": keras_step, "testbed_oom": testbed_oom, "testbed_crash": testbed_crash, "moe_fit": moe_fit, "lstm_fit": lstm_fit, "testbed_refusals": testbed_refusals, "keras_fit": keras_fit,
+CASES = {"keras_step": keras_step, "testbed_oom": testbed_oom, "testbed_crash": testbed_crash, "moe_fit": moe_fit, "lstm_fit": lstm_fit, "testbed_refusals": testbed_refusals, "keras_fit": keras_fit, "keras_evaluate_predict": keras_evaluate_predict,
          "tf_keras_fit": tf_keras_fit}
 
 

@@ -21,8 +21,9 @@ from tfmem.gcpause import without_gc_pauses
 from tfmem.ir.devices import DEFAULT_DEVICE, Placement, same_device, with_default_device
 from tfmem.ir.execution import ExecutionGraph, parse_fetches
 from tfmem.ir.graph import GraphIR
-from tfmem.ir.loading import GraphSource, load
+from tfmem.ir.loading import GraphSource, load, to_graph_def
 from tfmem.ir.shapes import FeedShapes
+from tfmem.lowering import has_functional_ops, lower_functional
 from tfmem.pipeline import Pass, PassContext, run_pipeline
 from tfmem.report import Report
 from tfmem.rounding import rounding_caveat
@@ -161,7 +162,8 @@ def optimize(
 
     Parameters
     ----------
-    graph : tf.Graph, GraphDef, MetaGraphDef or a .pb/.pbtxt path
+    graph : tf.Graph, GraphDef, MetaGraphDef or a .pb/.pbtxt path; functional ``While``/``If`` ops in it are
+        lowered to v1 frames, as the session's runtime lowers them (``tfmem.lowering``), and the result is that graph
     fetches : what each step computes, as for ``Session.run`` (``"loss:0"``, ``"train_op"``)
     budget : device memory to fit in, as bytes or a string such as ``"8GiB"``; None means "as low as is cheap".
         Positive and at most 2**62 bytes; a fractional number of bytes is rounded down (``tfmem.parse_bytes``)
@@ -210,6 +212,10 @@ def optimize(
                             "leave the device: pass two different devices, e.g. device='/GPU:0', host='/CPU:0'")
     pipeline = resolve_passes(passes)
     all_passes = {p.name for p in resolve_passes("auto")} <= {p.name for p in pipeline}
+    source = to_graph_def(graph)
+    if has_functional_ops(source):   # what the session runs: While/If as v1 frames (tfmem.lowering)
+        parse_fetches(load(source, shapes_given), fetch_list)
+        graph = lower_functional(source, sorted({name.split(":")[0] for name in fetch_list}))
     ir = load(graph, shapes_given)
     parse_fetches(ir, fetch_list)  # fail early, with the fetch's name, on a typo
     max_target = target_bytes_for(budget_bytes) if budget_bytes is not None else None

@@ -33,13 +33,11 @@ from typing import Any
 
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, node_def_pb2
-from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
 from tensorflow.python.eager import wrap_function
-from tensorflow.python.grappler import tf_optimizer
 
 from tfmem.errors import BadInputError, MalformedGraphError, first_line
 from tfmem.ir.tags import PINNED_TAG, SHAPED_ARGUMENT_TAG
-from tfmem.sim.grappler import grappler_cluster
+from tfmem.lowering import lower_functional
 
 
 @dataclass(frozen=True)
@@ -84,7 +82,7 @@ def trace(concrete: Any) -> TracedStep:
         v = by_handle.get(id(external))
         if v is not None:
             variables[internal.op.name] = v
-    flat = _inline(gd, [*(o.split(":")[0] for o in outputs), *control])
+    flat = lower_functional(gd, [*(o.split(":")[0] for o in outputs), *control])
     placeholders = {}
     arguments = {i.split(":")[0] for i in inputs}
     for node in flat.node:
@@ -117,26 +115,6 @@ def rebuild(traced: TracedStep, graph_def: graph_pb2.GraphDef) -> Any:
         return wrap_function.function_from_graph_def(gd, list(traced.inputs), fetches, captures=captures)
     except (ValueError, TypeError) as e:
         raise MalformedGraphError(f"TensorFlow cannot rebuild a function from the planned graph: {first_line(e)}") from e
-
-
-def _inline(gd: graph_pb2.GraphDef, keep: list[str]) -> graph_pb2.GraphDef:
-    """``gd`` with nested function calls inlined and ``If``/``While`` lowered, by Grappler's function optimizer
-    alone (no other rewrite: the plan must see what the user wrote, and the session's Grappler runs later)."""
-    if not gd.library.function:
-        out = graph_pb2.GraphDef()
-        out.CopyFrom(gd)
-        return out
-    config = config_pb2.ConfigProto()
-    rewrite = config.graph_options.rewrite_options
-    rewrite.optimizers.append("function")
-    rewrite.min_graph_nodes = -1
-    meta = meta_graph_pb2.MetaGraphDef()
-    meta.graph_def.CopyFrom(gd)
-    meta.collection_def["train_op"].node_list.value.extend(keep)
-    try:
-        return tf_optimizer.OptimizeGraph(config, meta, cluster=grappler_cluster())   # TF allows one cluster at a time
-    except Exception as e:
-        raise MalformedGraphError(f"TensorFlow cannot inline the step's nested functions: {first_line(e)}") from e
 
 
 def _colocate_with_variables(gd: graph_pb2.GraphDef, variables: Mapping[str, tf.Variable]) -> None:

@@ -97,12 +97,13 @@ NEVER_CLONED = RENDEZVOUS_OPS | {"NoOp", "ControlTrigger"}
 # Integer ops that shape-computing subgraphs are made of: ``tfmem.ir.static_values`` evaluates them on known
 # values (``tfmem.ir.shape_arithmetic`` has a rule for each). A result can be larger than its inputs together (a
 # Gather that repeats indices, a broadcasting Mul), by at most a product of input sizes; what bounds the values
-# kept is the check after evaluation (``static_values.MAX_VALUE_ELEMENTS``). Range, Fill and Tile are not here:
-# their output's size is an input's value, as large as ``Range(0, 2**40)`` before any check could run.
+# kept is the check after evaluation (``static_values.MAX_VALUE_ELEMENTS``). Fill and Tile are not here: their
+# output's size is an input's value; Range's rule checks its length before it makes one (``MAX_RANGE``).
 SHAPE_ARITHMETIC_OPS = frozenset({
     "Pack", "Unpack", "ConcatV2", "Concat", "StridedSlice", "Slice", "Gather", "GatherV2", "Cast", "Reshape",
     "Squeeze", "ExpandDims", "Add", "AddV2", "Sub", "Mul", "FloorDiv", "FloorMod", "Maximum", "Minimum", "Neg",
-    "Prod", "Sum", "Max", "Min", "BroadcastArgs", "BroadcastGradientArgs", "Transpose", "ReverseV2",
+    "Prod", "Sum", "Max", "Min", "BroadcastArgs", "BroadcastGradientArgs", "Transpose", "ReverseV2", "Range",
+    "InvertPermutation",
 })
 
 # --- Cost ----------------------------------------------------------------------------------------------------

@@ -146,7 +146,32 @@ def _broadcast_gradient_args(attrs: Attrs, xs: Sequence[np.ndarray], index: int)
     return np.array([i for i, d in enumerate(padded) if d == 1], dtype=xs[0].dtype)
 
 
+# The longest ``Range`` evaluated: its length is an input's value (``Range(0, 2**40)``), so it is checked first.
+MAX_RANGE = 4096
+
+
+def _range(attrs: Attrs, xs: Sequence[np.ndarray], index: int) -> np.ndarray:
+    """``Range(start, limit, delta)`` of scalars: the permutations of transposes built for any rank
+    (``concat([1, 0], range(2, rank))``, as ``dynamic_rnn`` does)."""
+    start, limit, delta = (int(np.asarray(x).reshape(-1)[0]) for x in xs)
+    if delta == 0 or any(np.asarray(x).size != 1 for x in xs):
+        raise ValueError("Range needs scalars and a nonzero delta")
+    if max(0, -(-(limit - start) // delta)) > MAX_RANGE:
+        raise ValueError(f"Range longer than {MAX_RANGE}: no value")
+    return np.arange(start, limit, delta, dtype=xs[0].dtype)
+
+
+def _invert_permutation(attrs: Attrs, xs: Sequence[np.ndarray], index: int) -> np.ndarray:
+    """The inverse of a permutation vector (a transpose's gradient transposes back with it)."""
+    perm = np.asarray(xs[0])
+    if perm.ndim != 1 or sorted(perm.tolist()) != list(range(perm.size)):
+        raise ValueError("InvertPermutation needs a permutation of 0..n-1")
+    return np.argsort(perm).astype(perm.dtype)
+
+
 RULES: dict[str, Rule] = {
+    "Range": _range,
+    "InvertPermutation": _invert_permutation,
     "Pack": lambda attrs, xs, index: np.stack(xs, axis=_int(attrs, "axis")),
     "Unpack": lambda attrs, xs, index: np.take(xs[0], index, axis=_int(attrs, "axis")),
     "ConcatV2": lambda attrs, xs, index: np.concatenate(xs[:-1], axis=int(xs[-1])),
