@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")   # the testbed's client must match its servers
 
@@ -48,7 +50,9 @@ TF_LOG_PREFIXES = ("E0000", "W0000", "I0000", "WARNING", "This could happen")
 
 
 def measure(model_name: str, mode: str, cap_mib: int, repeats: int) -> dict[str, Any]:
-    """One measurement (run in a child process): ``fit`` of ``model_name`` on a testbed of ``cap_mib``."""
+    """One measurement (run in a child process) on a testbed of ``cap_mib``: ``fit`` of ``model_name`` (``mode``
+    ``plain`` or ``planned``: with ``MemoryBudget``), or a custom training loop (``plain-function``: the step a
+    ``tf.function``, ``planned-function``: a ``tfmem.function``)."""
     import tensorflow as tf
 
     import tfmem
@@ -63,45 +67,81 @@ def measure(model_name: str, mode: str, cap_mib: int, repeats: int) -> dict[str,
             model, x, y, batch = build(model_name, host=remote.host)
             model.optimizer.build(model.trainable_variables)
         row: dict[str, Any] = {"model": model_name, "mode": mode, "cap_mib": cap_mib}
-        callbacks: list[Any] = []
-        if mode == "planned":
-            callbacks = [tfmem.keras.MemoryBudget(f"{cap_mib}MiB", device=remote.device, host=remote.host)]
+        planned: Any = None   # the MemoryBudget callback, or the tfmem.function
+        custom = mode.endswith("-function")
+        if custom:
+            step = custom_step(model)
+            planned = tfmem.function(step, budget=f"{cap_mib}MiB", device=remote.device, host=remote.host) \
+                if mode.startswith("planned") else None
+            plain_step = tf.function(step, jit_compile=False)
+            y = y.astype(np.int32)
+        elif mode == "planned":
+            planned = tfmem.keras.MemoryBudget(f"{cap_mib}MiB", device=remote.device, host=remote.host)
         else:
             run_keras_steps_on(model, remote.device)
-            step = tf.function(lambda data: model.train_step(data), jit_compile=False)
-            traced = trace(step.get_concrete_function((tf.constant(x[:batch]), tf.constant(y[:batch]))))
+        if planned is None:   # traced outside any device scope: reads of host variables stay beside them
+            concrete = (tf.function(step, jit_compile=False).get_concrete_function(
+                tf.constant(x[:batch]), tf.constant(y[:batch])) if custom
+                else tf.function(lambda data: model.train_step(data), jit_compile=False)
+                .get_concrete_function((tf.constant(x[:batch]), tf.constant(y[:batch]))))
+            traced = trace(concrete)
             row["simulated_bytes"] = tfmem.unoptimized_profile(
                 traced.graph_def, traced.fetches, device=remote.device, host=remote.host, inter_op_threads=2).peak_bytes
         history: list[list[float]] = []
 
-        def fit(rows: int) -> None:
-            h = model.fit(x[:rows], y[:rows], batch_size=batch, epochs=1, shuffle=False, verbose=0,
-                          callbacks=callbacks)
-            history.append(h.history["loss"])
+        def epoch(rows: int) -> None:
+            if not custom:
+                h = model.fit(x[:rows], y[:rows], batch_size=batch, epochs=1, shuffle=False, verbose=0,
+                              callbacks=[planned] if planned is not None else [])
+                history.append(h.history["loss"])
+                return
+            losses = []
+            for i in range(0, rows, batch):
+                xb, yb = tf.constant(x[i:i + batch]), tf.constant(y[i:i + batch])
+                if planned is not None:
+                    losses.append(float(planned(xb, yb)))
+                else:
+                    with tf.device(remote.device):
+                        losses.append(float(plain_step(xb, yb)))
+            history.append(losses)
 
         row["resident_bytes"] = remote.in_use()
-        result = remote.measure(lambda: fit(len(x)), warmup=lambda: fit(batch), repeats=repeats)
+        result = remote.measure(lambda: epoch(len(x)), warmup=lambda: epoch(batch), repeats=repeats)
         row.update(ending=result.ending, error=result.error, peak_bytes=result.device_peak_bytes,
                    host_peak_bytes=result.host_peak_bytes,
                    step_time_s=result.step_time_s / (len(x) // batch) if result.step_time_s else None,
                    history=history, state=None if result.oom else state_digest(model))   # OOM: servers stopped
-        if callbacks and callbacks[0].step is not None:
-            report = callbacks[0].report
+        function = planned.step if isinstance(planned, tfmem.keras.MemoryBudget) else planned
+        if function is not None and function.plans:
+            report = function.report
             row.update(before_bytes=report.before.peak_bytes, after_bytes=report.after.peak_bytes,
                        passes=[p.name for p in report.passes if p.changed])
             # Near the cap the BFC hands out free chunks whole (a 24.5 MiB scratch request can take a 39.7 MiB
             # chunk), so the testbed's peak is compared with the replay on the testbed's capacity too.
-            plan = next(iter(callbacks[0].step.plans.values()))
+            plan = next(iter(function.plans.values()))
             row["after_at_cap_bytes"] = tfmem.simulate(
                 plan.optimized.graph_def, plan.traced.fetches, device=remote.device, host=remote.host,
                 inter_op_threads=2, device_memory=cap_mib * MiB, config=plan.optimized.config).peak_bytes
     return row
 
 
+def custom_step(model: Any) -> Any:
+    """A custom training step of ``model`` (its compiled loss and optimizer): what a user writes instead of fit."""
+    import tensorflow as tf
+
+    def step(x: Any, y: Any) -> Any:
+        with tf.GradientTape() as tape:
+            loss = model.loss(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        model.optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return loss
+
+    return step
+
+
 def overhead(model_name: str, rounds: int) -> dict[str, Any]:
     """Twins on one roomy testbed (run in a child process): plain ``fit`` and ``fit`` with ``MemoryBudget`` at the
     roomy budget, an epoch of each in turn for ``rounds`` rounds after a one-batch warm-up of each."""
-    import numpy as np
     import tensorflow as tf
 
     import tfmem.keras
@@ -155,10 +195,13 @@ def _child(model_name: str, mode: str, cap_mib: int, repeats: int) -> dict[str, 
     return row
 
 
-def run_model(model_name: str, runs: int, fractions: list[float], repeats: int, tiny: bool) -> dict[str, Any]:
-    plain = [_child(model_name, "plain", ROOMY_MIB, repeats) for _ in range(runs)]
-    entry: dict[str, Any] = {"model": model_name, "plain_roomy": plain,
-                             "overhead": _child(model_name, "overhead", ROOMY_MIB, 1 if tiny else OVERHEAD_ROUNDS)}
+def run_model(model_name: str, runs: int, fractions: list[float], repeats: int, tiny: bool,
+              loop: str = "") -> dict[str, Any]:
+    """Plain, overhead (for fit) and capped measurements of one model; ``loop`` is "" for fit, "-function" for
+    the custom training loop."""
+    plain = [_child(model_name, "plain" + loop, ROOMY_MIB, repeats) for _ in range(runs)]
+    entry: dict[str, Any] = {"model": model_name, "plain_roomy": plain, "overhead": {} if loop else _child(
+        model_name, "overhead", ROOMY_MIB, 1 if tiny else OVERHEAD_ROUNDS)}
     peaks = [r["peak_bytes"] for r in plain if r.get("peak_bytes")]
     if tiny or not peaks:
         return entry
@@ -168,12 +211,12 @@ def run_model(model_name: str, runs: int, fractions: list[float], repeats: int, 
     for fraction in fractions:
         cap = int(max(peaks) * fraction) // MiB
         attempt: dict[str, Any] = {"fraction": fraction, "cap_mib": cap,
-                                   "plain_cap": _child(model_name, "plain", cap, repeats)}
+                                   "plain_cap": _child(model_name, "plain" + loop, cap, repeats)}
         entry["tried"].append(attempt)
         entry.update(attempt)
         if attempt["plain_cap"].get("ending") != "oom":
             break
-        attempt["planned_cap"] = entry["planned_cap"] = _child(model_name, "planned", cap, repeats)
+        attempt["planned_cap"] = entry["planned_cap"] = _child(model_name, "planned" + loop, cap, repeats)
         if attempt["planned_cap"].get("ending") == "ran":
             break
     return entry
@@ -208,16 +251,19 @@ def summary(entry: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
-    lines = [f"# Keras 3 fit on the testbed, plain and with MemoryBudget\n\n`{meta['command']}` ({meta['date']}, "
+def markdown(rows: list[dict[str, Any]], meta: dict[str, Any], step: str = "fit") -> str:
+    title = ("Keras 3 fit on the testbed, plain and with MemoryBudget" if step == "fit" else
+             "A custom training loop of Keras 3 models on the testbed, a tf.function and a tfmem.function")
+    lines = [f"# {title}\n\n`{meta['command']}` ({meta['date']}, "
              f"load before {meta['load_before']}, after {meta['load_after']})\n",
              "| model | plain peaks (MiB) | simulated (MiB) | sim / measured | roomy: time ratio (quartiles), identical | "
              "budget: fraction, cap (MiB) | plain at cap | planned at cap | planned peak (MiB) | planned simulated (MiB) | "
              "planned simulated on the cap (MiB) | identical | time ratio |", "|" + "---|" * 13]
     for r in rows:
         lines.append(f"| {r['model']} | {', '.join(map(str, r['plain_peaks_mib']))} | {r['simulated_mib']} | "
-                     f"{r['simulated_over_measured']} | {r['roomy_time_ratio']}x "
-                     f"({'-'.join(map(str, r['roomy_time_ratio_quartiles']))}), {r['roomy_identical']} | "
+                     f"{r['simulated_over_measured']} | "
+                     + (f"{r['roomy_time_ratio']}x ({'-'.join(map(str, r['roomy_time_ratio_quartiles']))}), "
+                        f"{r['roomy_identical']} | " if r["roomy_time_ratio"] is not None else "– | ") +
                      f"{r.get('fraction', '')}, {r.get('cap_mib', '')} | {r.get('plain_at_cap', '')} | {r.get('planned_at_cap', '')} | "
                      f"{r.get('planned_peak_mib', '')} | {r.get('planned_simulated_mib', '')} | "
                      f"{r.get('planned_simulated_at_cap_mib', '')} | {r.get('identical_to_roomy_plain', '')} | {r.get('capped_time_ratio', '')} |")
@@ -242,6 +288,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the budget, of the largest plain peak; repeatable: after a refusal the next larger one "
                              "is tried while plain fit still runs out of memory (default: 0.7, then 0.8, 0.9)")
     parser.add_argument("--repeats", type=int, default=2, help="measured epochs per fit")
+    parser.add_argument("--step", choices=["fit", "function"], default="fit",
+                        help="fit (plain, and with MemoryBudget) or a custom training loop (tf.function, and "
+                             "tfmem.function); results in tf2_keras.md or tf2_function.md")
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
@@ -258,12 +307,13 @@ def main(argv: list[str] | None = None) -> int:
     entries = []
     for name in names:
         print(f"tf2_keras: {name}", file=sys.stderr, flush=True)
-        entries.append(run_model(name, runs, fractions, repeats, args.tiny))
+        entries.append(run_model(name, runs, fractions, repeats, args.tiny, "-function" if args.step == "function"
+                                 else ""))
     rows = [summary(e) for e in entries]
     meta = provenance(argv, load_before=load_before, load_after=load_average(), fractions=fractions,
                       code=code_state())
-    out = "tf2_keras_tiny" if args.tiny else "tf2_keras"
-    write(out, {**meta, "rows": rows, "runs": entries}, markdown(rows, meta), args.out)
+    out = ("tf2_keras" if args.step == "fit" else "tf2_function") + ("_tiny" if args.tiny else "")
+    write(out, {**meta, "rows": rows, "runs": entries}, markdown(rows, meta, args.step), args.out)
     return 0
 
 
