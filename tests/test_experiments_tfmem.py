@@ -41,6 +41,16 @@ def test_tf2_keras_tiny(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.testbed
+@pytest.mark.timeout(600)
+def test_tf2_custom_loop_tiny(tmp_path):
+    assert tf2_keras.main(["--step", "function", "--tiny", "--out", str(tmp_path)]) == 0
+    (row,) = json.loads((tmp_path / "tf2_function_tiny.json").read_text())["rows"]
+    assert row["plain_peaks_mib"][0] > 0 and row["simulated_mib"] > 0
+    assert "custom training loop" in (tmp_path / "tf2_function_tiny.md").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.testbed
 def test_partition_parallelism_tiny(tmp_path, capsys):
     assert partition_parallelism.main(["--tiny", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "partition_parallelism.json").read_text())
