@@ -206,13 +206,16 @@ def run_model(model_name: str, runs: int, fractions: list[float], repeats: int, 
     if tiny or not peaks:
         return entry
     # The tightest of ``fractions`` (ascending) where plain fit runs out of memory and the planned one runs:
-    # a refusal tries the next, while plain fit still runs out of memory there.
+    # a planned run that does not run (refused, out of memory) tries the next, while plain fit still runs out
+    # of memory there. The row shows the last budget tried where plain fit ran out of memory.
     entry["tried"] = []
     for fraction in fractions:
         cap = int(max(peaks) * fraction) // MiB
         attempt: dict[str, Any] = {"fraction": fraction, "cap_mib": cap,
                                    "plain_cap": _child(model_name, "plain" + loop, cap, repeats)}
         entry["tried"].append(attempt)
+        if attempt["plain_cap"].get("ending") != "oom" and "planned_cap" in entry:
+            break
         entry.update(attempt)
         if attempt["plain_cap"].get("ending") != "oom":
             break

@@ -37,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from passes.swap_activations import activation_bytes
 from passes.transfer import identity_attrs
 from tfmem.ir.devices import Placement
 from tfmem.ir.editor import GraphEditor
@@ -46,6 +47,7 @@ from tfmem.ir.graph import GraphIR, OpNode, TensorRef
 from tfmem.ir.ops import ALIAS_OPS, IDENTITY_OPS, PERSISTENT_OUTPUT_OPS, VARIABLE_READ_OPS
 from tfmem.pipeline import PassContext, PassReport, PassResult
 from tfmem.sim.opmemory import allocated_bytes
+from tfmem.sim.tensor_list_memory import list_holdings
 from tfmem.units import format_bytes
 
 MIN_BYTES = 256 * 1024   # smaller copies cannot move a plan's peak by more than its safety margin
@@ -68,9 +70,11 @@ class FenceTransfers:
             return PassResult(graph, False, PassReport.empty(self.name, "no host device: nothing is copied there"))
         placement = Placement(ctx.device, ctx.host)
         domain = {n.name: placement.domain(n.device) for n in graph.nodes}
+        eg = ExecutionGraph.build(graph, ctx.fetches, ctx.feed_shapes)
+        lists = list_holdings(eg)   # a TensorList's copy frees its items (passes.swap_activations)
         copied = [t for t, readers in graph.consumers.items()
                   if domain[t.node] == "device" and any(domain.get(r) == "host" for r in readers)
-                  and (graph.spec(t).nbytes or 0) >= MIN_BYTES and not _resident(graph, graph[t.node])]
+                  and activation_bytes(graph, t, lists) >= MIN_BYTES and not _resident(graph, graph[t.node])]
         if not copied:
             return PassResult(graph, False, PassReport.empty(
                 self.name, f"no device tensor of {format_bytes(MIN_BYTES)} or more is copied to the host"))
@@ -82,22 +86,25 @@ class FenceTransfers:
         # A copy of a tensor a TF1 cond may skip (a Switch's output, or below one) is dead with it, and would
         # stop the op it fences.
         copied = [t for t in copied if not may_be_dead(graph, t)]
-        eg = ExecutionGraph.build(graph, ctx.fetches, ctx.feed_shapes)
         in_frames = find_regions(graph)
-        order = [u for u in ctx.simulate(graph, inter_op_threads=1, grappler=False).schedule.order
-                 if u in graph and not eg.is_region(u) and u not in in_frames]
+        # Units in the one-thread order (a v1 frame is one: a list it hands on is copied when it ends); only ops
+        # outside frames can be fenced.
+        order = [u for u in ctx.simulate(graph, inter_op_threads=1, grappler=False).schedule.order if u in eg.members]
         position = {u: i for i, u in enumerate(order)}
         unfenceable = ALIAS_OPS | _RESIDENT_OPS   # they allocate nothing of their own
         editor = GraphEditor(graph)
         fenced: list[tuple[TensorRef, str]] = []
         for tensor in copied:
+            producer = eg.unit_of.get(tensor.node, "")
             host_readers = [r for r in graph.consumers[tensor] if domain.get(r) == "host" and r in position]
-            if not host_readers or tensor.node not in position:
+            if not host_readers or producer not in position:
                 continue
-            device_uses = [position[r] for r in _device_readers(graph, tensor, domain) if r in position]
-            last_use = max([position[tensor.node], *device_uses])
-            need = min(graph.spec(tensor).nbytes or 0, FENCE_BYTES)
-            target = next((u for u in order[last_use + 1:] if domain[u] == "device" and graph[u].op not in unfenceable
+            device_uses = [position[eg.unit_of[r]] for r in _device_readers(graph, tensor, domain)
+                           if eg.unit_of.get(r) in position]
+            last_use = max([position[producer], *device_uses])
+            need = min(activation_bytes(graph, tensor, lists), FENCE_BYTES)
+            target = next((u for u in order[last_use + 1:] if not eg.is_region(u) and u not in in_frames
+                           and domain[u] == "device" and graph[u].op not in unfenceable
                            and allocated_bytes(graph, u) >= need), None)
             if target is None:
                 continue
@@ -110,7 +117,7 @@ class FenceTransfers:
             fenced.append((tensor, target))
         if not fenced:
             return PassResult(graph, False, PassReport.empty(self.name, "no large device allocation follows a copy"))
-        total = sum(graph.spec(t).nbytes or 0 for t, _ in fenced)
+        total = sum(activation_bytes(graph, t, lists) for t, _ in fenced)
         note = (f"{len(fenced)} device-to-host copies ({format_bytes(total)}) fenced: the next large device "
                 "allocation after each waits until its copy has arrived")
         return PassResult(editor.finish(), True, PassReport(

@@ -238,7 +238,9 @@ def device_activations(graph: GraphIR, ctx: PassContext, timeline: StepTimeline,
                     or (not eg.is_region(u) and (buffer_root(graph, t) != t or shares_persistent_buffer(graph, t)))):
                 continue
             readers = readers_through_aliases(graph, eg, t)
-            if readers and all(on_device(c, readers[c]) for c in readers):  # other devices: leave
+            # Other devices' readers: leave it. A frame may read it only when it is a list (what was tested).
+            if (readers and all(on_device(c, readers[c]) for c in readers)
+                    and (held_list(t, lists) or not any(eg.is_region(c) for c in readers))):
                 out.append(t)
     return out
 

@@ -218,15 +218,11 @@ def add_prefetches(editor: GraphEditor, source: TensorRef, original: TensorRef, 
         for consumer in p.consumers:
             read = (reads or {}).get(consumer, original)
             copy = same_view(editor, TensorRef(name, 0), read, original, made)
-            for node in frame_readers(graph, find_regions(graph), consumer, read) if is_frame(consumer) else [consumer]:
+            frame = consumer.startswith("frame:")   # an ExecutionGraph unit: a v1 frame reads it through its Enters
+            for node in frame_readers(graph, find_regions(graph), consumer, read) if frame else [consumer]:
                 editor.rewire(node, read, copy)
         names.append(name)
     return names
-
-
-def is_frame(unit: str) -> bool:
-    """Whether ``unit`` names a v1 frame (``ExecutionGraph``'s ``frame:<name>`` units), not a node."""
-    return unit.startswith("frame:")
 
 
 def frame_readers(graph: GraphIR, regions: Mapping[str, str], frame: str, tensor: TensorRef) -> list[str]:

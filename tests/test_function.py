@@ -178,8 +178,12 @@ def test_keras_fit_with_a_memory_budget_trains_as_plain_fit() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_memory_budget_plans_evaluate_and_predict_when_asked_with_the_same_results() -> None:
-    r = _case("keras_evaluate_predict", 38)
+@pytest.mark.parametrize("tf_keras", [0, 1], ids=["keras3", "tf_keras"])
+def test_memory_budget_plans_evaluate_and_predict_when_asked_with_the_same_results(tf_keras: int) -> None:
+    if tf_keras:
+        pytest.importorskip("tf_keras", reason="make installs tf-keras (requirements-zoo.lock)")
+    r = _case("keras_evaluate_predict", 38, tf_keras)
+    assert r["planned_by_fit"] == ["test", "train"]   # fit's validation ran the planned test step
     assert r["planned"] == ["predict", "test", "train"]
     assert r["train_after"] <= r["budget"]
     # fit's validation (val_loss) and evaluate ran the planned test step, predict the planned predict step

@@ -225,6 +225,8 @@ def test_shape_arithmetic_is_evaluated_as_tensorflow_does():
         shape_arithmetic.evaluate("GatherV2", {}, [np.array([1, 2]), np.array(-1), np.array(0)])
     with pytest.raises(ValueError):   # a range's length is checked before numpy makes it
         shape_arithmetic.evaluate("Range", {}, [np.array(0), np.array(2**40), np.array(1)])
+    with pytest.raises(ValueError):   # numpy gives an empty range; TensorFlow refuses it
+        shape_arithmetic.evaluate("Range", {}, [np.array(5), np.array(2), np.array(1)])
     with pytest.raises(shape_arithmetic.Unsupported):
         shape_arithmetic.evaluate("Fill", {}, [np.array([2]), np.array(1)])
 

@@ -26,6 +26,7 @@ ITEM, STEPS = 16384, 32   # 64 KiB items: a 2 MiB list
 def _loops() -> tf.Graph:
     """Loop A pushes ``STEPS`` items into a list; a 4 MiB op peaks while it waits; loop C reads it back."""
     g = tf.Graph()
+    was_v2 = tf.compat.v1.control_flow_v2_enabled()
     with g.as_default():
         v1.disable_control_flow_v2()
         try:
@@ -41,7 +42,8 @@ def _loops() -> tf.Graph:
                 [tf.constant(0), big * 0.5], name="backward")   # (the product can start the copy back)
             tf.identity(total, name="loss")
         finally:
-            v1.enable_control_flow_v2()
+            if was_v2:
+                v1.enable_control_flow_v2()
     return g
 
 

@@ -129,46 +129,51 @@ def keras_fit(budget_mib: float) -> dict[str, Any]:
     return _fit_twins(_compiled_mlp, 3 * 4096 + 100, budget_mib, lambda m: m.optimizer.variables, refit=True)
 
 
-def keras_evaluate_predict(budget_mib: float) -> dict[str, Any]:
+def keras_evaluate_predict(budget_mib: float, tf_keras: float = 0) -> dict[str, Any]:
     """``MemoryBudget(evaluate=True, predict=True)``: ``fit`` with validation, ``evaluate`` and ``predict``, each
-    step planned, against a twin run plainly."""
+    step planned, against a twin run plainly; Keras 3, or tf_keras when ``tf_keras`` is 1."""
     import tfmem.keras
 
     rng = np.random.default_rng(0)
     x, xv = rng.random((2 * 4096, 128)).astype(np.float32), rng.random((4096, 128)).astype(np.float32)
     y, yv = rng.integers(0, 10, len(x)).astype(np.int32), rng.integers(0, 10, len(xv)).astype(np.int32)
-    planned_model, reference = _compiled_mlp(), _compiled_mlp()
+    compiled = _compiled_tf_keras_mlp if tf_keras else _compiled_mlp
+    planned_model, reference = compiled(), compiled()
     budget = tfmem.keras.MemoryBudget(f"{budget_mib}MiB", host=HOST, evaluate=True, predict=True)
-    said = []
+    said, planned_by_fit = [], []
     for model, callbacks in ((planned_model, [budget]), (reference, [])):
         history = model.fit(x, y, batch_size=4096, epochs=2, shuffle=False, verbose=0, validation_data=(xv, yv),
                             callbacks=callbacks).history
+        planned_by_fit = sorted(budget.steps)   # fit's validation ran the planned test step
         evaluated = model.evaluate(xv, yv, batch_size=4096, verbose=0, callbacks=callbacks)
         predicted = model.predict(xv, batch_size=4096, verbose=0, callbacks=callbacks)
-        said.append((history, evaluated, predicted, _state(model, model.optimizer)))
+        slots = model.optimizer.variables() if tf_keras else model.optimizer.variables
+        said.append((history, evaluated, predicted, [np.asarray(v.numpy()) for v in [*model.weights, *slots]]))
     (history, evaluated, predicted, state), (twin_history, twin_evaluated, twin_predicted, twin_state) = said
-    return {"planned": sorted(budget.steps), "same_history": history == twin_history, "val_loss": history["val_loss"],
-            "same_evaluate": evaluated == twin_evaluated, "same_predict": bool(np.array_equal(predicted, twin_predicted)),
+    return {"planned": sorted(budget.steps), "planned_by_fit": planned_by_fit, "same_history": history == twin_history,
+            "val_loss": history["val_loss"], "same_evaluate": evaluated == twin_evaluated,
+            "same_predict": bool(np.array_equal(predicted, twin_predicted)),
             "same_state": all(np.array_equal(a, b) for a, b in zip(state, twin_state, strict=True)),
             "placement": {kind: [(n, len(wrong)) for n, wrong in step.placement.values()]
                           for kind, step in budget.steps.items()},
             "train_after": budget.report.after.peak_bytes, "budget": budget.report.budget_bytes}
 
 
-def tf_keras_fit(budget_mib: float) -> dict[str, Any]:
-    """The same with tf_keras (Keras 2) and data the batch size divides: every step is planned."""
+def _compiled_tf_keras_mlp() -> Any:
     import tf_keras
 
-    def compiled() -> Any:
-        tf_keras.utils.set_random_seed(0)
-        model = tf_keras.Sequential([tf_keras.Input((128,)),
-                                     *(tf_keras.layers.Dense(256, activation="relu") for _ in range(8)),
-                                     tf_keras.layers.Dense(10)])
-        model.compile(optimizer=tf_keras.optimizers.Adam(), jit_compile=False,
-                      loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        return model
+    tf_keras.utils.set_random_seed(0)
+    model = tf_keras.Sequential([tf_keras.Input((128,)),
+                                 *(tf_keras.layers.Dense(256, activation="relu") for _ in range(8)),
+                                 tf_keras.layers.Dense(10)])
+    model.compile(optimizer=tf_keras.optimizers.Adam(), jit_compile=False,
+                  loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
 
-    return _fit_twins(compiled, 2 * 4096, budget_mib, lambda m: m.optimizer.variables(), refit=False)
+
+def tf_keras_fit(budget_mib: float) -> dict[str, Any]:
+    """The same with tf_keras (Keras 2) and data the batch size divides: every step is planned."""
+    return _fit_twins(_compiled_tf_keras_mlp, 2 * 4096, budget_mib, lambda m: m.optimizer.variables(), refit=False)
 
 
 def testbed_refusals() -> dict[str, Any]:
@@ -258,7 +263,7 @@ def lstm_fit(fraction: float) -> dict[str, Any]:
         keras.utils.set_random_seed(0)
         model, x, y, batch = lstm(np.random.default_rng(0))
         model.optimizer.build(model.trainable_variables)
-        return model, x[:4 * batch], y[:4 * batch].astype(np.int32), batch
+        return model, x, y.astype(np.int32), batch   # three batches
 
     probe, x, y, batch = built()
     traced = trace(tf.function(lambda data: probe.train_step(data), jit_compile=False).get_concrete_function(

@@ -79,32 +79,41 @@ class MemoryBudget(keras.callbacks.Callback):  # type: ignore[misc]
 
         model.train_function = train_function
 
+    def set_model(self, model: Any) -> None:
+        super().set_model(model)
+        # tf_keras's evaluate and predict take the model's function before on_test_begin/on_predict_begin, Keras
+        # 3's after: installed here (each plans at its first call) and again there, both see the planned one.
+        self._install_test_and_predict()
+
     def on_test_begin(self, logs: dict[str, Any] | None = None) -> None:
-        if not self.evaluate:
+        self._install_test_and_predict()
+
+    def on_predict_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self._install_test_and_predict()
+
+    def _install_test_and_predict(self) -> None:
+        model = self.model
+        if model is None:
             return
-        self._check(self.model)
-        step = self._planned("test", self.model.test_step)
 
         def test_function(iterator: Any) -> Any:
             data = iterator.get_next() if hasattr(iterator, "get_next") else next(iter(iterator))
-            return step(data)
-
-        self.model.test_function = test_function
-
-    def on_predict_begin(self, logs: dict[str, Any] | None = None) -> None:
-        if not self.predict:
-            return
-        self._check(self.model)
-        step = self._planned("predict", self.model.predict_step)
+            return self._planned("test", model.test_step)(data)
 
         def predict_function(data: Any) -> Any:
             if hasattr(data, "get_next"):   # tf_keras hands it the iterator
                 data = data.get_next()
             elif isinstance(data, list) and len(data) == 1:   # Keras 3 a list of steps_per_execution batches
                 data = data[0]
-            return step(data)
+            return self._planned("predict", model.predict_step)(data)
 
-        self.model.predict_function = predict_function
+        # (once per callback: a function this callback installed stays, with the plans it made)
+        if self.evaluate and getattr(model.test_function, "_tfmem_owner", None) is not self:
+            test_function._tfmem_owner = self  # type: ignore[attr-defined]
+            model.test_function = test_function
+        if self.predict and getattr(model.predict_function, "_tfmem_owner", None) is not self:
+            predict_function._tfmem_owner = self  # type: ignore[attr-defined]
+            model.predict_function = predict_function
 
     def _check(self, model: Any) -> None:
         steps = getattr(model, "steps_per_execution", 1)   # tf_keras keeps it in a variable
@@ -122,6 +131,7 @@ class MemoryBudget(keras.callbacks.Callback):  # type: ignore[misc]
         model = self.model
         key = (id(model), id(getattr(model, "optimizer", None)), tuple(id(v) for v in model.trainable_variables))
         if kind not in self.steps or self._planned_for.get(kind) != key:
+            self._check(model)
             def step(data: Any) -> Any:
                 return model_step(data)
 

@@ -212,12 +212,7 @@ def optimize(
                             "leave the device: pass two different devices, e.g. device='/GPU:0', host='/CPU:0'")
     pipeline = resolve_passes(passes)
     all_passes = {p.name for p in resolve_passes("auto")} <= {p.name for p in pipeline}
-    source = to_graph_def(graph)
-    if has_functional_ops(source):   # what the session runs: While/If as v1 frames (tfmem.lowering)
-        parse_fetches(load(source, shapes_given), fetch_list)
-        graph = lower_functional(source, sorted({name.split(":")[0] for name in fetch_list}))
-    ir = load(graph, shapes_given)
-    parse_fetches(ir, fetch_list)  # fail early, with the fetch's name, on a typo
+    ir = _loaded(graph, fetch_list, shapes_given)
     max_target = target_bytes_for(budget_bytes) if budget_bytes is not None else None
     notes: list[str] = []
     base, grappler_off = _session_context(ir, fetch_list, shapes_given or {}, device, host, check, inter_op_threads,
@@ -322,10 +317,22 @@ def unoptimized_profile(graph: GraphSource, fetches: Iterable[str] | str, *, fee
     ``tfmem analyze`` reports this, so that both commands give one vanilla peak
     (``tests/test_cli.py::test_analyze_and_optimize_report_one_vanilla_peak``)."""
     fetch_list, shapes_given, _ = checked_arguments(fetches, feed_shapes, device, host)
-    ir = load(graph, shapes_given)
-    parse_fetches(ir, fetch_list)
+    ir = _loaded(graph, fetch_list, shapes_given)
     base, _ = _session_context(ir, fetch_list, shapes_given or {}, device, host, False, inter_op_threads, None)
     return base.simulate(ir)
+
+
+def _loaded(graph: GraphSource, fetch_list: list[str], shapes: FeedShapes | None) -> GraphIR:
+    """``graph`` as ``optimize`` plans it: loaded, with functional ``While``/``If`` lowered to v1 frames as the
+    session's runtime lowers them (``tfmem.lowering``); a fetch it lacks fails early, with its name."""
+    source = to_graph_def(graph)
+    if has_functional_ops(source):
+        parse_fetches(load(source, shapes), fetch_list)   # named as the user wrote the graph
+        fed = [name.split(":")[0] for name in (shapes or {})]   # a fed loop output must keep its name too
+        source = lower_functional(source, sorted({name.split(":")[0] for name in fetch_list} | set(fed)))
+    ir = load(source, shapes)
+    parse_fetches(ir, fetch_list)
+    return ir
 
 
 def _kept_as_is(ir: GraphIR, base: PassContext, budget_bytes: int, before: MemoryProfile) -> Optimized | None:
@@ -352,7 +359,7 @@ def _kept_as_is(ir: GraphIR, base: PassContext, budget_bytes: int, before: Memor
         how = "as it is" if threads == base.threads else "with one inter-op thread (Optimized.config sets it)"
         report.notes.append(f"the graph already runs within the budget {how}: its allocator replay serves every "
                             f"request on {format_bytes(device_memory)} (the budget less {AS_IS_MARGIN_SHARE:.1%}), "
-                            "so it is returned unchanged")
+                            "so it is returned unchanged (functional loops, if any, lowered as the session runs them)")
         if threads != base.threads:
             # One thread runs the ops in one order; the executor's default pool runs some side by side and
             # together they need more than the budget (the replay of that interleaving does not fit).

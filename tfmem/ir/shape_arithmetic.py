@@ -153,9 +153,11 @@ MAX_RANGE = 4096
 def _range(attrs: Attrs, xs: Sequence[np.ndarray], index: int) -> np.ndarray:
     """``Range(start, limit, delta)`` of scalars: the permutations of transposes built for any rank
     (``concat([1, 0], range(2, rank))``, as ``dynamic_rnn`` does)."""
+    if any(np.asarray(x).size != 1 for x in xs):
+        raise ValueError("Range needs scalars")
     start, limit, delta = (int(np.asarray(x).reshape(-1)[0]) for x in xs)
-    if delta == 0 or any(np.asarray(x).size != 1 for x in xs):
-        raise ValueError("Range needs scalars and a nonzero delta")
+    if delta == 0 or (delta > 0 and start > limit) or (delta < 0 and start < limit):
+        raise ValueError("Range needs a nonzero delta that leads from start to limit")   # as TensorFlow
     if max(0, -(-(limit - start) // delta)) > MAX_RANGE:
         raise ValueError(f"Range longer than {MAX_RANGE}: no value")
     return np.arange(start, limit, delta, dtype=xs[0].dtype)
