@@ -23,7 +23,7 @@ from tfmem.ir.execution import ExecutionGraph, parse_fetches
 from tfmem.ir.graph import GraphIR
 from tfmem.ir.loading import GraphSource, load, to_graph_def
 from tfmem.ir.shapes import FeedShapes
-from tfmem.lowering import has_functional_ops, lower_functional
+from tfmem.lowering import has_functional_loops, lower_functional
 from tfmem.pipeline import Pass, PassContext, run_pipeline
 from tfmem.report import Report
 from tfmem.rounding import rounding_caveat
@@ -162,8 +162,9 @@ def optimize(
 
     Parameters
     ----------
-    graph : tf.Graph, GraphDef, MetaGraphDef or a .pb/.pbtxt path; functional ``While``/``If`` ops in it are
-        lowered to v1 frames, as the session's runtime lowers them (``tfmem.lowering``), and the result is that graph
+    graph : tf.Graph, GraphDef, MetaGraphDef or a .pb/.pbtxt path; a graph with functional ``While`` loops has
+        them (and its ``If`` ops) lowered to v1 frames, as the session's runtime lowers them (``tfmem.lowering``),
+        and the result is that graph
     fetches : what each step computes, as for ``Session.run`` (``"loss:0"``, ``"train_op"``)
     budget : device memory to fit in, as bytes or a string such as ``"8GiB"``; None means "as low as is cheap".
         Positive and at most 2**62 bytes; a fractional number of bytes is rounded down (``tfmem.parse_bytes``)
@@ -323,10 +324,11 @@ def unoptimized_profile(graph: GraphSource, fetches: Iterable[str] | str, *, fee
 
 
 def _loaded(graph: GraphSource, fetch_list: list[str], shapes: FeedShapes | None) -> GraphIR:
-    """``graph`` as ``optimize`` plans it: loaded, with functional ``While``/``If`` lowered to v1 frames as the
-    session's runtime lowers them (``tfmem.lowering``); a fetch it lacks fails early, with its name."""
+    """``graph`` as ``optimize`` plans it: loaded, and where it has functional loops, with ``While``/``If``
+    lowered to v1 frames as the session's runtime lowers them (``tfmem.lowering``); a fetch it lacks fails early,
+    with its name."""
     source = to_graph_def(graph)
-    if has_functional_ops(source):
+    if has_functional_loops(source):
         parse_fetches(load(source, shapes), fetch_list)   # named as the user wrote the graph
         fed = [name.split(":")[0] for name in (shapes or {})]   # a fed loop output must keep its name too
         source = lower_functional(source, sorted({name.split(":")[0] for name in fetch_list} | set(fed)))
