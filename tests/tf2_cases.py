@@ -144,7 +144,8 @@ def keras_evaluate_predict(budget_mib: float, tf_keras: float = 0) -> dict[str, 
     for model, callbacks in ((planned_model, [budget]), (reference, [])):
         history = model.fit(x, y, batch_size=4096, epochs=2, shuffle=False, verbose=0, validation_data=(xv, yv),
                             callbacks=callbacks).history
-        planned_by_fit = sorted(budget.steps)   # fit's validation ran the planned test step
+        if callbacks:
+            planned_by_fit = sorted(budget.steps)   # fit's validation ran the planned test step
         evaluated = model.evaluate(xv, yv, batch_size=4096, verbose=0, callbacks=callbacks)
         predicted = model.predict(xv, batch_size=4096, verbose=0, callbacks=callbacks)
         slots = model.optimizer.variables() if tf_keras else model.optimizer.variables
