@@ -11,7 +11,8 @@ import json
 import os
 import sys
 import warnings
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
@@ -202,22 +203,31 @@ def testbed_refusals() -> dict[str, Any]:
     return said
 
 
-def moe_fit(fraction: float) -> dict[str, Any]:
-    """A mixture of experts created in host memory (``tfmem.on_host``), ``fit`` with ``MemoryBudget`` at
-    ``fraction`` of its plain step's simulated peak, against plain ``fit`` of a twin built alike."""
-    import keras
+class _FitTwins(NamedTuple):
+    plain: int
+    budget: Any
+    planned_model: Any
+    reference: Any
+    history: Any
+    twin: Any
 
+    def summary(self) -> dict[str, Any]:
+        """Peaks and whether the budgeted fit ended as plain fit did (history, weights, optimizer slots)."""
+        report = self.budget.report
+        return {"plain": self.plain, "budget": report.budget_bytes, "before": report.before.peak_bytes,
+                "after": report.after.peak_bytes, "same_history": self.history.history == self.twin.history,
+                "same_state": all(np.array_equal(a, b) for a, b in zip(
+                    _state(self.planned_model, self.planned_model.optimizer),
+                    _state(self.reference, self.reference.optimizer), strict=True))}
+
+
+def _budgeted_fit_twins(built: Callable[[], tuple[Any, np.ndarray, np.ndarray, int]],
+                        fraction: float) -> _FitTwins:
+    """Two epochs of ``fit`` with ``MemoryBudget`` at ``fraction`` of the plain step's simulated peak, and of plain
+    ``fit`` of a twin; ``built`` makes a compiled model and its data, the same each call."""
     import tfmem
     import tfmem.keras
-    from models.keras3 import moe
     from tfmem.traced import trace
-
-    def built() -> tuple[Any, np.ndarray, np.ndarray, int]:
-        keras.utils.set_random_seed(0)
-        with tf.device(DEVICE):
-            model, x, y, batch = moe(np.random.default_rng(0), HOST, experts=8, hidden=512, width=128, batch=256)
-            model.optimizer.build(model.trainable_variables)
-        return model, x, y.astype(np.int32), batch
 
     probe, x, y, batch = built()   # traced for the plain step's peak, never run
     traced = trace(tf.function(lambda data: probe.train_step(data), jit_compile=False).get_concrete_function(
@@ -227,16 +237,31 @@ def moe_fit(fraction: float) -> dict[str, Any]:
     budget = tfmem.keras.MemoryBudget(int(plain * fraction), device=DEVICE, host=HOST)
     history = planned_model.fit(x, y, batch_size=batch, epochs=2, shuffle=False, verbose=0, callbacks=[budget])
     twin = reference.fit(x, y, batch_size=batch, epochs=2, shuffle=False, verbose=0)
-    report = budget.report
+    return _FitTwins(plain, budget, planned_model, reference, history, twin)
+
+
+def moe_fit(fraction: float) -> dict[str, Any]:
+    """A mixture of experts created in host memory (``tfmem.on_host``), ``fit`` with ``MemoryBudget`` at
+    ``fraction`` of its plain step's simulated peak, against plain ``fit`` of a twin built alike."""
+    import keras
+
+    from models.keras3 import moe
+
+    def built() -> tuple[Any, np.ndarray, np.ndarray, int]:
+        keras.utils.set_random_seed(0)
+        with tf.device(DEVICE):
+            model, x, y, batch = moe(np.random.default_rng(0), HOST, experts=8, hidden=512, width=128, batch=256)
+            model.optimizer.build(model.trainable_variables)
+        return model, x, y.astype(np.int32), batch
+
+    run = _budgeted_fit_twins(built, fraction)
+    budget, report, planned_model = run.budget, run.budget.report, run.planned_model
     plan = next(iter(budget.step.plans.values()))
     nodes = {n.name: n for n in plan.optimized.graph_def.node}
     prefetched = {n.input[0].split(":")[0] for n in nodes.values() if "_tfmem_prefetch" in n.attr}
     experts = {name for name, v in plan.traced.variables.items()   # the weights (Adam's slots are "adam/...")
                if "expert" in v.name and not v.name.startswith("adam")}
-    return {"plain": plain, "budget": report.budget_bytes, "before": report.before.peak_bytes,
-            "after": report.after.peak_bytes, "same_history": history.history == twin.history,
-            "same_state": all(np.array_equal(a, b) for a, b in zip(_state(planned_model, planned_model.optimizer),
-                                                                   _state(reference, reference.optimizer), strict=True)),
+    return {**run.summary(),
             "experts_on_host": sorted({v.value.device == HOST for v in planned_model.weights if "expert" in v.path}),
             # expert weights read through a timed prefetch
             "prefetched_experts": len({i.split(":")[0] for n in plan.optimized.graph_def.node if n.name in prefetched
@@ -255,10 +280,7 @@ def lstm_fit(fraction: float) -> dict[str, Any]:
     lists (handed from loop to loop) brings it down."""
     import keras
 
-    import tfmem
-    import tfmem.keras
     from models.keras3 import lstm
-    from tfmem.traced import trace
 
     def built() -> tuple[Any, np.ndarray, np.ndarray, int]:   # 2 x LSTM(64) over 64 steps, batch 128
         keras.utils.set_random_seed(0)
@@ -266,21 +288,11 @@ def lstm_fit(fraction: float) -> dict[str, Any]:
         model.optimizer.build(model.trainable_variables)
         return model, x, y.astype(np.int32), batch   # three batches
 
-    probe, x, y, batch = built()
-    traced = trace(tf.function(lambda data: probe.train_step(data), jit_compile=False).get_concrete_function(
-        (tf.constant(x[:batch]), tf.constant(y[:batch]))))
-    plain = tfmem.unoptimized_profile(traced.graph_def, traced.fetches, device=DEVICE, host=HOST).peak_bytes
-    planned_model, reference = built()[0], built()[0]
-    budget = tfmem.keras.MemoryBudget(int(plain * fraction), device=DEVICE, host=HOST)
-    history = planned_model.fit(x, y, batch_size=batch, epochs=2, shuffle=False, verbose=0, callbacks=[budget])
-    twin = reference.fit(x, y, batch_size=batch, epochs=2, shuffle=False, verbose=0)
-    report = budget.report
+    run = _budgeted_fit_twins(built, fraction)
+    budget, report = run.budget, run.budget.report
     swapped = [d["tensor"] for p in report.passes if p.changed
                for d in p.details.get("decisions", ()) if d["kind"] == "swap"]  # type: ignore[attr-defined]
-    return {"plain": plain, "budget": report.budget_bytes, "before": report.before.peak_bytes,
-            "after": report.after.peak_bytes, "same_history": history.history == twin.history,
-            "same_state": all(np.array_equal(a, b) for a, b in zip(_state(planned_model, planned_model.optimizer),
-                                                                   _state(reference, reference.optimizer), strict=True)),
+    return {**run.summary(),
             "swapped": swapped,
             "placement": [(n, len(wrong)) for n, wrong in budget.step.placement.values()]}
 
