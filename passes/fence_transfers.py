@@ -37,8 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from passes.swap_activations import activation_bytes
-from passes.transfer import identity_attrs
+from passes.transfer import activation_bytes, identity_attrs
 from tfmem.ir.devices import Placement
 from tfmem.ir.editor import GraphEditor
 from tfmem.ir.execution import ExecutionGraph
@@ -70,11 +69,15 @@ class FenceTransfers:
             return PassResult(graph, False, PassReport.empty(self.name, "no host device: nothing is copied there"))
         placement = Placement(ctx.device, ctx.host)
         domain = {n.name: placement.domain(n.device) for n in graph.nodes}
-        eg = ExecutionGraph.build(graph, ctx.fetches, ctx.feed_shapes)
-        lists = list_holdings(eg)   # a TensorList's copy frees its items (passes.swap_activations)
+        # A TensorList's copy frees its items (passes.swap_activations): sized once the step's graph is built.
         copied = [t for t, readers in graph.consumers.items()
                   if domain[t.node] == "device" and any(domain.get(r) == "host" for r in readers)
-                  and activation_bytes(graph, t, lists) >= MIN_BYTES and not _resident(graph, graph[t.node])]
+                  and ((graph.spec(t).nbytes or 0) >= MIN_BYTES or graph.spec(t).dtype == "variant")
+                  and not _resident(graph, graph[t.node])]
+        if copied:
+            eg = ExecutionGraph.build(graph, ctx.fetches, ctx.feed_shapes)
+            lists = list_holdings(eg)
+            copied = [t for t in copied if activation_bytes(graph, t, lists) >= MIN_BYTES]
         if not copied:
             return PassResult(graph, False, PassReport.empty(
                 self.name, f"no device tensor of {format_bytes(MIN_BYTES)} or more is copied to the host"))

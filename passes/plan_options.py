@@ -19,9 +19,9 @@ from passes.plan_cover import (
     savings_outside,
 )
 from passes.recompute import Recompute, apply_recompute
-from passes.swap_activations import SwapActivations, activation_bytes, apply_swaps, device_activations
+from passes.swap_activations import SwapActivations, apply_swaps, device_activations
 from passes.timeline import StepTimeline
-from passes.transfer import readers_through_aliases, trigger_candidates
+from passes.transfer import activation_bytes, readers_through_aliases, trigger_candidates
 from tfmem.ir.devices import Placement
 from tfmem.ir.graph import GraphIR
 from tfmem.pipeline import PassContext

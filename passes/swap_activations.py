@@ -42,9 +42,11 @@ from passes.greedy import descend, take_batch
 from passes.timeline import StepTimeline
 from passes.transfer import (
     Prefetch,
+    activation_bytes,
     add_prefetches,
     frame_readers,
     group_consumers,
+    held_list,
     identity_attrs,
     movable,
     plan_prefetches,
@@ -243,17 +245,6 @@ def device_activations(graph: GraphIR, ctx: PassContext, timeline: StepTimeline,
                     and (held_list(t, lists) or not any(eg.is_region(c) for c in readers))):
                 out.append(t)
     return out
-
-
-def held_list(tensor: TensorRef, lists: ListHoldings | None) -> bool:
-    """Whether ``tensor`` is a list handle holding items of its own (not a loop's pass-through of another)."""
-    return lists is not None and lists.bytes_of.get(tensor, 0) > 0 and tensor not in lists.shares
-
-
-def activation_bytes(graph: GraphIR, tensor: TensorRef, lists: ListHoldings | None) -> int:
-    """Bytes a swap of ``tensor`` frees: its buffer, or for a list handle the items it holds."""
-    held = lists.bytes_of.get(tensor, 0) if lists is not None and tensor not in lists.shares else 0
-    return (graph.spec(tensor).nbytes or 0) + held
 
 
 # Given a tensor's producer and its readers (in rank order), the rank of the last reader that uses it before it

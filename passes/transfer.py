@@ -33,6 +33,7 @@ from tfmem.ir.ops import (
     VIEW_OPS,
 )
 from tfmem.sim.costmodel import DeviceSpec
+from tfmem.sim.tensor_list_memory import ListHoldings
 
 # Ops that do no work of their own: sources, reads of variables, and identities of those (``ready_at_start``).
 NO_WORK_OPS = (PERSISTENT_OUTPUT_OPS | RESOURCE_VARIABLE_OPS | PLACEHOLDER_OPS | VARIABLE_READ_OPS | IDENTITY_OPS
@@ -230,3 +231,14 @@ def frame_readers(graph: GraphIR, regions: Mapping[str, str], frame: str, tensor
     ``tensor``: the ``Enter`` ops a copy for the frame must feed."""
     name = frame.removeprefix("frame:")
     return [c for c in graph.consumers.get(tensor, ()) if regions.get(c) == name]
+
+
+def held_list(tensor: TensorRef, lists: ListHoldings | None) -> bool:
+    """Whether ``tensor`` is a list handle holding items of its own (not a loop's pass-through of another)."""
+    return lists is not None and lists.bytes_of.get(tensor, 0) > 0 and tensor not in lists.shares
+
+
+def activation_bytes(graph: GraphIR, tensor: TensorRef, lists: ListHoldings | None) -> int:
+    """Bytes a swap of ``tensor`` frees: its buffer, or for a list handle the items it holds."""
+    held = lists.bytes_of.get(tensor, 0) if lists is not None and tensor not in lists.shares else 0
+    return (graph.spec(tensor).nbytes or 0) + held
