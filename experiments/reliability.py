@@ -230,7 +230,7 @@ def case_crash() -> dict[str, Any]:
         tf.reduce_sum(y, name="y")
     tb = Testbed(256 * MiB)
     with _leftovers(row, lambda: _ports(tb)), tb:
-        worker = tb.pids["worker"]
+        worker = tb.pids["worker:0"]
         killer = threading.Timer(1.0, os.kill, (worker, signal.SIGKILL))
         killer.start()
         row.update(_attempt(tb, _graph(body), ["y:0"], steps=20))
@@ -256,7 +256,7 @@ def case_repeated_oom(repeats: int) -> dict[str, Any]:
     tb = Testbed(64 * MiB, step_timeout_s=REPEATED_PHASE_LIMIT_S)
     with _leftovers(row, lambda: _ports(tb)), tb:
         tb.run(_chain(MiB), ["s:0"])
-        worker_rss_start = _rss(tb.pids["worker"])
+        worker_rss_start = _rss(tb.pids["worker:0"])
         threads_start, fds_start = _thread_names(), len(os.listdir("/proc/self/fd"))
         runs = [_attempt(tb, too_big, ["s:0"]) for _ in range(repeats)]
         after = _attempt(tb, _chain(MiB), ["s:0"])
@@ -273,7 +273,7 @@ def case_repeated_oom(repeats: int) -> dict[str, Any]:
             "reached_s": round(max(r["reached_s"] or 0 for r in runs), 3),
             "ran_after": after["ending"] == "ran",
             "worker_rss_start_mb": round(worker_rss_start / 1e6, 1),
-            "worker_rss_end_mb": round(_rss(tb.pids["worker"]) / 1e6, 1),
+            "worker_rss_end_mb": round(_rss(tb.pids["worker:0"]) / 1e6, 1),
             "phase_limit_s": REPEATED_PHASE_LIMIT_S, "threads_start": sum(threads_start.values()),
             "threads_after_runs": threads_after_runs, "threads_end": sum(_thread_names().values()),
             "threads_added": dict(_thread_names() - threads_start),

@@ -23,6 +23,7 @@ from experiments import (
     simulator_order,
     swap_placement,
     testbed_calibration,
+    testbed_machines,
     tf2_keras,
 )
 
@@ -94,6 +95,19 @@ def test_reliability_tiny(tmp_path):
     assert rows[1]["usable_after"] and "did not finish within" in rows[1]["error"]
     text = (tmp_path / "reliability_tiny.md").read_text()
     assert "Cases whose ending was not the expected one: none." in text and "broke before reaching an ending: none" in text
+
+
+@pytest.mark.slow
+@pytest.mark.testbed
+def test_testbed_machines_tiny(tmp_path):
+    assert testbed_machines.main(["--tiny", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "testbed_machines_tiny.json").read_text())["rows"]
+    assert [r["machines"] for r in rows] == [1, 2]
+    for row in rows:   # every device measured, the OOM pinned on the last machine, nothing left behind
+        assert len(row["fits"]["device_peaks_mib"]) == row["machines"] and row["fits"]["ending"] == "ran"
+        assert row["over"]["ending"] == "oom" and row["over"]["oom_device"] == row["over"]["expected"]
+        assert row["leftover_processes"] == row["leftover_ports"] == row["leftover_folders"] == 0
+    assert "right device" in (tmp_path / "testbed_machines_tiny.md").read_text()
 
 
 def test_run_all_finds_the_experiments():

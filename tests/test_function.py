@@ -214,7 +214,7 @@ def test_a_testbed_connection_refuses_what_would_measure_wrong_with_the_fix() ->
 def test_a_connected_measurement_ends_promptly_in_an_out_of_memory_or_a_crash() -> None:
     oom, crash = _case("testbed_oom"), _case("testbed_crash")
     assert oom["oom"] and "out of memory" in oom["error"] and oom["seconds"] < 8   # TF's own retry takes 10 s
-    assert "worker server died" in crash["crash"] and crash["seconds"] < 30
+    assert "worker:0 server died" in crash["crash"] and crash["seconds"] < 30
     assert "new process" in oom["after"] and "new process" in crash["after"]   # the connection is over
 
 

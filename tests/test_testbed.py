@@ -314,11 +314,11 @@ def test_a_worker_killed_mid_step_is_a_crash_and_the_testbed_stays_usable(tb: Te
             time.sleep(0.01)
         time.sleep(0.3)
         # the pid read now: a run replaces servers a run before it cut short, so one read earlier may be gone
-        os.kill(tb.pids["worker"], signal.SIGKILL)
+        os.kill(tb.pids["worker:0"], signal.SIGKILL)
 
     killer = threading.Thread(target=kill_mid_run, daemon=True)
     killer.start()
-    with pytest.raises(TestbedCrashError, match="worker server .* died"):
+    with pytest.raises(TestbedCrashError, match="worker:0 server .* died"):
         tb.run(build(body), ["y:0"], steps=20)
     killer.join()
     assert tb.run(reuse_chain(MiB), ["s:0"]).ran
@@ -353,7 +353,7 @@ def test_repeated_ooms_leave_nothing_behind(tb: Testbed) -> None:
     assert len(os.listdir("/proc/self/fd")) <= fds
     left = sorted(p.name for p in tb._workdir.iterdir())
     assert not [n for n in left if n.startswith("bfc")], left                     # the allocator maps
-    assert len([n for n in left if n.startswith("worker.")]) <= 2, left           # stderr of the last two starts
+    assert len([n for n in left if n.startswith("worker-0.")]) <= 2, left           # stderr of the last two starts
 
 
 def test_two_testbeds_at_once_are_independent(tb: Testbed) -> None:
@@ -383,10 +383,13 @@ faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for a s
 signal.signal(signal.SIGINT, signal.default_int_handler)
 import tensorflow as tf
 from tfmem.testbed import Testbed
+machines = int(sys.argv[2])
 g = tf.Graph()
 with g.as_default():
-    tf.reduce_sum(tf.random.uniform([1 << 20], seed=1) * 2.0, name="s")
-tb = Testbed("64MiB")
+    x = tf.random.uniform([1 << 20], seed=1)
+    with tf.device(f"/job:worker/task:{machines - 1}"):  # a step that crosses machines when there are two
+        tf.reduce_sum(x * 2.0, name="s")
+tb = Testbed("64MiB", machines=machines)
 ports = [int(a.rsplit(":", 1)[1]) for addrs in tb.cluster.values() for a in addrs]
 print(json.dumps({"pids": list(tb.pids.values()), "ports": ports, "workdir": str(tb._workdir)}), flush=True)
 if sys.argv[1] == "exit":
@@ -400,14 +403,15 @@ with tb:
 
 @pytest.fixture(scope="module")
 def users(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, subprocess.Popen[str]]]:
-    """Three user processes, started together because TF start-up dominates: two loop, one exits at once."""
+    """Three user processes, started together because TF start-up dominates: two loop (on two machines), one
+    exits at once (one machine)."""
     # Own sessions, so that a group SIGINT reaches a user and its servers as a Ctrl-C in a terminal would.
     logdir = tmp_path_factory.mktemp("users")
     procs = {}
-    for name, mode in (("sigkill", "loop"), ("ctrl_c", "loop"), ("exit", "exit")):
+    for name, mode, machines in (("sigkill", "loop", "2"), ("ctrl_c", "loop", "2"), ("exit", "exit", "1")):
         log = logdir / f"{name}.stderr"
         with log.open("w") as stderr:  # the child keeps its own descriptor
-            procs[name] = subprocess.Popen([sys.executable, "-c", _USER, mode], stdin=subprocess.PIPE,
+            procs[name] = subprocess.Popen([sys.executable, "-c", _USER, mode, machines], stdin=subprocess.PIPE,
                                            stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=REPO,
                                            start_new_session=True)
         procs[name].stderr_log = log  # type: ignore[attr-defined]
@@ -518,10 +522,11 @@ def test_exit_without_close_cleans_up(users: dict[str, subprocess.Popen[str]]) -
 
 def test_exception_in_with_block_cleans_up() -> None:
     with pytest.raises(RuntimeError, match="boom"):
-        with Testbed("16MiB") as tb:
+        with Testbed("16MiB", machines=2) as tb:
             ports = [int(a.rsplit(":", 1)[1]) for addrs in tb.cluster.values() for a in addrs]
             info = {"pids": list(tb.pids.values()), "ports": ports}
             workdir = tb._workdir
+            assert len(info["pids"]) == len(set(ports)) == 4   # a device and a host server per machine
             raise RuntimeError("boom")
     _assert_cleaned_up(info)
     assert not workdir.exists()
@@ -531,26 +536,26 @@ def test_exception_in_with_block_cleans_up() -> None:
 
 
 def test_a_dead_device_is_restarted(tb: Testbed) -> None:
-    dead = tb.pids["worker"]
+    dead = tb.pids["worker:0"]
     os.kill(dead, signal.SIGKILL)
     r = tb.run(reuse_chain(MiB), ["s:0"])
-    assert not r.oom and tb.pids["worker"] != dead
+    assert not r.oom and tb.pids["worker:0"] != dead
 
 
 def _compute_threads(tb: Testbed) -> int:
     # Counted right after the server started, before the eager context (for get_memory_info) adds its own pool.
-    return tb._procs["worker"].call("threads")["at_start"].get("tf_Compute", 0)
+    return tb._procs["worker:0"].call("threads")["at_start"].get("tf_Compute", 0)
 
 
 def test_inter_op_threads_restart_the_device(tb: Testbed) -> None:
     g = reuse_chain(MiB)
-    before = tb.pids["worker"]
+    before = tb.pids["worker:0"]
     r = tb.run(g, ["s:0"], inter_op_threads=3)
-    assert not r.oom and tb.pids["worker"] != before
+    assert not r.oom and tb.pids["worker:0"] != before
     assert _compute_threads(tb) == 3  # the worker executor's pool (GrpcServer's ComputePool)
-    after = tb.pids["worker"]
+    after = tb.pids["worker:0"]
     tb.run(g, ["s:0"], inter_op_threads=3)
-    assert tb.pids["worker"] == after  # same setting: no restart
+    assert tb.pids["worker:0"] == after  # same setting: no restart
 
 
 def test_a_feed_larger_than_the_cap_is_an_oom_result(tb: Testbed) -> None:

@@ -322,7 +322,7 @@ def _testbed_ending(ending: str) -> dict[str, Any]:
                                                    (0, x))[1])
 
         if ending == "crash":
-            worker = testbed.pids["worker"]
+            worker = testbed.pids["worker:0"]
             threading.Timer(2.0, lambda: os.kill(worker, signal.SIGKILL)).start()
         start = time.monotonic()
         try:

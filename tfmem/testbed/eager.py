@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import tensorflow as tf
 
 from tfmem.errors import BadInputError, TestbedCrashError, TestbedError
-from tfmem.testbed.graph import DEVICE, HOST
+from tfmem.testbed.graph import DEVICE, HOST, device_name
 from tfmem.testbed.proc import COMMON_ENV
 
 if TYPE_CHECKING:
@@ -53,8 +53,8 @@ _CONNECTED: list[int] = []   # id of the testbed this process joined, if any (on
 class Connected:
     """This process joined to a testbed's servers; made by ``Testbed.connect()``.
 
-    ``device`` and ``host`` are the two servers' device names, for ``tf.device`` and for ``tfmem.function`` /
-    ``MemoryBudget``'s ``device=`` and ``host=``.
+    ``device`` and ``host`` are machine 0's device names (``devices`` and ``hosts``: every machine's), for
+    ``tf.device`` and for ``tfmem.function`` / ``MemoryBudget``'s ``device=`` and ``host=``.
 
     Examples
     --------
@@ -73,7 +73,10 @@ class Connected:
         self._dumps = dumps   # the device allocator's maps of failed requests
         self._stop = stop     # kills both servers
         self._ended: str | None = None   # why the servers were stopped, once they were
+        self.machines = sum(p.job == "worker" for p in procs.values())
         self.device, self.host = DEVICE, HOST
+        self.devices = [device_name(m) for m in range(self.machines)]
+        self.hosts = [device_name(m, "host") for m in range(self.machines)]
 
     def sync(self) -> None:
         """Wait for every operation this process has sent to the servers (remote execution can be asynchronous)."""
@@ -88,15 +91,21 @@ class Connected:
             proc.call("reset")
 
     def peaks(self) -> tuple[int, int]:
-        """The device's and the host's allocator peaks since the last ``reset_peaks``, in bytes."""
+        """The device's and the host's allocator peaks since the last ``reset_peaks``, in bytes (with several
+        machines, the largest device's and host's)."""
+        peaks = self._peaks()
+        return peaks["device_peak_bytes"], peaks["host_peak_bytes"]
+
+    def _peaks(self) -> dict[str, Any]:
+        from tfmem.testbed.runner import read_peaks
+
         self.sync()
-        device, host = (self._procs[job].call("stats") for job in ("worker", "host"))
-        return int(device["peak"]), int(host["peak"])
+        return read_peaks(self._procs)
 
     def in_use(self) -> int:
-        """Bytes the device's allocator holds now (variables, and whatever is still alive)."""
+        """Bytes machine 0's device allocator holds now (variables, and whatever is still alive)."""
         self.sync()
-        return int(self._procs["worker"].call("stats")["current"])
+        return int(self._procs["worker:0"].call("stats")["current"])
 
     def measure(self, body: Callable[[], object], *, warmup: Callable[[], object] | None = None,
                 repeats: int = 1) -> RunResult:
@@ -115,7 +124,7 @@ class Connected:
         TestbedError
             If ``body`` failed with another TensorFlow error.
         """
-        from tfmem.testbed.runner import RunResult, is_oom, one_line, unserved
+        from tfmem.testbed.runner import RunResult, is_oom, one_line, oom_device, unserved
         from tfmem.testbed.watch import Phase, watch
 
         if repeats < 1:
@@ -126,7 +135,7 @@ class Connected:
         started = time.monotonic()
         earlier = set(self._dumps())   # maps of an earlier measurement's failed requests
 
-        def work(phase: Phase) -> tuple[list[float], int, int]:
+        def work(phase: Phase) -> tuple[list[float], dict[str, Any]]:
             times: list[float] = []
             if warmup is not None:
                 phase.enter("warm-up", float("inf"))
@@ -139,23 +148,24 @@ class Connected:
                 self.sync()
                 times.append(time.perf_counter() - start)
             phase.enter("reading the peaks", float("inf"))
-            device, host = self.peaks()
-            return times, device, host
+            return times, self._peaks()
 
         ending = watch(work, started=started, dumps=lambda: [d for d in self._dumps() if d not in earlier],
                        dead=self._died, stop=self._stop_servers)
         elapsed = time.monotonic() - started
         if ending.kind == "ran":
-            times, device, host = ending.value
-            return RunResult(oom=False, error=None, device_peak_bytes=device, host_peak_bytes=host,
-                             step_time_s=statistics.median(times), reached_s=elapsed, elapsed_s=elapsed)
+            times, peaks = ending.value
+            return RunResult(oom=False, error=None, step_time_s=statistics.median(times), reached_s=elapsed,
+                             elapsed_s=elapsed, **peaks)
         e = ending.error
         if ending.kind == "oom" or (isinstance(e, tf.errors.OpError) and is_oom(e)):
             said = one_line(e) if isinstance(e, tf.errors.OpError) and is_oom(e) else unserved(ending.dump)
             after = f" after {ending.after_s:.2f} s" if ending.kind == "oom" else ""
-            return RunResult(oom=True, error=f"out of memory in the {ending.phase}{after}: {said}",
+            device = oom_device(ending.dump, e, self.machines)
+            on = f" on {device}" if device and self.machines > 1 else ""
+            return RunResult(oom=True, error=f"out of memory{on} in the {ending.phase}{after}: {said}",
                              device_peak_bytes=None, host_peak_bytes=None, step_time_s=None,
-                             reached_s=ending.after_s, elapsed_s=elapsed)
+                             reached_s=ending.after_s, elapsed_s=elapsed, oom_device=device)
         if ending.kind == "crash" or isinstance(e, tf.errors.UnavailableError):
             self._stop_servers()
             raise TestbedCrashError(f"testbed: {self._ended} in the {ending.phase}"
@@ -172,7 +182,7 @@ class Connected:
     def _stop_servers(self) -> None:
         """Cut a measurement short (``watch``): the servers are killed, which ends the helper's TensorFlow call."""
         if self._ended is None:
-            dead = [job for job, p in self._procs.items() if not p.alive()]
+            dead = [name for name, p in self._procs.items() if not p.alive()]
             self._ended = (f"the {' and '.join(dead)} server died" if dead
                            else "the servers were stopped at an out-of-memory")
             self._stop()

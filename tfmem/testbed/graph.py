@@ -13,8 +13,18 @@ import tensorflow as tf
 from tfmem.errors import BadInputError
 from tfmem.ir.ops import ASSIGN_OPS, VARIABLE_OPS
 
-DEVICE = "/job:worker/replica:0/task:0/device:CPU:0"
-HOST = "/job:host/replica:0/task:0/device:CPU:0"
+
+def device_name(machine: int = 0, job: str = "worker") -> str:
+    """The device string of one machine's capped device (job ``worker``) or its host (job ``host``).
+
+    >>> device_name(2), device_name(2, "host")
+    ('/job:worker/replica:0/task:2/device:CPU:0', '/job:host/replica:0/task:2/device:CPU:0')
+    """
+    return f"/job:{job}/replica:0/task:{machine}/device:CPU:0"
+
+
+DEVICE = device_name(0)
+HOST = device_name(0, "host")
 
 GraphLike: TypeAlias = tf.Graph | tf.compat.v1.GraphDef
 

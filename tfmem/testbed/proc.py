@@ -69,19 +69,24 @@ def process_gone(pid: int) -> bool:
 
 
 class ServerProcess:
-    """One child running a TF server for ``job`` (task 0), driven through a line protocol on its stdio."""
+    """One child running a TF server for task ``task`` of ``job``, driven through a line protocol on its stdio;
+    ``name`` is ``"job:task"``."""
 
-    def __init__(self, job: str, cluster: dict[str, list[str]], env: dict[str, str], workdir: Path,
+    def __init__(self, job: str, task: int, cluster: dict[str, list[str]], env: dict[str, str], workdir: Path,
                  inter_op_threads: int = 0, intra_op_threads: int = 0, reserve_bytes: int = 0) -> None:
-        self.job = job
+        self.job, self.task = job, task
+        self.name = f"{job}:{task}"
         # One file per start, so a restarted server does not overwrite its predecessor's last words.
-        starts = sorted(int(n) for n in (f.name.split(".")[1] for f in workdir.glob(f"{job}.*.stderr")) if n.isdigit())
+        stem = f"{job}-{task}"
+        starts = sorted(int(n) for n in (f.name.split(".")[1] for f in workdir.glob(f"{stem}.*.stderr"))
+                        if n.isdigit())
         for old in starts[:-1]:   # the previous start's last words stay beside this one's; older ones go
-            (workdir / f"{job}.{old}.stderr").unlink(missing_ok=True)
-        self.stderr_path = workdir / f"{job}.{starts[-1] + 1 if starts else 0}.stderr"
+            (workdir / f"{stem}.{old}.stderr").unlink(missing_ok=True)
+        self.stderr_path = workdir / f"{stem}.{starts[-1] + 1 if starts else 0}.stderr"
         self._buf = b""
         cmd = [
-            sys.executable, "-u", str(SERVER_SCRIPT), "--job", job, "--cluster", json.dumps(cluster),
+            sys.executable, "-u", str(SERVER_SCRIPT), "--job", job, "--task", str(task),
+            "--cluster", json.dumps(cluster),
             "--parent-pid", str(os.getpid()),
             "--inter-op-threads", str(inter_op_threads), "--intra-op-threads", str(intra_op_threads),
             "--reserve-bytes", str(reserve_bytes), "--workdir", str(workdir),
@@ -110,7 +115,7 @@ class ServerProcess:
         code = self.proc.poll()
         state = "still running" if code is None else f"exited with code {code}"
         return TestbedError(
-            f"testbed {self.job} server (pid {self.pid}, {state}): {what}. Its stderr ends with:\n"
+            f"testbed {self.name} server (pid {self.pid}, {state}): {what}. Its stderr ends with:\n"
             f"{self.stderr_tail()}\nCheck that TensorFlow imports in {sys.executable} and that loopback "
             f"TCP ports can be bound; raise start_timeout_s on a slow machine."
         )

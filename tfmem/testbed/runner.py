@@ -1,14 +1,16 @@
-"""The testbed: run a graph for real on an emulated accelerator whose memory is capped, and measure its peak.
+"""The testbed: run a graph for real on emulated accelerators whose memory is capped, and measure their peaks.
 
-Two child processes make the emulated machine:
+Two child processes make one emulated machine (``machines=M`` starts M of them, 2M children, one cluster):
 
-- the *device* process, a ``tf.distribute.Server`` for job ``worker`` whose CPU allocator is TensorFlow's BFC
+- the *device* process, a ``tf.distribute.Server`` for job ``worker`` (task = machine) whose CPU allocator is TensorFlow's BFC
   allocator capped at ``device_memory`` (``TF_CPU_ALLOCATOR_USE_BFC=true TF_CPU_BFC_MEM_LIMIT_IN_MB=...``,
   oneDNN off because its allocator ignores the cap). Going over the cap is a real ``ResourceExhaustedError``.
-- the *host* process, job ``host``, uncapped. Tensors moving between the two are real copies over loopback gRPC.
+- the *host* process, job ``host`` (task = machine), uncapped. Tensors moving between any two servers are real
+  copies over loopback gRPC.
 
-The calling process is the client: it runs a ``tf.compat.v1.Session`` against the device server, which is also
-the master (so Grappler runs there, on the session's config).
+The calling process is the client: it runs a ``tf.compat.v1.Session`` against machine 0's device server, which
+is also the master (so Grappler runs there, on the session's config). Each device server's allocator is capped
+on its own, so an out-of-memory names the device that went over.
 
 Measurement. Each child reports ``tf.config.experimental.get_memory_info('CPU:0')``: that reads the allocator
 of the child's eager CPU device, which is the same process-wide ``ProcessState`` CPU allocator the server's
@@ -42,6 +44,7 @@ import dataclasses
 import hashlib
 import logging
 import os
+import re
 import shutil
 import statistics
 import tempfile
@@ -64,7 +67,15 @@ from tfmem.errors import (
     first_line,
 )
 from tfmem.testbed.eager import Connected, connect
-from tfmem.testbed.graph import DEVICE, HOST, GraphLike, check_names, initializer_names, place_on_device
+from tfmem.testbed.graph import (
+    DEVICE,
+    HOST,
+    GraphLike,
+    check_names,
+    device_name,
+    initializer_names,
+    place_on_device,
+)
 from tfmem.testbed.proc import COMMON_ENV, ServerProcess, free_ports
 from tfmem.testbed.watch import Ending, Phase, watch
 from tfmem.units import format_bytes, parse_bytes
@@ -81,7 +92,10 @@ MIN_PHASE_TIMEOUT_S = 20.0
 SETTLE_TIMEOUT_S = 30.0
 TF_DEADLINE_SLACK_S = 5.0   # TF's deadline on a call: the phase limit and this (the watch acts first)
 _PHASE_TIMES: dict[bytes, float] = {}
-_DUMP_NAME = "bfc"   # TF_BFC_MEMORY_DUMP's prefix in the work dir: the device's allocator maps at failed requests
+# TF_BFC_MEMORY_DUMP's prefix in the work dir, then the machine: a device allocator's maps at failed requests
+# are files bfc-<machine>_<...>.
+_DUMP_NAME = "bfc"
+MAX_MACHINES = 16
 _TIMEOUT_HINT = ("A step that is slow rather than stuck needs a larger step_timeout_s; a first run of a graph "
                  "gets step_timeout_s, later runs of it 10x their longest phase in its last run that ran.")
 
@@ -94,7 +108,9 @@ class RunResult:
     says where: the phase, and the op and the allocation when TensorFlow named them); a run that timed out or
     whose server crashed raises instead (``TestbedTimeoutError``, ``TestbedCrashError``), and code that keeps
     going records those as ``RunResult.failed(...)``, ``ending`` ``"timeout"`` or ``"crash"``. Peaks are allocator
-    bytes (BFC chunk sizes) over the timed steps, resident variables and constants included; ``step_time_s`` is
+    bytes (BFC chunk sizes) over the timed steps, resident variables and constants included: ``device_peaks`` and
+    ``host_peaks`` per device string, ``device_peak_bytes`` and ``host_peak_bytes`` the largest of them (one
+    machine: its device's and its host's); an OOM's ``oom_device`` names the device that went over; ``step_time_s`` is
     the median client wall time of the timed steps; ``outputs`` maps each tensor fetch to its value at the last
     step. ``run_metadata`` is the last step's full trace when ``run(trace=True)``. ``reached_s`` is how long the
     run took to reach its ending (for an OOM, the failed request), ``elapsed_s`` how long ``run`` took.
@@ -110,6 +126,9 @@ class RunResult:
     ending: str = ""
     reached_s: float | None = None
     elapsed_s: float | None = None
+    device_peaks: dict[str, int] = field(default_factory=dict)
+    host_peaks: dict[str, int] = field(default_factory=dict)
+    oom_device: str | None = None
 
     def __post_init__(self) -> None:
         if not self.ending:
@@ -155,12 +174,18 @@ def one_line(error: BaseException) -> str:
 
 
 class Testbed:
-    """An emulated accelerator with ``device_memory`` bytes, plus an uncapped host; a context manager.
+    """``machines`` emulated accelerators with ``device_memory`` bytes each, each with an uncapped host; a context
+    manager.
 
     Parameters
     ----------
     device_memory : int or str
-        The device's cap, e.g. ``"1GiB"`` (whole MiB; ``TF_CPU_BFC_MEM_LIMIT_IN_MB`` takes MiB).
+        Each device's cap, e.g. ``"1GiB"`` (whole MiB; ``TF_CPU_BFC_MEM_LIMIT_IN_MB`` takes MiB).
+    machines : int
+        How many machines (1 to ``MAX_MACHINES``): machine ``m``'s device is ``devices[m]``
+        (``/job:worker/replica:0/task:m/device:CPU:0``) and its host ``hosts[m]``; machine 0's are ``DEVICE``
+        and ``HOST``, where unplaced nodes run. Each server is a TensorFlow process, about 570 MiB resident
+        before it holds tensors (much of it TensorFlow's shared libraries; experiments/results/testbed_machines.md).
     inter_op_threads, intra_op_threads : int, optional
         The device server's executor and kernel thread pools (TF's defaults when None). ``run`` can ask for
         another inter-op count; the servers are then restarted.
@@ -175,7 +200,7 @@ class Testbed:
     Raises
     ------
     BadInputError
-        If ``device_memory`` is under 1 MiB or the thread counts are negative.
+        If ``device_memory`` is under 1 MiB, ``machines`` is out of range, or the thread counts are negative.
     TestbedError
         If a server does not start; the message carries the end of its stderr.
 
@@ -195,16 +220,22 @@ class Testbed:
 
     __test__ = False  # not a pytest test class
 
-    def __init__(self, device_memory: int | str, *, inter_op_threads: int | None = None,
+    def __init__(self, device_memory: int | str, *, machines: int = 1, inter_op_threads: int | None = None,
                  intra_op_threads: int | None = None, start_timeout_s: float = 120.0,
                  step_timeout_s: float = 300.0) -> None:
         budget = parse_bytes(device_memory, what="device_memory")
         if budget < 2**20:
             raise BadInputError(f"testbed: device_memory must be at least 1 MiB, got {format_bytes(budget)}")
+        if isinstance(machines, bool) or not isinstance(machines, int) or not 1 <= machines <= MAX_MACHINES:
+            raise BadInputError(f"testbed: machines must be an int from 1 to {MAX_MACHINES} (two TensorFlow "
+                                f"processes each), got {machines!r}")
         for name, n in (("inter_op_threads", inter_op_threads), ("intra_op_threads", intra_op_threads)):
             if n is not None and n < 0:
                 raise BadInputError(f"testbed: {name} must be >= 0 (0 = TF's default), got {n}")
         self.device_memory_bytes = budget // 2**20 * 2**20
+        self.machines = machines
+        self.devices = [device_name(m) for m in range(machines)]
+        self.hosts = [device_name(m, "host") for m in range(machines)]
         self.inter_op_threads = inter_op_threads or 0
         self.intra_op_threads = intra_op_threads or 0
         self.start_timeout_s = start_timeout_s
@@ -229,7 +260,7 @@ class Testbed:
     @property
     def target(self) -> str:
         """The device server's gRPC target, for ``tf.compat.v1.Session(target=...)``."""
-        return f"grpc://{self.cluster['worker'][0]}"
+        return f"grpc://{self.cluster['worker'][0]}"   # machine 0's device server: the master
 
     def connect(self) -> Connected:
         """Join this process's eager runtime to the testbed's servers, for TF2 functions and Keras ``fit``.
@@ -250,31 +281,38 @@ class Testbed:
 
     @property
     def pids(self) -> dict[str, int]:
-        """Process ids of the running servers, by job."""
-        return {job: p.pid for job, p in self._procs.items()}
+        """Process ids of the running servers, by ``"job:machine"`` (``"worker:0"``, ``"host:0"``, ...)."""
+        return {name: p.pid for name, p in self._procs.items()}
 
-    def _env(self, job: str) -> dict[str, str]:
+    def _workers(self, procs: dict[str, ServerProcess] | None = None) -> list[ServerProcess]:
+        """The device servers, machine 0 first."""
+        return [p for p in (self._procs if procs is None else procs).values() if p.job == "worker"]
+
+    def _env(self, job: str, machine: int) -> dict[str, str]:
         # The host gets a BFC allocator too, capped at physical memory (i.e. uncapped): TF's default CPU
         # allocator keeps no statistics, so get_memory_info would fail there.
         limit = self.device_memory_bytes if job == "worker" else _physical_memory_bytes()
         env = {**COMMON_ENV, "TF_CPU_ALLOCATOR_USE_BFC": "true", "TF_CPU_BFC_MEM_LIMIT_IN_MB": str(limit // 2**20)}
         if job == "worker":  # the allocator writes its map at every failed request: how ``watch`` sees an OOM
-            env["TF_BFC_MEMORY_DUMP"] = str(self._workdir / _DUMP_NAME)
+            env["TF_BFC_MEMORY_DUMP"] = str(self._workdir / f"{_DUMP_NAME}-{machine}")
         return env
 
     def _spawn(self, inter_op: int) -> None:
-        """Start both servers without waiting for them: they import TensorFlow in parallel while the caller goes
+        """Start every server without waiting for them: they import TensorFlow in parallel while the caller goes
         on (after a run cut short, the next run finds them ready or nearly)."""
         self._kill_servers()
-        worker_port, host_port = free_ports(2)
-        self.cluster = {"worker": [f"127.0.0.1:{worker_port}"], "host": [f"127.0.0.1:{host_port}"]}
+        ports = free_ports(2 * self.machines)
+        self.cluster = {job: [f"127.0.0.1:{port}" for port in ports[i * self.machines:(i + 1) * self.machines]]
+                        for i, job in enumerate(("worker", "host"))}
         for job in ("worker", "host"):
-            args = (inter_op, self.intra_op_threads, self.device_memory_bytes) if job == "worker" else ()
-            self._procs[job] = ServerProcess(job, self.cluster, self._env(job), self._workdir, *args)
+            for machine in range(self.machines):
+                args = (inter_op, self.intra_op_threads, self.device_memory_bytes) if job == "worker" else ()
+                proc = ServerProcess(job, machine, self.cluster, self._env(job, machine), self._workdir, *args)
+                self._procs[proc.name] = proc
         self._spawned_inter_op = inter_op
 
     def _start(self, inter_op: int) -> None:
-        """Both servers ready with an ``inter_op`` executor pool: those spawned in advance if they match."""
+        """Every server ready with an ``inter_op`` executor pool: those spawned in advance if they match."""
         for attempt in range(3):
             # Servers spawned in advance are used once: ready ones reach here only when unhealthy (a SIGKILLed
             # server can look alive until it is reaped) or for another pool.
@@ -285,7 +323,7 @@ class Testbed:
                 for proc in self._procs.values():
                     proc.wait_ready(max(deadline - time.monotonic(), 1.0))
                 self._running_inter_op = inter_op
-                self.idle_device_bytes = int(self._procs["worker"].call("stats")["current"])
+                self._idle_bytes = [int(p.call("stats")["current"]) for p in self._workers()]
                 return
             except TestbedError as e:
                 self._kill_servers()
@@ -294,7 +332,7 @@ class Testbed:
                     raise
 
     def _kill_servers(self) -> None:
-        for proc in self._procs.values():   # both die at once, then both are reaped
+        for proc in self._procs.values():   # all die at once, then all are reaped
             proc.signal_kill()
         for proc in self._procs.values():
             proc.kill()
@@ -303,17 +341,17 @@ class Testbed:
         self._spawned_inter_op = -1
 
     def _stop_run(self) -> None:
-        """Cut a run short (``watch``): note what dead servers said, kill both and spawn the next pair."""
-        self._last_words = [f"{p.job} server (pid {p.pid}) died; its stderr ends with:\n{p.stderr_tail()}"
+        """Cut a run short (``watch``): note what dead servers said, kill them all and spawn the next ones."""
+        self._last_words = [f"{p.name} server (pid {p.pid}) died; its stderr ends with:\n{p.stderr_tail()}"
                             for p in self._procs.values() if not p.alive()]
         inter_op = self._running_inter_op if self._running_inter_op >= 0 else self.inter_op_threads
         if not self._closed:
-            self._spawn(inter_op)   # kills the old pair first
+            self._spawn(inter_op)   # kills the old servers first
         else:
             self._kill_servers()
 
     def close(self) -> None:
-        """Kill both servers and remove the temp dir. Idempotent."""
+        """Kill every server and remove the temp dir. Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -434,10 +472,11 @@ class Testbed:
             return dataclasses.replace(result, reached_s=elapsed, elapsed_s=elapsed)
         if ending.kind == "oom":
             told = one_line(error) if isinstance(error, tf.errors.OpError) and is_oom(error) else None
-            where = f"out of memory in the {ending.phase} after {ending.after_s:.2f} s"
+            device = self._oom_device(ending.dump, error)
+            where = f"out of memory{_on(device, self.machines)} in the {ending.phase} after {ending.after_s:.2f} s"
             text = f"{where}: {told}" if told else f"{where}: {unserved(ending.dump)}"
             return RunResult(oom=True, error=text, device_peak_bytes=None, host_peak_bytes=None, step_time_s=None,
-                             reached_s=ending.after_s, elapsed_s=elapsed)
+                             reached_s=ending.after_s, elapsed_s=elapsed, oom_device=device)
         if ending.kind == "timeout":
             raise TestbedTimeoutError(
                 f"testbed: the {ending.phase} did not finish within {ending.limit_s:.3g} s (no allocation had failed "
@@ -449,9 +488,11 @@ class Testbed:
                                                 *self._last_words]), phase=ending.phase)
         assert error is not None
         if isinstance(error, tf.errors.ResourceExhaustedError) and is_oom(error):  # an allocation without retry
-            return RunResult(oom=True, error=f"out of memory in the {ending.phase}: {one_line(error)}",
+            device = self._oom_device(None, error)
+            return RunResult(oom=True, error=f"out of memory{_on(device, self.machines)} in the {ending.phase}: "
+                                             f"{one_line(error)}",
                              device_peak_bytes=None, host_peak_bytes=None, step_time_s=None,
-                             reached_s=ending.after_s, elapsed_s=elapsed)
+                             reached_s=ending.after_s, elapsed_s=elapsed, oom_device=device)
         if isinstance(error, tf.errors.OpError):
             raise TestbedError(
                 f"testbed: running fetches {fetches[:5]} failed with {one_line(error)}. Check the feed values, and "
@@ -472,7 +513,10 @@ class Testbed:
         return min(self.step_timeout_s, max(MIN_PHASE_TIMEOUT_S, PHASE_TIMEOUT_FACTOR * known))
 
     def _dumps(self) -> list[Path]:
-        return sorted(self._workdir.glob(f"{_DUMP_NAME}_*"))
+        return sorted(self._workdir.glob(f"{_DUMP_NAME}-*_*"))
+
+    def _oom_device(self, dump: Path | None, error: BaseException | None) -> str | None:
+        return oom_device(dump, error, self.machines)
 
     def _clear_dumps(self) -> None:
         for path in self._dumps():
@@ -559,11 +603,10 @@ class Testbed:
 
         _run_and_close(target, g, config, steps_in)
         phase.enter("reading the peaks", limit_s)
-        device, host = (procs[j].call("stats") for j in ("worker", "host"))
+        peaks = read_peaks(procs)
         outputs = {name: np.asarray(v) for name, v in zip(fetches, values, strict=True) if ":" in name}
-        return RunResult(oom=False, error=None, device_peak_bytes=int(device["peak"]),
-                         host_peak_bytes=int(host["peak"]), step_time_s=statistics.median(times),
-                         outputs=outputs, run_metadata=metadata), longest
+        return RunResult(oom=False, error=None, step_time_s=statistics.median(times), outputs=outputs,
+                         run_metadata=metadata, **peaks), longest
 
     def _settle(self) -> None:
         """Free the last run's state; stop the servers (the next run starts them) if that does not bring the device
@@ -574,27 +617,53 @@ class Testbed:
             self._stop_run()
             return
 
-        target, worker = self.target, self._procs["worker"]   # as in run: never the next pair
+        target, workers = self.target, self._workers()   # as in run: never the next servers
 
-        def reset(phase: Phase) -> int:
+        def reset(phase: Phase) -> list[int]:
             phase.enter("reset after the run", SETTLE_TIMEOUT_S)
-            current = -1
+            current: list[int] = []
             tf.compat.v1.Session.reset(target)
             for _ in range(10):  # graph deregistration may lag the reset a little
-                current = int(worker.call("stats")["current"])
-                if current == self.idle_device_bytes:
+                current = [int(w.call("stats")["current"]) for w in workers]
+                if current == self._idle_bytes:
                     break
                 time.sleep(0.05)
             return current
 
         ending = watch(reset, started=time.monotonic(), dumps=lambda: [], dead=self._server_died,
                        stop=self._stop_run, abort=self._kill_servers)
-        if ending.kind == "ran" and ending.value == self.idle_device_bytes:
+        if ending.kind == "ran" and ending.value == self._idle_bytes:
             return
-        _log.info("testbed: after a run the device holds %s bytes (idle: %d) or did not reset (%s); starting new "
-                  "servers", ending.value, self.idle_device_bytes, ending.kind)
+        _log.info("testbed: after a run the devices hold %s bytes (idle: %s) or did not reset (%s); starting new "
+                  "servers", ending.value, self._idle_bytes, ending.kind)
         if ending.kind == "ran":
             self._stop_run()
+
+
+def oom_device(dump: Path | None, error: BaseException | None, machines: int) -> str | None:
+    """The device that went over its cap: whose allocator wrote ``dump`` (``bfc-<machine>_...``), else the one
+    TensorFlow's error names."""
+    machine = dump.name[len(_DUMP_NAME) + 1:].split("_", 1)[0] if dump is not None else ""
+    if not machine.isdigit() and error is not None:
+        found = re.search(r"/job:worker/replica:0/task:(\d+)", str(error))
+        machine = found.group(1) if found else ""
+    return device_name(int(machine)) if machine.isdigit() and int(machine) < machines else None
+
+
+def _on(device: str | None, machines: int) -> str:
+    """" on <device>" in an OOM's message when there is more than one device to tell apart."""
+    return f" on {device}" if device and machines > 1 else ""
+
+
+def read_peaks(procs: dict[str, ServerProcess]) -> dict[str, Any]:
+    """Every server's allocator peak since its last reset: ``RunResult``'s peak fields."""
+    device_peaks: dict[str, int] = {}
+    host_peaks: dict[str, int] = {}
+    for proc in procs.values():
+        (device_peaks if proc.job == "worker" else host_peaks)[device_name(proc.task, proc.job)] = \
+            int(proc.call("stats")["peak"])
+    return {"device_peaks": device_peaks, "host_peaks": host_peaks, "device_peak_bytes": max(device_peaks.values()),
+            "host_peak_bytes": max(host_peaks.values())}
 
 
 def _run_and_close(target: str, g: tf.Graph, config: tf.compat.v1.ConfigProto,

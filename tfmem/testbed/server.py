@@ -1,7 +1,7 @@
 """Child-process entry point of the testbed: one TensorFlow gRPC server plus a line protocol on stdio.
 
-Run by ``tfmem.testbed`` as ``python tfmem/testbed/server.py --job worker --cluster '{...}' --parent-pid N``
-(by file path, so that importing it does not import the ``tfmem`` package). The parent sets the allocator
+Run by ``tfmem.testbed`` as ``python tfmem/testbed/server.py --job worker --task 0 --cluster '{...}'
+--parent-pid N`` (by file path, so that importing it does not import the ``tfmem`` package). The parent sets the allocator
 environment variables (``TF_CPU_ALLOCATOR_USE_BFC`` ...) before this process starts, which is the only way to
 cap TensorFlow's CPU allocator: it reads them once, when the allocator is first created.
 
@@ -133,6 +133,7 @@ def _serve(proto: int, tf: ModuleType, at_start: dict[str, int]) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--job", required=True)
+    parser.add_argument("--task", type=int, default=0)
     parser.add_argument("--cluster", required=True, help="JSON {job: [host:port]}")
     parser.add_argument("--parent-pid", type=int, required=True)
     parser.add_argument("--inter-op-threads", type=int, default=0)
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
         intra_op_parallelism_threads=args.intra_op_threads,
     )
     server = tf.distribute.Server(
-        tf.train.ClusterSpec(json.loads(args.cluster)), job_name=args.job, task_index=0,
+        tf.train.ClusterSpec(json.loads(args.cluster)), job_name=args.job, task_index=args.task,
         config=config, start=True,
     )
     at_start = _thread_names()
