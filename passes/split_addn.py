@@ -31,17 +31,20 @@ Requires: an annotated graph. Ensures: the same values, bit for bit; each new op
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import ClassVar
+from typing import ClassVar, TypeAlias
 
-from tensorflow.core.framework import attr_value_pb2, types_pb2
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2, node_def_pb2, types_pb2
 
 from tfmem.ir.editor import DO_NOT_REMOVE
 from tfmem.ir.frames import find_regions
 from tfmem.ir.graph import GraphIR, OpNode, TensorRef
 from tfmem.ir.ops import SUM_OPS
+from tfmem.ir.shapes import spec_of
 from tfmem.pipeline import PassContext, PassReport, PassResult
 from tfmem.sim.grappler import runtime_nodes
 from tfmem.units import format_bytes
@@ -55,6 +58,8 @@ EXACT_DTYPES = frozenset({types_pb2.DT_FLOAT, types_pb2.DT_DOUBLE})
 # Grappler's arithmetic optimizer folds a tree of adds rooted at <scope>/<root> into one AddN named so.
 ADD_TREE_SCOPE = "ArithmeticOptimizer"
 ADD_TREE_PREFIX = "AddOpsRewrite_"
+# A sum as the session computes it: a tensor of the graph, or ("AddN" | "AddV2", its terms in the runtime's order).
+Sum: TypeAlias = "TensorRef | tuple[str, tuple[Sum, ...]]"
 
 
 @dataclass(frozen=True)
@@ -88,18 +93,19 @@ class SplitAddN:
             return PassResult(graph, False, PassReport.empty(
                 self.name, "no sums of three or more float tensors whose runtime order is known"
                 + (f" ({len(skipped)} left as they are: {', '.join(skipped[:3])})" if skipped else "")))
-        replaced = {root: _chain(graph[root], leaves) for root, leaves in sums.items()}
+        replaced = {root: _chain(graph, graph[root], tree) for root, tree in sums.items()}
         nodes: list[OpNode] = []
         for node in graph.nodes:
             nodes.extend(replaced.get(node.name, (node,)))
         new = graph.replace_nodes(tuple(nodes))
         added = sum(len(chain) - 1 for chain in replaced.values())
-        largest = max(sums, key=lambda n: len(sums[n]) * (graph[n].outputs[0].nbytes or 0))
+        terms = {root: len(_terms(tree)) for root, tree in sums.items()}
+        largest = max(sums, key=lambda n: terms[n] * (graph[n].outputs[0].nbytes or 0))
         notes = [f"{len(sums)} sum(s) of 3+ tensors as chains of adds in the kernel's order; largest: {largest} "
-                 f"({len(sums[largest])} inputs of {format_bytes(graph[largest].outputs[0].nbytes or 0)})"]
+                 f"({terms[largest]} inputs of {format_bytes(graph[largest].outputs[0].nbytes or 0)})"]
         if skipped:
             notes.append(f"left {len(skipped)} as they are (runtime form not matched): {', '.join(skipped[:3])}")
-        details: dict[str, object] = {"split": {n: len(v) for n, v in sums.items()}, "skipped": skipped}
+        details: dict[str, object] = {"split": terms, "skipped": skipped}
         return PassResult(new, True, PassReport(self.name, changed=True, nodes_added=added,
                                                 notes=tuple(notes), details=details))
 
@@ -121,36 +127,93 @@ def kernel_order_groups(n: int) -> list[range]:
     return [range(0, first)] + [range(i, min(i + KERNEL_GROUP, n)) for i in range(first, n, KERNEL_GROUP)]
 
 
-def runtime_sums(graph: GraphIR, ctx: PassContext) -> tuple[dict[str, list[TensorRef]], list[str]]:
-    """Every float sum of 3+ tensors the session will run, as {node of ``graph``: its terms in kernel order}.
+def runtime_sums(graph: GraphIR, ctx: PassContext) -> tuple[dict[str, Sum], list[str]]:
+    """Every float sum of 3+ tensors the session will run, as {node of ``graph``: the sum as it runs}.
 
-    Read from Grappler's rewrite of ``graph``: an ``AddN`` it kept (inputs sorted by name), or one its
+    Read from Grappler's rewrite of ``graph``: an ``AddN`` it kept (inputs sorted by name), or what its
     arithmetic optimizer built from a tree of adds (``ArithmeticOptimizer/AddOpsRewrite_<root>``, which
-    replaces the tree's root). Terms are named as Grappler left them (forwarding ``Identity`` ops bypassed),
-    which read the same values. Sums whose terms are not all tensors of ``graph`` of the root's shape, or
-    that sit in v1 control-flow frames, are listed as skipped.
+    replaces the tree's root): an ``AddN`` of the tree's leaves when they have one shape, else per shape an
+    ``AddN`` of that shape's leaves (``AddOpsRewrite_Leaf_<i>_<root>``), added up smallest broadcast last (a
+    layer norm's ``x * scale + (beta - mean * scale)`` runs as ``(x * scale + -mean * scale) + beta``). Terms are
+    named as Grappler left them (forwarding ``Identity`` ops bypassed), which read the same values. Sums whose
+    terms are not all tensors of ``graph`` of static shapes that broadcast to the root's, or that sit in v1
+    control-flow frames, are listed as skipped.
     """
     in_frames = find_regions(graph)
-    sums, skipped = {}, []
-    for node in runtime_nodes(graph, ctx.fetches, ctx.device, ctx.session_config):
-        terms = [s for s in node.input if not s.startswith("^")]
-        if node.op != "AddN" or len(terms) < MIN_INPUTS:
-            continue
+    runtime = {n.name: n for n in runtime_nodes(graph, ctx.fetches, ctx.device, ctx.session_config)}
+    sums: dict[str, Sum] = {}
+    skipped = []
+    for node in runtime.values():
         root = _root_of(node.name)
+        rewritten = root != node.name
+        if node.op not in SUM_OPS or (not rewritten and node.op != "AddN"):
+            continue
         if root not in graph or root in in_frames or graph[root].op not in SUM_OPS:
             continue
         dtype, spec = graph[root].attrs.get("T"), graph[root].outputs[0] if graph[root].outputs else None
         if dtype is None or dtype.type not in EXACT_DTYPES or spec is None or spec.shape is None:
             continue
-        if root == node.name and (spec.nbytes or 0) < MIN_BYTES:   # a kept AddN, small: see MIN_BYTES
+        if not rewritten and (spec.nbytes or 0) < MIN_BYTES:   # a kept AddN, small: see MIN_BYTES
             continue
-        refs = [TensorRef.parse(t) for t in terms]
-        if all(r.node in graph and r.index < len(graph[r.node].outputs) and graph.spec(r).shape == spec.shape
-               for r in refs):
-            sums[root] = refs
+        tree = _runtime_sum(graph, runtime, node, root)
+        if tree is not None and len(_terms(tree)) < MIN_INPUTS:
+            continue   # a sum of two: the same in either order
+        if tree is not None and _shape(graph, tree) == tuple(spec.shape):
+            sums[root] = tree
         else:
             skipped.append(root)
     return sums, skipped
+
+
+def _runtime_sum(graph: GraphIR, runtime: Mapping[str, node_def_pb2.NodeDef], node: node_def_pb2.NodeDef,
+                 root: str) -> Sum | None:
+    """``node`` (a runtime sum) over tensors of ``graph``, through the partial sums Grappler made for the tree
+    rooted at ``root``; None where a term is something else."""
+    terms: list[Sum] = []
+    for name in (s for s in node.input if not s.startswith("^")):
+        ref = TensorRef.parse(name)
+        made = runtime.get(ref.node)
+        if ref.node in graph:
+            if ref.index >= len(graph[ref.node].outputs) or _static(graph, ref) is None:
+                return None
+            terms.append(ref)
+        elif made is not None and made.op in SUM_OPS and _is_partial_sum_of(ref.node, root):
+            term = _runtime_sum(graph, runtime, made, root)
+            if term is None:
+                return None
+            terms.append(term)
+        else:
+            return None
+    return ("AddN" if node.op == "AddN" else "AddV2", tuple(terms))
+
+
+def _is_partial_sum_of(runtime_name: str, root: str) -> bool:
+    """Whether Grappler named ``runtime_name`` as a partial sum of the add tree rooted at ``root``
+    (``<scope>/ArithmeticOptimizer/AddOpsRewrite_Leaf_<i>_<root's last name>``)."""
+    scope, _, base = root.rpartition("/")
+    prefix = f"{scope}/{ADD_TREE_SCOPE}/{ADD_TREE_PREFIX}Leaf_" if scope else f"{ADD_TREE_SCOPE}/{ADD_TREE_PREFIX}Leaf_"
+    if not runtime_name.startswith(prefix):
+        return False
+    index, _, rest = runtime_name[len(prefix):].partition("_")
+    return index.isdigit() and rest == base
+
+
+def _terms(tree: Sum) -> list[TensorRef]:
+    if isinstance(tree, TensorRef):
+        return [tree]
+    return [t for part in tree[1] for t in _terms(part)]
+
+
+def _static(graph: GraphIR, t: TensorRef) -> tuple[int, ...] | None:
+    shape = graph.spec(t).shape
+    return None if shape is None or None in shape else tuple(int(d) for d in shape if d is not None)
+
+
+def _shape(graph: GraphIR, tree: Sum) -> tuple[int, ...]:
+    """The shape of a sum whose terms all have static shapes (``_runtime_sum`` checks)."""
+    if isinstance(tree, TensorRef):
+        return _static(graph, tree) or ()
+    return tuple(np.broadcast_shapes(*(_shape(graph, part) for part in tree[1])))
 
 
 def _root_of(runtime_name: str) -> str:
@@ -162,28 +225,39 @@ def _root_of(runtime_name: str) -> str:
     return runtime_name
 
 
-def _chain(node: OpNode, order: Sequence[TensorRef]) -> list[OpNode]:
-    """The binary adds that reproduce the kernel's sum of ``order``; the last one takes ``node``'s name."""
+def _chain(graph: GraphIR, node: OpNode, tree: Sum) -> list[OpNode]:
+    """The binary adds that reproduce the runtime's ``tree`` (each ``AddN`` in its kernel's order, each add of
+    two in either order: ``a + b == b + a`` exactly); the last one takes ``node``'s name."""
     attrs: Mapping[str, attr_value_pb2.AttrValue] = MappingProxyType({
         "T": node.attrs["T"], DO_NOT_REMOVE: attr_value_pb2.AttrValue(b=True)})
-    spec = node.outputs[0]
+    dtype = tf.as_dtype(node.outputs[0].dtype)
     ops: list[OpNode] = []
+    shapes: dict[TensorRef, tuple[int, ...]] = {}
 
     def add(a: TensorRef, b: TensorRef) -> TensorRef:
+        shape = tuple(np.broadcast_shapes(*(shapes[t] if t in shapes else _static(graph, t) or () for t in (a, b))))
         new = OpNode(f"{node.name}/tfmem_sum_{len(ops)}", "AddV2", (a, b), node.control_inputs, node.device,
-                     (spec,), attrs)
+                     (spec_of(dtype, tf.TensorShape(shape)),), attrs)
         ops.append(new)
+        shapes[new.output()] = shape
         return new.output()
 
-    groups = kernel_order_groups(len(order))
-    total = order[0]
-    for i in groups[0][1:]:
-        total = add(total, order[i])
-    for group in groups[1:]:
-        partial = order[group[0]]
-        for i in group[1:]:
-            partial = add(partial, order[i])
-        total = add(total, partial)
+    def total_of(part: Sum) -> TensorRef:
+        if isinstance(part, TensorRef):
+            return part
+        order = [total_of(p) for p in part[1]]
+        groups = kernel_order_groups(len(order)) if part[0] == "AddN" else [range(len(order))]
+        total = order[0]
+        for i in groups[0][1:]:
+            total = add(total, order[i])
+        for group in groups[1:]:
+            partial = order[group[0]]
+            for i in group[1:]:
+                partial = add(partial, order[i])
+            total = add(total, partial)
+        return total
+
+    total_of(tree)
     last = ops[-1]
     ops[-1] = OpNode(node.name, last.op, last.inputs, last.control_inputs, last.device, last.outputs, last.attrs)
     return ops

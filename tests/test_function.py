@@ -65,6 +65,17 @@ def test_a_recurrent_step_swaps_the_lists_one_loop_hands_to_another_and_trains_i
     assert r["same_history"] and r["same_state"]     # losses, weights and Adam's slots, bit for bit
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_an_attention_step_keeps_the_sums_the_runtime_folds_and_trains_identically() -> None:
+    r = _case("attention_fit", 0.7)
+    assert r["after"] <= r["budget"] < r["before"] and r["decisions"] > 0   # recomputations here
+    # (before split_addn wrote the folded order in, this plan's weights differed in the last bits: measured)
+    # each layer norm's broadcast add tree, written in the order the runtime folds it into (four layer norms)
+    assert sum("layer_normalization" in s for s in r["sums"]) == 4, r["sums"]
+    assert r["same_history"] and r["same_state"]     # losses, weights and Adam's slots, bit for bit
+
+
 def _nested_step(v: tf.Variable):
     @tf.function
     def inner(x):

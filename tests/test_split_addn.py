@@ -93,7 +93,7 @@ def test_the_check_fails_for_any_other_order():
     ir = annotate(gd)
     node = next(n for n in ir.nodes if n.op == "AddN")
     wrong = ir.replace_nodes(tuple(
-        n for m in ir.nodes for n in (split_addn._chain(node, node.inputs) if m.name == "total" else [m])))
+        n for m in ir.nodes for n in (split_addn._chain(ir, node, ("AddN", tuple(node.inputs))) if m.name == "total" else [m])))
     assert not values_equal(_run(gd, "total:0", feeds), _run(wrong.to_graph_def(), "total:0", feeds))
     right = _split(gd, ["total:0"], feeds).graph
     assert values_equal(_run(gd, "total:0", feeds), _run(right.to_graph_def(), "total:0", feeds))
@@ -107,6 +107,53 @@ def test_grappler_keeps_the_chain():
     runtime = runtime_graph_def(new.to_graph_def(), ["total:0"])
     assert sum(n.op == "AddV2" for n in runtime.node) == 11
     assert not any(n.op == "AddN" for n in runtime.node)
+
+
+def _layer_norm_tail():
+    """A layer norm's end as Keras 3 writes it: ``x * s + (-mean * s + beta)``, beta broadcast over rows. Grappler
+    folds the tree into ``(x * s + -mean * s) + beta`` only while no inner add has a control edge."""
+    rng = np.random.default_rng(5)
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, (256, 64), name="x")
+        neg_mean_s = v1.placeholder(tf.float32, (256, 64), name="neg_mean_s")
+        beta = v1.placeholder(tf.float32, (64,), name="beta")
+        s = v1.placeholder(tf.float32, (256, 64), name="s")
+        inner = tf.add(neg_mean_s * s, beta, name="add_1")
+        tf.multiply(tf.add(x * s, inner, name="add_2"), 2.0, name="y")   # a fetched root is never folded
+        tf.no_op(name="elsewhere")
+    feeds = {"x:0": rng.standard_normal((256, 64)).astype(np.float32) * 7.0,
+             "s:0": rng.standard_normal((256, 64)).astype(np.float32) * 3.0,
+             "neg_mean_s:0": rng.standard_normal((256, 64)).astype(np.float32) * 5.0,
+             "beta:0": rng.standard_normal(64).astype(np.float32) * 11.0}
+    return g.as_graph_def(), feeds
+
+
+def test_a_broadcast_add_tree_runs_in_the_order_grappler_folds_it(monkeypatch):
+    """Grappler folds a layer norm's tree ``x*s + (-mean*s + beta)`` into ``AddN(-mean*s, x*s) + beta`` (seen on
+    Keras 3's LayerNormalization in a training step: tests/test_function.py checks the values there); given that
+    runtime form, the chain computes it in that order, which rounds differently from the tree as written."""
+    gd, feeds = _layer_norm_tail()
+    real = split_addn.runtime_nodes
+
+    def folded(graph, fetches, device=None, config=None):
+        nodes = {n.name: n for n in real(graph, fetches, device, config)}
+        leaf = v1.NodeDef(name="ArithmeticOptimizer/AddOpsRewrite_Leaf_1_add_2", op="AddN", input=["mul", "mul_1"])
+        root = v1.NodeDef(name="ArithmeticOptimizer/AddOpsRewrite_add_2", op="AddV2", input=[leaf.name, "beta"])
+        nodes["y"].input[0] = root.name
+        return [n for name, n in nodes.items() if name not in ("add_1", "add_2")] + [leaf, root]
+
+    monkeypatch.setattr(split_addn, "runtime_nodes", folded)
+    result = _split(gd, ["y:0"], feeds)
+    assert result.report.details["split"] == {"add_2": 3}
+    x, s, m, beta = (feeds[k] for k in ("x:0", "s:0", "neg_mean_s:0", "beta:0"))
+    folded_order = ((m * s + x * s) + beta) * np.float32(2.0)
+    written_order = (x * s + (m * s + beta)) * np.float32(2.0)
+    assert not np.array_equal(folded_order, written_order)   # the orders round differently: the test can fail
+    assert values_equal([folded_order], _run(result.graph.to_graph_def(), "y:0", feeds))
+    chain = [n for n in result.graph.nodes if n.name.startswith("add_2")]
+    assert len(chain) == 2 and all(n.attr_bool(DO_NOT_REMOVE) for n in chain)
+    assert [tuple(n.outputs[0].shape) for n in chain] == [(256, 64), (256, 64)]
 
 
 @pytest.mark.parametrize("n, sizes", [(4, [4]), (8, [8]), (9, [9]), (10, [2, 8]), (17, [9, 8]), (30, [6, 8, 8, 8])])

@@ -297,6 +297,28 @@ def lstm_fit(fraction: float) -> dict[str, Any]:
             "placement": [(n, len(wrong)) for n, wrong in budget.step.placement.values()]}
 
 
+def attention_fit(fraction: float) -> dict[str, Any]:
+    """Two Keras 3 self-attention blocks, ``fit`` with ``MemoryBudget`` at ``fraction`` of the plain step's
+    simulated peak, against plain ``fit`` of a twin. The runtime folds each layer norm's add tree
+    (``x * s + (beta - mean * s)``) into ``(x * s + -mean * s) + beta`` only while no add of it has a control edge
+    or another reader: the plan's fences and swaps took that away until split_addn wrote the folded order in."""
+    import keras
+
+    from models.keras3 import attention
+
+    def built() -> tuple[Any, np.ndarray, np.ndarray, int]:
+        keras.utils.set_random_seed(0)
+        with tf.device(DEVICE):
+            model, x, y, batch = attention(np.random.default_rng(0))
+            model.optimizer.build(model.trainable_variables)
+        return model, x, y.astype(np.int32), batch
+
+    run = _budgeted_fit_twins(built, fraction)
+    passes = {p.name: p for p in run.budget.report.passes}
+    return {**run.summary(), "sums": sorted(passes["split_addn"].details.get("split", {})),  # type: ignore[arg-type]
+            "decisions": len(passes["planner"].details.get("decisions", ()))}  # type: ignore[arg-type]
+
+
 def _testbed_ending(ending: str) -> dict[str, Any]:
     """How a connected measurement ends: a step over the cap (``oom``: reported without TensorFlow's 10 s
     allocation retry), or a device server killed mid-step (``crash``: not a client waiting forever); and
@@ -346,7 +368,7 @@ def testbed_crash() -> dict[str, Any]:
     return _testbed_ending("crash")
 
 
-CASES = {"keras_step": keras_step, "testbed_oom": testbed_oom, "testbed_crash": testbed_crash, "moe_fit": moe_fit, "lstm_fit": lstm_fit, "testbed_refusals": testbed_refusals, "keras_fit": keras_fit, "keras_evaluate_predict": keras_evaluate_predict,
+CASES = {"keras_step": keras_step, "testbed_oom": testbed_oom, "testbed_crash": testbed_crash, "moe_fit": moe_fit, "lstm_fit": lstm_fit, "attention_fit": attention_fit, "testbed_refusals": testbed_refusals, "keras_fit": keras_fit, "keras_evaluate_predict": keras_evaluate_predict,
          "tf_keras_fit": tf_keras_fit}
 
 
