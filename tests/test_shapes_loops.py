@@ -108,8 +108,9 @@ def test_a_dynamic_rnn_lstm_is_planned_and_trains_identically():
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_tf_keras_lstm_layers_are_planned_and_train_identically():
-    _plan_and_train(tf_keras_graph("lstm"))
+@pytest.mark.parametrize("layer", ["lstm", "gru"])
+def test_tf_keras_recurrent_layers_are_planned_and_train_identically(layer):
+    _plan_and_train(tf_keras_graph(layer))
 
 
 @pytest.mark.parametrize("layer", ["lstm", "gru"])
@@ -214,3 +215,35 @@ def test_broadcast_gradient_args_are_evaluated_as_tensorflow_does(s0, s1):
     for i in (0, 1):
         got = evaluate("BroadcastGradientArgs", {}, [np.array(s0, np.int32), np.array(s1, np.int32)], i)
         assert got.tolist() == want[i].numpy().tolist()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("layer", ["LSTM", "GRU"])
+def test_keras3_recurrent_training_steps_are_planned_with_every_size_known(layer):
+    """A Keras 3 ``fit`` step of two stacked recurrent layers, traced as ``MemoryBudget`` traces it: every
+    tensor sized (its loops' trip counts read, so every list holds its items), and planned below its peak or
+    refused with a lower bound, never a shape error."""
+    import keras
+
+    from tfmem.traced import trace
+
+    keras.utils.set_random_seed(0)
+    cls = getattr(keras.layers, layer)
+    model = keras.Sequential([keras.Input((STEPS, FEATURES)), cls(32, return_sequences=True), cls(32),
+                              keras.layers.Dense(10)])
+    model.compile(optimizer=keras.optimizers.Adam(), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  jit_compile=False)
+    model.optimizer.build(model.trainable_variables)
+    feeds = _feeds()
+    concrete = tf.function(lambda data: model.train_step(data), jit_compile=False).get_concrete_function(
+        (tf.constant(feeds["x:0"]), tf.constant(feeds["y:0"])))
+    traced = trace(concrete)
+    profile = tfmem.unoptimized_profile(traced.graph_def, traced.fetches)
+    assert not [n for n in profile.notes if "unknown" in n], profile.notes
+    assert profile.peak_bytes > 2 * BATCH * STEPS * 32 * 4   # at least the first layer's output sequence, twice
+    try:
+        plan = tfmem.optimize(traced.graph_def, traced.fetches, budget=int(0.8 * profile.peak_bytes))
+    except InfeasibleBudgetError as e:
+        assert 0 < e.lower_bound_bytes <= e.best_peak_bytes
+        return
+    assert plan.report.after.peak_bytes <= 0.8 * profile.peak_bytes
