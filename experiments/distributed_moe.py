@@ -1,0 +1,148 @@
+"""Benchmark: the most experts per MoE layer that train on M machines at a fixed per-device budget.
+
+The model is ``models.distributed_moe`` (experts split evenly over the machines, the dense layers data-parallel
+with their variables on machine 0), trained on the multi-machine testbed (``Testbed(budget, machines=M)``: each
+machine a device capped at ``--budget`` and an uncapped host). For each system and machine count, the largest
+number of experts per machine that runs a warm-up and ``--steps`` steps without any device running out of
+memory is found by galloping then bisection (``experiments.max_size.search_largest``); the table gives experts
+per MoE layer, parameters, each device's measured peak and the step time at that size, and each device's
+simulated peak for the same graph (``tfmem.simulate`` with that device and its machine's host, on a device of
+the cap's size, as the testbed measures it; the simulator runs every machine's ops in one executor).
+
+Systems: ``tf`` (the graph as built: plain TensorFlow) with ``--dispatch dense`` or ``sparse``.
+
+    python -m experiments.distributed_moe                      # plain TF on 4 and 8 machines, dense dispatch
+    python -m experiments.distributed_moe --machines 4 --dispatch sparse
+    python -m experiments.distributed_moe --tiny               # smoke run: 2 machines, a small model
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import tfmem
+from experiments._common import load_average, provenance, write
+from experiments.max_size import search_largest
+from models import distributed_moe
+from tfmem.errors import TestbedError
+from tfmem.testbed import RunResult, Testbed
+from tfmem.testbed.graph import device_name
+
+MiB = 2**20
+MODEL = {"layers": 2, "moe_every": 2, "d_model": 128, "d_ff": 1024, "heads": 4, "seq": 32, "batch": 16,
+         "vocab": 256, "top_k": 2}
+TINY = {"layers": 2, "moe_every": 2, "d_model": 64, "d_ff": 512, "heads": 2, "seq": 8, "batch": 4, "vocab": 32,
+        "top_k": 2}   # about 1 MiB per expert with its gradient and Adam's slots: 16 MiB devices fill below 32
+
+
+def probe(tb: Testbed, machines: int, per_machine: int, dispatch: str, model: dict[str, Any],
+          steps: int) -> dict[str, Any]:
+    """One run of the model with ``per_machine`` experts on each machine: its ending, peaks and step time."""
+    experts = machines * per_machine
+    started = time.monotonic()
+    built = distributed_moe.build(machines=machines, experts=experts, dispatch=dispatch, **model)
+    build_s = time.monotonic() - started
+    try:
+        r = tb.run(built.graph, built.fetches, built.feeds, steps=steps)
+    except TestbedError as e:
+        r = RunResult.failed(e)
+    return {"machines": machines, "experts": experts, "per_machine": per_machine, "params": built.params,
+            "ops": len(built.graph.get_operations()), "build_s": round(build_s, 2), "ending": r.ending,
+            "oom_device": r.oom_device, "error": (r.error or "")[:300], "step_s": r.step_time_s,
+            "device_peaks_mib": {d: round(b / MiB, 2) for d, b in sorted(r.device_peaks.items())}}
+
+
+def largest(machines: int, dispatch: str, budget: int, model: dict[str, Any], steps: int, start: int,
+            maximum: int) -> dict[str, Any]:
+    """The most experts per machine that fit, with every probe on the way."""
+    probes: dict[int, dict[str, Any]] = {}
+    with Testbed(budget, machines=machines) as tb:
+        def fits(per_machine: int) -> bool:
+            probes[per_machine] = probe(tb, machines, per_machine, dispatch, model, steps)
+            print(json.dumps(probes[per_machine]), flush=True)
+            return bool(probes[per_machine]["ending"] == "ran")
+
+        best, failed = search_largest(fits, start=min(start, maximum), minimum=1, maximum=maximum)
+    simulated = simulated_peaks(machines, best, dispatch, budget, model) if best else {}
+    return {"system": "tf", "dispatch": dispatch, "machines": machines, "per_machine": best,
+            "experts": best * machines if best else 0, "first_failing_per_machine": failed,
+            "at_best": probes.get(best) if best else None, "simulated_mib": simulated,
+            "probes": [probes[k] for k in sorted(probes)]}
+
+
+def simulated_peaks(machines: int, per_machine: int, dispatch: str, budget: int,
+                    model: dict[str, Any]) -> dict[str, float]:
+    """Each device's simulated peak for the graph of ``per_machine`` experts a machine, on a device of
+    ``budget`` bytes (its machine's host as the host; the other machines' ops count toward neither)."""
+    built = distributed_moe.build(machines=machines, experts=machines * per_machine, dispatch=dispatch, **model)
+    peaks = {}
+    for m in range(machines):
+        profile = tfmem.simulate(built.graph, built.fetches, feed_shapes=built.feed_shapes, device=device_name(m),
+                                 host=device_name(m, "host"), inter_op_threads=os.cpu_count() or 1,
+                                 device_memory=budget)
+        peaks[device_name(m)] = round(profile.peak_bytes / MiB, 2)
+    return peaks
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [
+        "# Distributed MoE: the most experts per MoE layer at a fixed per-device budget",
+        "",
+        f"Command: `{result['command']}` ({result['date']}; {result['machine']['cpus']} CPUs, load average "
+        f"{result['load_average']['1m']} at the end). Instrument: the multi-machine testbed, each device capped at "
+        f"{result['budget_mib']} MiB, one warm-up and {result['steps']} step(s) per probe. Model: "
+        f"`models.distributed_moe` with {json.dumps(result['model'])}; experts split evenly over the machines.",
+        "",
+        "| system | dispatch | machines | experts per MoE layer | parameters | per-device peaks at that size (MiB) "
+        "| simulated / measured, per device | step (s) | first size that did not fit (experts) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in result["rows"]:
+        best = row["at_best"] or {}
+        peaks = ", ".join(str(v) for v in best.get("device_peaks_mib", {}).values()) or "-"
+        failing = row["first_failing_per_machine"]
+        step = best.get("step_s")
+        measured = best.get("device_peaks_mib", {})
+        ratios = ", ".join(f"{row['simulated_mib'][d] / v:.3f}" for d, v in measured.items()
+                           if v and d in row["simulated_mib"]) or "-"
+        lines.append(f"| {row['system']} | {row['dispatch']} | {row['machines']} | {row['experts']} | "
+                     f"{best.get('params', '-')} | {peaks} | {ratios} | {'-' if step is None else round(step, 3)} | "
+                     f"{'-' if failing is None else failing * row['machines']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--machines", type=int, action="append", help="repeatable; default 4 and 8")
+    parser.add_argument("--dispatch", choices=distributed_moe.DISPATCHES, default="dense")
+    parser.add_argument("--budget", type=int, default=48, help="each device's cap, MiB")
+    parser.add_argument("--steps", type=int, default=1, help="timed steps per probe (after one warm-up)")
+    parser.add_argument("--start", type=int, default=4, help="experts per machine of the first probe")
+    parser.add_argument("--max-per-machine", type=int, default=64, help="the search's cap, experts per machine")
+    parser.add_argument("--tiny", action="store_true", help="2 machines, a small model, 16 MiB devices")
+    parser.add_argument("--out", type=Path, default=None, help="results folder (default experiments/results)")
+    args = parser.parse_args(argv)
+    machines = args.machines or ([2] if args.tiny else [4, 8])
+    if min(machines) < 1 or args.budget < 1 or args.steps < 1 or not 1 <= args.start <= args.max_per_machine:
+        parser.error("--machines, --budget and --steps must be at least 1, and 1 <= --start <= --max-per-machine")
+    model = TINY if args.tiny else MODEL
+    budget = (16 if args.tiny else args.budget) * MiB
+    rows = [largest(m, args.dispatch, budget, model, args.steps, args.start,
+                    32 if args.tiny else args.max_per_machine) for m in machines]
+    result = {**provenance(argv), "load_average": load_average(), "budget_mib": budget // MiB, "steps": args.steps,
+              "model": model, "rows": rows}
+    write("distributed_moe_tiny" if args.tiny else "distributed_moe", result, markdown(result),
+          *([args.out] if args.out else []))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
