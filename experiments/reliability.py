@@ -101,13 +101,13 @@ def _workdirs(pid: int) -> list[str]:
     return sorted(str(p) for p in Path(tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}{pid}-*"))
 
 
-def _rss(pid: int) -> int:
+def rss_bytes(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
 
 
 @contextmanager
-def _leftovers(row: dict[str, Any], ports_of: Callable[[], set[int]]) -> Iterator[None]:
+def leftovers(row: dict[str, Any], ports_of: Callable[[], set[int]]) -> Iterator[None]:
     """Record, after the block, the child processes, listening testbed ports and work folders still there."""
     ports: set[int] = set()
     try:
@@ -120,7 +120,7 @@ def _leftovers(row: dict[str, Any], ports_of: Callable[[], set[int]]) -> Iterato
         row["leftover_folders"] = len(_workdirs(os.getpid()))
 
 
-def _ports(tb: Testbed) -> set[int]:
+def testbed_ports(tb: Testbed) -> set[int]:
     return {int(a.rsplit(":", 1)[1]) for addrs in tb.cluster.values() for a in addrs}
 
 
@@ -134,7 +134,7 @@ def _chain(nbytes: int) -> tf.Graph:
 def case_op_oom() -> dict[str, Any]:
     row: dict[str, Any] = {"case": "op-oom", "expected": "oom"}
     tb = Testbed(64 * MiB)
-    with _leftovers(row, lambda: _ports(tb)), tb:
+    with leftovers(row, lambda: testbed_ports(tb)), tb:
         row.update(_attempt(tb, _chain(64 * MiB), ["s:0"]))
     return row
 
@@ -146,7 +146,7 @@ def case_feed_oom() -> dict[str, Any]:
         x = tf.compat.v1.placeholder(tf.float32, [16 * MiB], name="x")
         tf.reduce_sum(x, name="s")
     tb = Testbed(32 * MiB)
-    with _leftovers(row, lambda: _ports(tb)), tb:
+    with leftovers(row, lambda: testbed_ports(tb)), tb:
         row.update(_attempt(tb, _graph(body), ["s:0"], {"x:0": np.ones(16 * MiB, np.float32)}))
     return row
 
@@ -173,7 +173,7 @@ def case_constants_oom(layers: int) -> dict[str, Any]:
     cap = max(int(peak * 0.6) // MiB, 1) * MiB
     row["roomy_peak_mib"], row["cap_mib"] = round(peak / MiB, 1), cap // MiB
     tb = Testbed(cap)
-    with _leftovers(row, lambda: _ports(tb)), tb:
+    with leftovers(row, lambda: testbed_ports(tb)), tb:
         row.update(_attempt(tb, g, ["out:0"]))
     return row
 
@@ -201,7 +201,7 @@ def case_while_oom() -> dict[str, Any]:
     cap = max(int(peak * 0.5) // MiB, 1) * MiB
     row["roomy_peak_mib"], row["cap_mib"] = round(peak / MiB, 1), cap // MiB
     tb = Testbed(cap)
-    with _leftovers(row, lambda: _ports(tb)), tb:
+    with leftovers(row, lambda: testbed_ports(tb)), tb:
         row.update(_attempt(tb, g, ["loss:0", "train"]))
     return row
 
@@ -213,7 +213,7 @@ def case_hang() -> dict[str, Any]:
         q = tf.queue.FIFOQueue(1, tf.float32, shapes=[()])
         tf.identity(q.dequeue(), name="y")   # nothing is ever enqueued
     tb = Testbed(64 * MiB, step_timeout_s=5.0)
-    with _leftovers(row, lambda: _ports(tb)), tb:
+    with leftovers(row, lambda: testbed_ports(tb)), tb:
         row.update(_attempt(tb, _graph(body), ["y:0"]))
         row["usable_after"] = _attempt(tb, _chain(MiB), ["s:0"])["ending"] == "ran"
     return row
@@ -229,7 +229,7 @@ def case_crash() -> dict[str, Any]:
             y = tf.matmul(y, x) / 512.0
         tf.reduce_sum(y, name="y")
     tb = Testbed(256 * MiB)
-    with _leftovers(row, lambda: _ports(tb)), tb:
+    with leftovers(row, lambda: testbed_ports(tb)), tb:
         worker = tb.pids["worker:0"]
         killer = threading.Timer(1.0, os.kill, (worker, signal.SIGKILL))
         killer.start()
@@ -242,11 +242,11 @@ def case_crash() -> dict[str, Any]:
 def case_two_testbeds() -> dict[str, Any]:
     row: dict[str, Any] = {"case": "two-testbeds", "expected": "ran"}
     a, b = Testbed(64 * MiB), Testbed(64 * MiB)
-    with _leftovers(row, lambda: _ports(a) | _ports(b)), a, b:
+    with leftovers(row, lambda: testbed_ports(a) | testbed_ports(b)), a, b:
         first, second = _attempt(a, _chain(16 * MiB), ["s:0"]), _attempt(b, _chain(8 * MiB), ["s:0"])
         row.update(first)
         row["ending"] = first["ending"] if first["ending"] == second["ending"] else f"{first['ending']}/{second['ending']}"
-        row["separate"] = a.pids != b.pids and _ports(a).isdisjoint(_ports(b))
+        row["separate"] = a.pids != b.pids and testbed_ports(a).isdisjoint(testbed_ports(b))
     return row
 
 
@@ -254,9 +254,9 @@ def case_repeated_oom(repeats: int) -> dict[str, Any]:
     row: dict[str, Any] = {"case": "repeated-oom", "expected": "oom", "repeats": repeats}
     too_big = _chain(64 * MiB)
     tb = Testbed(64 * MiB, step_timeout_s=REPEATED_PHASE_LIMIT_S)
-    with _leftovers(row, lambda: _ports(tb)), tb:
+    with leftovers(row, lambda: testbed_ports(tb)), tb:
         tb.run(_chain(MiB), ["s:0"])
-        worker_rss_start = _rss(tb.pids["worker:0"])
+        worker_rss_start = rss_bytes(tb.pids["worker:0"])
         threads_start, fds_start = _thread_names(), len(os.listdir("/proc/self/fd"))
         runs = [_attempt(tb, too_big, ["s:0"]) for _ in range(repeats)]
         after = _attempt(tb, _chain(MiB), ["s:0"])
@@ -273,7 +273,7 @@ def case_repeated_oom(repeats: int) -> dict[str, Any]:
             "reached_s": round(max(r["reached_s"] or 0 for r in runs), 3),
             "ran_after": after["ending"] == "ran",
             "worker_rss_start_mb": round(worker_rss_start / 1e6, 1),
-            "worker_rss_end_mb": round(_rss(tb.pids["worker:0"]) / 1e6, 1),
+            "worker_rss_end_mb": round(rss_bytes(tb.pids["worker:0"]) / 1e6, 1),
             "phase_limit_s": REPEATED_PHASE_LIMIT_S, "threads_start": sum(threads_start.values()),
             "threads_after_runs": threads_after_runs, "threads_end": sum(_thread_names().values()),
             "threads_added": dict(_thread_names() - threads_start),
@@ -358,7 +358,7 @@ def case_zoo() -> list[dict[str, Any]]:
             row: dict[str, Any] = {"case": f"zoo {name} {fraction}x", "expected": "oom",
                                    "roomy_peak_mib": round(peak / MiB, 1)}
             tb = Testbed(max(int(peak * fraction) // MiB, 1) * MiB)
-            with _leftovers(row, lambda tb=tb: _ports(tb)), tb:  # type: ignore[misc]
+            with leftovers(row, lambda tb=tb: testbed_ports(tb)), tb:  # type: ignore[misc]
                 row.update(_attempt(tb, built.graph, built.fetches, built.feeds))
             rows.append(row)
     return rows

@@ -26,49 +26,32 @@ from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import tensorflow as tf
 
 from experiments._common import load_average, provenance, write
-from experiments.reliability import _leftovers, _ports, _rss
+from experiments.reliability import leftovers, rss_bytes, testbed_ports
 from tfmem.testbed import Testbed
-from tfmem.testbed.graph import device_name
+from tfmem.testbed.graph import calibration_graph
 
 MiB = 2**20
-
-
-def spread(sizes: dict[int, int]) -> tf.Graph:
-    """On each machine m a random tensor x of ``sizes[m]`` bytes, and sum(2x + x) there (x and 2x live at once:
-    a peak of twice the size); the sums added on machine 0 (tests/test_testbed_machines.py runs it too)."""
-    g = tf.Graph()
-    with g.as_default():
-        sums = []
-        for m, nbytes in sorted(sizes.items()):
-            with tf.device(device_name(m)):
-                x = tf.random.uniform([nbytes // 4], seed=m + 1, name=f"x{m}")
-                y = tf.multiply(x, 2.0, name=f"y{m}")
-                sums.append(tf.reduce_sum(tf.add(y, x, name=f"z{m}"), name=f"s{m}"))
-        with tf.device(device_name(0)):
-            tf.add_n(sums, name="total")
-    return g
 
 
 def measure(machines: int, cap: int, tensor: int) -> dict[str, Any]:
     row: dict[str, Any] = {"machines": machines}
     tb: Testbed | None = None
-    with _leftovers(row, lambda: _ports(tb) if tb is not None else set()):
+    with leftovers(row, lambda: testbed_ports(tb) if tb is not None else set()):
         started = time.monotonic()
         tb = Testbed(cap, machines=machines)
         with tb:
             row["start_s"] = round(time.monotonic() - started, 2)
-            row["idle_rss_mib"] = {name: round(_rss(pid) / MiB, 1) for name, pid in sorted(tb.pids.items())}
-            r = tb.run(spread({m: tensor for m in range(machines)}), ["total:0"])
+            row["idle_rss_mib"] = {name: round(rss_bytes(pid) / MiB, 1) for name, pid in sorted(tb.pids.items())}
+            r = tb.run(calibration_graph({m: tensor for m in range(machines)}), ["total:0"])
             row["fits"] = {"ending": r.ending, "step_s": r.step_time_s,
                            "device_peaks_mib": {d: round(b / MiB, 3) for d, b in r.device_peaks.items()}}
-            row["busy_rss_mib"] = {name: round(_rss(pid) / MiB, 1) for name, pid in sorted(tb.pids.items())}
+            row["busy_rss_mib"] = {name: round(rss_bytes(pid) / MiB, 1) for name, pid in sorted(tb.pids.items())}
             over = {m: tensor for m in range(machines)}
             over[machines - 1] = cap
             asked = time.monotonic()
-            r = tb.run(spread(over), ["total:0"])
+            r = tb.run(calibration_graph(over), ["total:0"])
             row["over"] = {"ending": r.ending, "oom_device": r.oom_device, "expected": tb.devices[-1],
                            "report_s": round(time.monotonic() - asked, 2), "error": (r.error or "")[:200]}
     return row

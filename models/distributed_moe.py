@@ -1,9 +1,9 @@
 """A Transformer LM whose MoE layers are spread over machines: expert parallelism for the experts, data
 parallelism for the rest.
 
-Machine ``m`` (``device_name(m)`` of the testbed, or any device strings given) takes the ``m``-th slice of the
-batch (its *group*) through the dense layers, whose variables live once, on machine 0, and are read by every
-group. Each MoE layer's experts are split evenly: machine ``m`` owns experts ``m * E/M ... (m+1) * E/M - 1``,
+Machine ``m`` (``machine_device(m)``, the testbed's name for it, or any device strings given) takes the
+``m``-th slice of the batch (its *group*) through the dense layers, whose variables live once, on machine 0, and
+are read by every group. Each MoE layer's experts are split evenly: machine ``m`` owns experts ``m * E/M ... (m+1) * E/M - 1``,
 their variables and (through TensorFlow's colocation) their optimizer slots. Routing is per group, as in
 GShard: each group's gate picks every token's ``top_k`` experts, and each expert takes at most ``capacity``
 tokens of each group (earlier tokens first; later ones are dropped by that expert and keep their residual
@@ -30,14 +30,19 @@ import numpy as np
 import tensorflow as tf
 
 from models._layers import OPTIMIZERS, Seeds, build_graph, check_optimizer, dense, layer_norm, require
-from models.moe_transformer import _lm_feeds, expert_capacity
+from models.moe_transformer import expert_capacity, lm_feeds
 from models.transformer import attention, embed, feed_forward
 from tfmem import BadInputError
 from tfmem.examples import Built
-from tfmem.testbed.graph import device_name
 
 v1 = tf.compat.v1
 DISPATCHES = ("dense", "sparse")
+
+
+def machine_device(machine: int) -> str:
+    """Machine ``machine``'s device as the multi-machine testbed names it (``tfmem.testbed.graph.device_name``,
+    which models may not import; tests/test_distributed_moe.py checks they agree)."""
+    return f"/job:worker/replica:0/task:{machine}/device:CPU:0"
 
 
 def expert_owner(expert: int, experts: int, machines: int) -> int:
@@ -151,7 +156,7 @@ def build(machines: int = 4, experts: int = 8, layers: int = 2, top_k: int = 2, 
     layers, moe_every, top_k, d_model, d_ff, heads, seq, vocab, capacity_factor, balance_weight, optimizer, lr,
         seed : as in ``models.moe_transformer.build``; ``batch`` is the whole step's, split evenly
     dispatch : ``"dense"`` or ``"sparse"`` (module docstring)
-    devices : one device string per machine; default the testbed's (``tfmem.testbed.graph.device_name(m)``);
+    devices : one device string per machine; default the testbed's (``machine_device(m)``);
         ``[None] * machines`` leaves every op unplaced (one device)
 
     Returns
@@ -190,7 +195,7 @@ def build(machines: int = 4, experts: int = 8, layers: int = 2, top_k: int = 2, 
         raise BadInputError(f"distributed_moe: heads ({heads}) must divide d_model ({d_model})")
     if dispatch not in DISPATCHES:
         raise BadInputError(f"distributed_moe: dispatch must be one of {DISPATCHES}, got {dispatch!r}")
-    placed = [device_name(m) for m in range(machines)] if devices is None else list(devices)
+    placed = [machine_device(m) for m in range(machines)] if devices is None else list(devices)
     if len(placed) != machines:
         raise BadInputError(f"distributed_moe: devices has {len(placed)} entries for {machines} machines")
     group_batch = batch // machines
@@ -241,6 +246,6 @@ def build(machines: int = 4, experts: int = 8, layers: int = 2, top_k: int = 2, 
             lm = tf.divide(tf.add_n(sums), float(batch * seq), name="loss")
             total = tf.add(lm, balance_weight * tf.add_n(balances), name="total_loss") if balances else lm
             train = OPTIMIZERS[optimizer](lr).minimize(total, colocate_gradients_with_ops=True, name="train_op")
-        return ["loss:0", train.name], _lm_feeds(seed, batch, seq, vocab)
+        return ["loss:0", train.name], lm_feeds(seed, batch, seq, vocab)
 
     return build_graph("distributed_moe", body, seed)

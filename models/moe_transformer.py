@@ -154,13 +154,14 @@ def build(experts: int = 8, layers: int = 2, top_k: int = 2, d_model: int = 64, 
             h = encoder_layer(h, heads, make_ffn(i % moe_every == 0), f"layer{i}", seeds, causal=True)
         lm = token_loss(h, targets, vocab, seeds)
         total = tf.add(lm, balance_weight * tf.add_n(balance), name="total_loss")
-        return ["loss:0", train_step(total, optimizer, lr)], _lm_feeds(seed, batch, seq, vocab)
+        return ["loss:0", train_step(total, optimizer, lr)], lm_feeds(seed, batch, seq, vocab)
 
     return build_graph("moe_transformer", body, seed)
 
 
-def _lm_feeds(seed: int, batch: int, seq: int, vocab: int) -> dict[str, np.ndarray]:
-    # A learnable stream: each sequence counts up from a random start with a random stride (mod vocab).
+def lm_feeds(seed: int, batch: int, seq: int, vocab: int) -> dict[str, np.ndarray]:
+    """Feeds ``tokens:0`` and ``targets:0`` (int32, ``(batch, seq)``) of a learnable stream: each sequence counts
+    up from a random start with a random stride (mod ``vocab``); targets are the next tokens."""
     rng = np.random.default_rng(seed)
     start = rng.integers(0, vocab, (batch, 1))
     stride = rng.integers(1, 4, (batch, 1))

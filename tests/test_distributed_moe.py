@@ -30,6 +30,7 @@ def local_steps(built: Built, steps: int = 3) -> tuple[list[float], dict[str, np
 
 
 def test_experts_and_their_slots_live_on_their_owner() -> None:
+    assert [distributed_moe.machine_device(m) for m in range(3)] == [device_name(m) for m in range(3)]
     built = distributed_moe.build(**SMALL)
     variables = [op for op in built.graph.get_operations() if op.type == "VarHandleOp"]
     experts = [op for op in variables if "/expert" in op.name]
@@ -56,6 +57,7 @@ def test_the_sparse_dispatch_makes_no_tokens_by_slots_tensor() -> None:
     assert not any(slots in s and tokens in s for s in sparse), sorted(s for s in sparse if slots in s)
 
 
+@pytest.mark.slow
 def test_dense_and_sparse_dispatch_train_identically() -> None:
     unplaced = [None] * SMALL["machines"]
     dense = local_steps(distributed_moe.build(**SMALL, dispatch="dense", devices=unplaced))
@@ -68,7 +70,8 @@ def test_dense_and_sparse_dispatch_train_identically() -> None:
 
 
 @pytest.mark.testbed
-@pytest.mark.parametrize("dispatch", ["dense", pytest.param("sparse", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("dispatch", ["dense", "sparse"])
 def test_placed_on_two_machines_computes_what_one_device_does(dispatch: str) -> None:
     placed = distributed_moe.build(**SMALL, dispatch=dispatch)
     alone = distributed_moe.build(**SMALL, dispatch=dispatch, devices=[None, None])

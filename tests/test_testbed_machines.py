@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from experiments.testbed_machines import spread
 from tfmem.errors import BadInputError
 from tfmem.testbed import Testbed
-from tfmem.testbed.graph import device_name
+from tfmem.testbed.graph import calibration_graph, device_name
 
 pytestmark = pytest.mark.testbed
 
@@ -42,9 +41,8 @@ def test_devices_and_hosts_name_every_machine(tb: Testbed) -> None:
 
 
 def test_each_device_has_its_own_peak(tb: Testbed) -> None:
-    # Sizes of 4 MiB and more: a smaller tensor can take a chunk of the allocator's 2 MiB first region whole.
     sizes = {0: 4 * MiB, 1: 8 * MiB, 2: 6 * MiB}
-    r = tb.run(spread(sizes), ["total:0"])
+    r = tb.run(calibration_graph(sizes), ["total:0"])
     assert r.ran and sorted(r.device_peaks) == tb.devices and sorted(r.host_peaks) == tb.hosts
     for m, nbytes in sizes.items():   # x and 2x at once, nothing else of size
         assert 2 * nbytes <= r.device_peaks[tb.devices[m]] <= 2 * nbytes + SMALL, (m, r.device_peaks)
@@ -55,10 +53,10 @@ def test_each_device_has_its_own_peak(tb: Testbed) -> None:
 def test_an_oom_names_the_device_that_went_over(tb: Testbed, machine: int) -> None:
     sizes = {m: MiB for m in range(3)}
     sizes[machine] = CAP   # x and 2x: twice the cap on that machine alone
-    r = tb.run(spread(sizes), ["total:0"])
+    r = tb.run(calibration_graph(sizes), ["total:0"])
     assert r.oom and r.oom_device == tb.devices[machine], r.error
     assert f"out of memory on {tb.devices[machine]}" in (r.error or "")
-    assert tb.run(spread({0: MiB, 1: MiB, 2: MiB}), ["total:0"]).ran   # and the testbed goes on
+    assert tb.run(calibration_graph({0: MiB, 1: MiB, 2: MiB}), ["total:0"]).ran   # and the testbed goes on
 
 
 def test_values_cross_machines_unchanged(tb: Testbed) -> None:

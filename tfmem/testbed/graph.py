@@ -29,6 +29,24 @@ HOST = device_name(0, "host")
 GraphLike: TypeAlias = tf.Graph | tf.compat.v1.GraphDef
 
 
+def calibration_graph(sizes: dict[int, int]) -> tf.Graph:
+    """A graph whose peak on each machine is known: on machine ``m`` a random tensor ``x`` of ``sizes[m]`` bytes
+    and ``sum(2x + x)`` (``x`` and ``2x`` live at once: ``2 * sizes[m]``, with ``2x + x`` written over ``2x``);
+    the sums are added up on machine 0, fetch ``"total:0"``. Random, so Grappler cannot fold it. Sizes of 4 MiB
+    and more: a smaller tensor can take a chunk of the allocator's 2 MiB first region whole."""
+    g = tf.Graph()
+    with g.as_default():
+        sums = []
+        for m, nbytes in sorted(sizes.items()):
+            with tf.device(device_name(m)):
+                x = tf.random.uniform([nbytes // 4], seed=m + 1, name=f"x{m}")
+                y = tf.multiply(x, 2.0, name=f"y{m}")
+                sums.append(tf.reduce_sum(tf.add(y, x, name=f"z{m}"), name=f"s{m}"))
+        with tf.device(device_name(0)):
+            tf.add_n(sums, name="total")
+    return g
+
+
 def as_graph_def(graph: GraphLike) -> tf.compat.v1.GraphDef:
     """A copy of ``graph`` as a GraphDef."""
     if isinstance(graph, tf.Graph):

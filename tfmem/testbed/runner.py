@@ -2,9 +2,9 @@
 
 Two child processes make one emulated machine (``machines=M`` starts M of them, 2M children, one cluster):
 
-- the *device* process, a ``tf.distribute.Server`` for job ``worker`` (task = machine) whose CPU allocator is TensorFlow's BFC
-  allocator capped at ``device_memory`` (``TF_CPU_ALLOCATOR_USE_BFC=true TF_CPU_BFC_MEM_LIMIT_IN_MB=...``,
-  oneDNN off because its allocator ignores the cap). Going over the cap is a real ``ResourceExhaustedError``.
+- the *device* process, a ``tf.distribute.Server`` for job ``worker`` (task = machine) whose CPU allocator is
+  TensorFlow's BFC allocator capped at ``device_memory`` (``TF_CPU_ALLOCATOR_USE_BFC=true
+  TF_CPU_BFC_MEM_LIMIT_IN_MB=...``, oneDNN off because its allocator ignores the cap). Going over the cap is a real ``ResourceExhaustedError``.
 - the *host* process, job ``host`` (task = machine), uncapped. Tensors moving between any two servers are real
   copies over loopback gRPC.
 
@@ -284,9 +284,9 @@ class Testbed:
         """Process ids of the running servers, by ``"job:machine"`` (``"worker:0"``, ``"host:0"``, ...)."""
         return {name: p.pid for name, p in self._procs.items()}
 
-    def _workers(self, procs: dict[str, ServerProcess] | None = None) -> list[ServerProcess]:
+    def _workers(self) -> list[ServerProcess]:
         """The device servers, machine 0 first."""
-        return [p for p in (self._procs if procs is None else procs).values() if p.job == "worker"]
+        return [p for p in self._procs.values() if p.job == "worker"]
 
     def _env(self, job: str, machine: int) -> dict[str, str]:
         # The host gets a BFC allocator too, capped at physical memory (i.e. uncapped): TF's default CPU
@@ -472,7 +472,7 @@ class Testbed:
             return dataclasses.replace(result, reached_s=elapsed, elapsed_s=elapsed)
         if ending.kind == "oom":
             told = one_line(error) if isinstance(error, tf.errors.OpError) and is_oom(error) else None
-            device = self._oom_device(ending.dump, error)
+            device = oom_device(ending.dump, error, self.machines)
             where = f"out of memory{_on(device, self.machines)} in the {ending.phase} after {ending.after_s:.2f} s"
             text = f"{where}: {told}" if told else f"{where}: {unserved(ending.dump)}"
             return RunResult(oom=True, error=text, device_peak_bytes=None, host_peak_bytes=None, step_time_s=None,
@@ -488,7 +488,7 @@ class Testbed:
                                                 *self._last_words]), phase=ending.phase)
         assert error is not None
         if isinstance(error, tf.errors.ResourceExhaustedError) and is_oom(error):  # an allocation without retry
-            device = self._oom_device(None, error)
+            device = oom_device(None, error, self.machines)
             return RunResult(oom=True, error=f"out of memory{_on(device, self.machines)} in the {ending.phase}: "
                                              f"{one_line(error)}",
                              device_peak_bytes=None, host_peak_bytes=None, step_time_s=None,
@@ -514,9 +514,6 @@ class Testbed:
 
     def _dumps(self) -> list[Path]:
         return sorted(self._workdir.glob(f"{_DUMP_NAME}-*_*"))
-
-    def _oom_device(self, dump: Path | None, error: BaseException | None) -> str | None:
-        return oom_device(dump, error, self.machines)
 
     def _clear_dumps(self) -> None:
         for path in self._dumps():
