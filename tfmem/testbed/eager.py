@@ -124,7 +124,7 @@ class Connected:
         TestbedError
             If ``body`` failed with another TensorFlow error.
         """
-        from tfmem.testbed.runner import RunResult, is_oom, one_line, oom_device, unserved
+        from tfmem.testbed.runner import RunResult, is_oom, naming, one_line, oom_device, unserved
         from tfmem.testbed.watch import Phase, watch
 
         if repeats < 1:
@@ -162,8 +162,8 @@ class Connected:
             said = one_line(e) if isinstance(e, tf.errors.OpError) and is_oom(e) else unserved(ending.dump)
             after = f" after {ending.after_s:.2f} s" if ending.kind == "oom" else ""
             device = oom_device(ending.dump, e, self.machines)
-            on = f" on {device}" if device and self.machines > 1 else ""
-            return RunResult(oom=True, error=f"out of memory{on} in the {ending.phase}{after}: {said}",
+            return RunResult(oom=True, error=f"out of memory{naming(device, self.machines)} in the {ending.phase}"
+                                             f"{after}: {said}",
                              device_peak_bytes=None, host_peak_bytes=None, step_time_s=None,
                              reached_s=ending.after_s, elapsed_s=elapsed, oom_device=device)
         if ending.kind == "crash" or isinstance(e, tf.errors.UnavailableError):

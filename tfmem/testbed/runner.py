@@ -473,7 +473,7 @@ class Testbed:
         if ending.kind == "oom":
             told = one_line(error) if isinstance(error, tf.errors.OpError) and is_oom(error) else None
             device = oom_device(ending.dump, error, self.machines)
-            where = f"out of memory{_on(device, self.machines)} in the {ending.phase} after {ending.after_s:.2f} s"
+            where = f"out of memory{naming(device, self.machines)} in the {ending.phase} after {ending.after_s:.2f} s"
             text = f"{where}: {told}" if told else f"{where}: {unserved(ending.dump)}"
             return RunResult(oom=True, error=text, device_peak_bytes=None, host_peak_bytes=None, step_time_s=None,
                              reached_s=ending.after_s, elapsed_s=elapsed, oom_device=device)
@@ -489,7 +489,7 @@ class Testbed:
         assert error is not None
         if isinstance(error, tf.errors.ResourceExhaustedError) and is_oom(error):  # an allocation without retry
             device = oom_device(None, error, self.machines)
-            return RunResult(oom=True, error=f"out of memory{_on(device, self.machines)} in the {ending.phase}: "
+            return RunResult(oom=True, error=f"out of memory{naming(device, self.machines)} in the {ending.phase}: "
                                              f"{one_line(error)}",
                              device_peak_bytes=None, host_peak_bytes=None, step_time_s=None,
                              reached_s=ending.after_s, elapsed_s=elapsed, oom_device=device)
@@ -647,8 +647,8 @@ def oom_device(dump: Path | None, error: BaseException | None, machines: int) ->
     return device_name(int(machine)) if machine.isdigit() and int(machine) < machines else None
 
 
-def _on(device: str | None, machines: int) -> str:
-    """" on <device>" in an OOM's message when there is more than one device to tell apart."""
+def naming(device: str | None, machines: int) -> str:
+    """``" on <device>"`` for an OOM's message when there is more than one device to tell apart, else ``""``."""
     return f" on {device}" if device and machines > 1 else ""
 
 
