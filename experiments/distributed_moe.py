@@ -9,10 +9,10 @@ per MoE layer, parameters, each device's measured peak and the step time at that
 simulated peak for the same graph (``tfmem.simulate`` with that device and its machine's host, on a device of
 the cap's size, as the testbed measures it; the simulator runs every machine's ops in one executor).
 
-Systems: ``tf`` (the graph as built: plain TensorFlow) with ``--dispatch dense`` or ``sparse``.
+Systems: ``tf`` (the graph as built: plain TensorFlow), with each ``--dispatch`` given (dense, sparse or both).
 
     python -m experiments.distributed_moe                      # plain TF on 4 and 8 machines, dense dispatch
-    python -m experiments.distributed_moe --machines 4 --dispatch sparse
+    python -m experiments.distributed_moe --machines 4 --dispatch dense --dispatch sparse
     python -m experiments.distributed_moe --tiny               # smoke run: 2 machines, a small model
 """
 
@@ -122,7 +122,8 @@ def markdown(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--machines", type=int, action="append", help="repeatable; default 4 and 8")
-    parser.add_argument("--dispatch", choices=distributed_moe.DISPATCHES, default="dense")
+    parser.add_argument("--dispatch", choices=distributed_moe.DISPATCHES, action="append",
+                        help="repeatable; default dense")
     parser.add_argument("--budget", type=int, default=48, help="each device's cap, MiB")
     parser.add_argument("--steps", type=int, default=1, help="timed steps per probe (after one warm-up)")
     parser.add_argument("--start", type=int, default=4, help="experts per machine of the first probe")
@@ -135,8 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--machines, --budget and --steps must be at least 1, and 1 <= --start <= --max-per-machine")
     model = TINY if args.tiny else MODEL
     budget = (16 if args.tiny else args.budget) * MiB
-    rows = [largest(m, args.dispatch, budget, model, args.steps, args.start,
-                    32 if args.tiny else args.max_per_machine) for m in machines]
+    rows = [largest(m, dispatch, budget, model, args.steps, args.start, 32 if args.tiny else args.max_per_machine)
+            for dispatch in args.dispatch or ["dense"] for m in machines]
     result = {**provenance(argv), "load_average": load_average(), "budget_mib": budget // MiB, "steps": args.steps,
               "model": model, "rows": rows}
     write("distributed_moe_tiny" if args.tiny else "distributed_moe", result, markdown(result),

@@ -421,11 +421,11 @@ def test_model_zoo_experiment_tiny_loads_plans_and_checks_values(tmp_path):
 @pytest.mark.testbed
 @pytest.mark.timeout(600)
 def test_distributed_moe_tiny(tmp_path):
-    assert distributed_moe.main(["--tiny", "--out", str(tmp_path)]) == 0
+    assert distributed_moe.main(["--tiny", "--dispatch", "sparse", "--out", str(tmp_path)]) == 0
     (row,) = json.loads((tmp_path / "distributed_moe_tiny.json").read_text())["rows"]
     # the search found a size that ran and one that ran out of memory on a device it names
     assert row["machines"] == 2 and row["experts"] > 0 and row["at_best"]["ending"] == "ran"
     failed = [p for p in row["probes"] if p["ending"] == "oom"]
     assert failed and all(p["oom_device"] for p in failed)
     assert len(row["at_best"]["device_peaks_mib"]) == len(row["simulated_mib"]) == 2
-    assert "| tf | dense | 2 |" in (tmp_path / "distributed_moe_tiny.md").read_text()
+    assert "| tf | sparse | 2 |" in (tmp_path / "distributed_moe_tiny.md").read_text()
