@@ -186,3 +186,30 @@ def test_the_layout_room_leaves_out_the_largest_copy_to_or_from_the_host() -> No
     mib = 2**20
     assert layout_room(100 * mib, 8 * mib) == 100 * mib - int(100 * mib * 0.02) - 8 * mib
     assert layout_room(100 * mib, 1 * mib) == 100 * mib - int(100 * mib * 0.02) - 4 * mib
+
+
+def _big_work_on_the_host() -> tf.Graph:
+    """A step whose largest op (a 16 MiB x 16 MiB matmul: 48 MiB at once) runs on the host; the device's ops
+    need about 1 MiB."""
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, (256, 256), name="x")
+        with tf.device(HOST):
+            a = tf.random.uniform((2048, 2048), seed=1)
+            b = tf.random.uniform((2048, 2048), seed=2)
+            s = tf.reduce_sum(tf.matmul(a, b), name="s")
+        with tf.device(DEVICE):
+            tf.reduce_sum(x * 2.0 + s, name="loss")
+    return g
+
+
+def test_the_lower_bound_counts_only_the_devices_ops():
+    """Work on the host (or another machine's device) needs nothing of the device: a budget the device's own ops
+    meet is planned, not refused before planning for the host's matmul."""
+    g = _big_work_on_the_host()
+    budget = 16 * 2**20
+    opt = tfmem.optimize(g, ["loss:0"], budget=budget, device=DEVICE, host=HOST)
+    assert opt.report.after.peak_bytes <= budget
+    with pytest.raises(InfeasibleBudgetError) as caught:   # and a budget below the device's own ops is refused
+        tfmem.optimize(g, ["loss:0"], budget=2**18, device=DEVICE, host=HOST)
+    assert 2**18 < caught.value.lower_bound_bytes < 2**21

@@ -243,7 +243,7 @@ def optimize(
         # refuse before planning (tests/test_optimize.py::test_budget_below_any_plan_raises_with_lower_bound).
         ctx = dataclasses.replace(base, target_bytes=max_target)
         bound, _ = lower_bound_bytes(ir, ctx)
-        feeds_floor, _ = fed_layout_floor(ExecutionGraph.build(ir, ctx.fetches, ctx.feed_shapes))
+        feeds_floor, _ = fed_layout_floor(ExecutionGraph.build(ir, ctx.fetches, ctx.feed_shapes), placement_of(ctx))
         if bound > max_target or feeds_floor > layout_room(budget_bytes):
             raise _infeasible(ir, ctx, budget_bytes, before, unplanned=True, all_passes=all_passes,
                               smallest=smallest_planned_budget(bound, feeds_floor))
@@ -434,8 +434,13 @@ def smallest_fitting_device(ctx: PassContext, graph: GraphIR, low: int, high: in
 def lower_bound_bytes(ir: GraphIR, ctx: PassContext) -> tuple[int, str]:
     """A peak no plan can beat: the largest single-op working set, fed tensors included (``largest_working_set``)."""
     eg = ExecutionGraph.build(ir, ctx.fetches, ctx.feed_shapes)
-    op, working = largest_working_set(eg)
+    op, working = largest_working_set(eg, placement_of(ctx))
     return working, op
+
+
+def placement_of(ctx: PassContext) -> Placement:
+    """What the context's device and host make of each op's device string (the bounds count the device's ops)."""
+    return Placement(ctx.device, ctx.host)
 
 
 def device_floor_bytes(ir: GraphIR, ctx: PassContext) -> tuple[int, str]:
@@ -446,7 +451,7 @@ def device_floor_bytes(ir: GraphIR, ctx: PassContext) -> tuple[int, str]:
     ``layout_room(budget)``, so a budget whose room is below this floor is refused before planning.
     """
     working, op = lower_bound_bytes(ir, ctx)
-    layout, why = fed_layout_floor(ExecutionGraph.build(ir, ctx.fetches, ctx.feed_shapes))
+    layout, why = fed_layout_floor(ExecutionGraph.build(ir, ctx.fetches, ctx.feed_shapes), placement_of(ctx))
     return (layout, why) if layout > working else (working, f"working set of {op}")
 
 

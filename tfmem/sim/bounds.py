@@ -1,15 +1,17 @@
 """Lower bounds on the device peak: no rewrite tfmem can make goes below these.
 
-Every op needs its inputs, outputs and scratch on the device at once while it runs, and the fed tensors are
-there throughout (``largest_working_set``). The device must also hold those bytes as TF's allocator lays them
+Every op on the device needs its inputs, outputs and scratch there at once while it runs, and the fed tensors
+the device holds are there throughout (``largest_working_set``). Ops on the host or on another device need
+nothing of this device beyond the copies its own ops read (given a ``Placement``; without one every op counts). The device must also hold those bytes as TF's allocator lays them
 out: the fed tensors, the first requests of every step, can take whole chunks near twice their size
 (``fed_layout_floor``).
 """
 
 from __future__ import annotations
 
+from tfmem.ir.devices import Placement
 from tfmem.ir.execution import ExecutionGraph
-from tfmem.ir.graph import GraphIR
+from tfmem.ir.graph import GraphIR, TensorRef
 from tfmem.ir.ops import ALIAS_OPS
 from tfmem.sim.bfc import INITIAL_REGION, MIN_ALLOCATION, BFCAllocator, rounded_bytes
 from tfmem.sim.memsim import feed_orders
@@ -28,16 +30,32 @@ def op_working_set_bytes(graph: GraphIR, name: str) -> int:
     return sum(rounded_bytes(n) for n in (*inputs.values(), *outputs, *temp_bytes(node, graph)) if n)
 
 
-def largest_working_set(eg: ExecutionGraph) -> tuple[str, int]:
-    """The executed op with the largest working set, and that set's bytes, fed tensors included.
+def _on_device(eg: ExecutionGraph, placement: Placement | None) -> set[str]:
+    """The executed ops that run on the device (all of them without a placement)."""
+    if placement is None:
+        return set(eg.needed)
+    return {name for name in eg.needed if placement.domain(eg.graph[name].device) == "device"}
+
+
+def _device_feeds(eg: ExecutionGraph, on_device: set[str]) -> dict[TensorRef, int]:
+    """Bytes of each fed tensor the device holds: fed there, or read there (a copy arrives with the step)."""
+    readers: set[TensorRef] = {t for name in on_device for t in eg.graph[name].inputs}
+    return {t: rounded_bytes(eg.graph.spec(t).nbytes or 0) for t in eg.fed
+            if t.node in on_device or t in readers}
+
+
+def largest_working_set(eg: ExecutionGraph, placement: Placement | None = None) -> tuple[str, int]:
+    """The executed device op with the largest working set, and that set's bytes, fed tensors included.
 
     Fed tensors arrive before the step and stay on the device to its end (TF never forwards or frees them
-    early), so they count at every op, not only at the ops that read them.
+    early), so they count at every op, not only at the ops that read them. With ``placement``, ops on the host
+    or another device do not count, nor fed tensors the device neither holds nor reads.
     """
-    fed = {t: rounded_bytes(eg.graph.spec(t).nbytes or 0) for t in eg.fed}
+    on_device = _on_device(eg, placement)
+    fed = _device_feeds(eg, on_device)
     best = ("", 0)
     for name in eg.needed:
-        if eg.unit_of[name] == name:
+        if eg.unit_of[name] == name and name in on_device:
             node = eg.graph[name]
             size = op_working_set_bytes(eg.graph, name) if node.op not in ALIAS_OPS else 0
             size += sum(n for t, n in fed.items() if t not in node.inputs)
@@ -46,13 +64,14 @@ def largest_working_set(eg: ExecutionGraph) -> tuple[str, int]:
     return best
 
 
-def largest_unfed_working_set(eg: ExecutionGraph) -> tuple[str, int]:
-    """The executed op whose working set, less the fed tensors it reads, is largest, and those bytes."""
-    fed = {t: rounded_bytes(eg.graph.spec(t).nbytes or 0) for t in eg.fed}
+def largest_unfed_working_set(eg: ExecutionGraph, placement: Placement | None = None) -> tuple[str, int]:
+    """The executed device op whose working set, less the fed tensors it reads, is largest, and those bytes."""
+    on_device = _on_device(eg, placement)
+    fed = _device_feeds(eg, on_device)
     best = ("", 0)
     for name in eg.needed:
         node = eg.graph[name]
-        if eg.unit_of[name] != name or node.op in ALIAS_OPS:
+        if eg.unit_of[name] != name or node.op in ALIAS_OPS or name not in on_device:
             continue
         size = op_working_set_bytes(eg.graph, name) - sum(fed.get(t, 0) for t in set(node.inputs))
         if size > best[1]:
@@ -60,7 +79,7 @@ def largest_unfed_working_set(eg: ExecutionGraph) -> tuple[str, int]:
     return best
 
 
-def fed_layout_floor(eg: ExecutionGraph) -> tuple[int, str]:
+def fed_layout_floor(eg: ExecutionGraph, placement: Placement | None = None) -> tuple[int, str]:
     """The smallest device on which TF's allocator lays out the fed tensors and still has room for any op.
 
     The fed tensors are the first requests of every step, made in an order the session chooses
@@ -70,12 +89,13 @@ def fed_layout_floor(eg: ExecutionGraph) -> tuple[int, str]:
     gives ``target`` the whole rest of a device under 32 MiB, and no op can run. Whatever else the step holds
     (persistent tensors, the plan's own tensors) only takes more, so no plan fits a smaller device than
     ``feeds_floor`` finds for the feeds and the largest working set less the fed tensors it reads
-    (``largest_unfed_working_set``). Returns the bytes and why.
+    (``largest_unfed_working_set``). Returns the bytes and why. With ``placement``, only the device's ops and
+    the fed tensors it holds count.
     """
 
-    fed = {t: rounded_bytes(eg.graph.spec(t).nbytes or 0) for t in eg.fed}
-    op, unfed = largest_unfed_working_set(eg)
-    floor, split = feeds_floor([[fed[t] for t in order] for order in feed_orders(eg)], unfed)
+    fed = _device_feeds(eg, _on_device(eg, placement))
+    op, unfed = largest_unfed_working_set(eg, placement)
+    floor, split = feeds_floor([[fed[t] for t in order if t in fed] for order in feed_orders(eg)], unfed)
     if floor - unfed < unfed // 10:   # the feeds and the chunks they waste are small beside the op: name the op
         return floor, (f"the working set of {op or 'the largest op'} ({format_bytes(unfed)}: its inputs and outputs "
                        f"at once), with the fed tensors ({format_bytes(sum(fed.values()))})")
