@@ -90,13 +90,9 @@ class Connected:
         for proc in self._procs.values():
             proc.call("reset")
 
-    def peaks(self) -> tuple[int, int]:
-        """The device's and the host's allocator peaks since the last ``reset_peaks``, in bytes (with several
-        machines, the largest device's and host's)."""
-        peaks = self._peaks()
-        return peaks["device_peak_bytes"], peaks["host_peak_bytes"]
-
-    def _peaks(self) -> dict[str, Any]:
+    def peaks(self) -> dict[str, Any]:
+        """Every server's allocator peak since the last ``reset_peaks``: ``RunResult``'s peak fields
+        (``device_peaks``, ``host_peaks``, and the largest of each)."""
         from tfmem.testbed.runner import read_peaks
 
         self.sync()
@@ -148,7 +144,7 @@ class Connected:
                 self.sync()
                 times.append(time.perf_counter() - start)
             phase.enter("reading the peaks", float("inf"))
-            return times, self._peaks()
+            return times, self.peaks()
 
         ending = watch(work, started=started, dumps=lambda: [d for d in self._dumps() if d not in earlier],
                        dead=self._died, stop=self._stop_servers)
