@@ -30,6 +30,7 @@ from typing import ClassVar
 
 from passes.partition import ORDER_ATTR, PARTITION_ATTR, Partition
 from tfmem.errors import BadInputError
+from tfmem.ir.devices import Placement
 from tfmem.ir.editor import GraphEditor
 from tfmem.ir.execution import ExecutionGraph
 from tfmem.ir.frames import maybe_dead
@@ -75,26 +76,32 @@ class LimitParallelism:
             raise BadInputError(f"limit_parallelism: k must be a positive int or 'auto', got {self.k!r}")
 
     def run(self, graph: GraphIR, ctx: PassContext) -> PassResult:
-        if any(n.name.startswith(BARRIER_PREFIX) for n in graph.nodes):
-            # Limited already: partitioning the limited graph again would stack a second set of barriers.
+        placement = Placement(ctx.device, ctx.host)
+        if any(n.name.startswith(BARRIER_PREFIX) and placement.domain(n.device) == "device" for n in graph.nodes):
+            # Limited already: partitioning the limited graph again would stack a second set of barriers. (Another
+            # device's barriers, of a plan across devices, gate only that device's ops.)
             return PassResult(strip_tags(graph), False, PassReport.empty(self.name, "limited already: nothing to do"))
         if not any(PARTITION_ATTR in n.attrs for n in graph.nodes):
             graph = Partition().run(graph, ctx).graph
         untagged = strip_tags(graph)
         analysis = analyse(untagged, list(ctx.fetches), list(ctx.feed_shapes), costmodel.DEFAULT_DEVICE)
         parts = _partitions(graph, analysis.eg)
+        # On a graph over several devices, this device's plan gates none of the others' ops (tfmem.optimize's
+        # devices=): they keep their order, and each device's own plan limits them.
+        ours = {u for u in analysis.eg.units if placement.domain(analysis.eg.graph[analysis.eg.members[u][0]].device)
+                != "other"}
         if len(parts) < 2:
             return PassResult(untagged, False, PassReport.empty(self.name, "one partition: nothing to limit"))
         threads = ctx.threads
         base = ctx.simulate(untagged, grappler=False, inter_op_threads=threads)
-        shape = _Shape.of(analysis, parts)
+        shape = _Shape.of(analysis, parts, ours)
         resident = base.persistent_bytes + sum(untagged.spec(t).nbytes or 0 for t in analysis.eg.fed)
         base_step = shape.step_s(analysis, None)
         ks = [self.k] if isinstance(self.k, int) else _candidates(len(parts), threads)
         plans = [_Plan(k, resident + shape.bound(k), shape.step_s(analysis, k)) for k in ks]
 
         def realise(plan: _Plan) -> _Plan:
-            new, edges = _limited(untagged, analysis.eg, parts, shape, plan.k)
+            new, edges = _limited(untagged, analysis.eg, parts, shape, plan.k, ctx.device or "")
             prof = ctx.simulate(new, grappler=False, inter_op_threads=threads)
             return _Plan(plan.k, plan.bound_bytes, plan.step_s, new, edges, prof)
 
@@ -190,7 +197,8 @@ class _Shape:
     footprint: OrderFootprint
 
     @classmethod
-    def of(cls, analysis: Analysis, parts: list[list[str]]) -> _Shape:
+    def of(cls, analysis: Analysis, parts: list[list[str]], ours: set[str]) -> _Shape:
+        """The shape of ``parts``; only units in ``ours`` wait for a barrier or are waited for."""
         eg = analysis.eg
         order = [u for part in parts for u in part]
         fp = analysis.footprints.footprint(order)
@@ -199,7 +207,8 @@ class _Shape:
             window.append((at, at + len(part)))
             at += len(part)
         dead = maybe_dead(analysis.ir)
-        return cls(parts, [_gates(eg, p) for p in parts], [_exits(eg, p, dead) for p in parts], window, fp)
+        own = [[u for u in p if u in ours] for p in parts]
+        return cls(parts, [_gates(eg, p) for p in own], [_exits(eg, p, dead) for p in own], window, fp)
 
     def bound(self, k: int) -> int:
         """Transient bytes live at most while any ``k`` consecutive partitions run together."""
@@ -222,7 +231,8 @@ class _Shape:
         return max(max(finish.values(), default=0.0), sum(analysis.durations.values()) / cores)
 
 
-def _limited(graph: GraphIR, eg: ExecutionGraph, parts: list[list[str]], shape: _Shape, k: int) -> tuple[GraphIR, int]:
+def _limited(graph: GraphIR, eg: ExecutionGraph, parts: list[list[str]], shape: _Shape, k: int,
+             device: str) -> tuple[GraphIR, int]:
     editor = GraphEditor(graph)
     position = {u: i for i, u in enumerate(u for part in parts for u in part)}
     reach = _Reachability(eg, position)
@@ -234,7 +244,7 @@ def _limited(graph: GraphIR, eg: ExecutionGraph, parts: list[list[str]], shape: 
         if not exits or not gates:
             continue
         barrier = editor.add_noop(editor.unique_name(f"{BARRIER_PREFIX}{i}"), control_inputs=[_node(eg, u, last=True) for u in exits]
-                                  + ([previous] if previous else []))
+                                  + ([previous] if previous else []), device=device)
         reach.add_node(barrier.name, sources, position[parts[i][-1]] + 0.5)
         for u in gates:
             editor.add_control_inputs(_node(eg, u, last=False), [barrier.name])

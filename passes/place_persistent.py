@@ -54,6 +54,7 @@ from passes.transfer import (
     ready_at_start,
     trigger_candidates,
 )
+from tfmem.ir.colocation import colocated_with
 from tfmem.ir.devices import Placement
 from tfmem.ir.editor import DO_NOT_REMOVE, GraphEditor, claim_name
 from tfmem.ir.execution import ExecutionGraph
@@ -66,7 +67,6 @@ from tfmem.sim import costmodel
 from tfmem.sim.profile import MemoryProfile, variable_bytes
 from tfmem.units import format_bytes
 
-COLOCATION_ATTR = "_class"
 PREFETCH_TAG = "_tfmem_prefetch"
 TO_HOST_TAG = "_tfmem_to_host"
 # Host-resident tensors' copies on the device (prefetched weights, gradients on their way to the host) that
@@ -413,7 +413,7 @@ def persistent_groups(graph: GraphIR, eg: ExecutionGraph, placement: Placement, 
     touching: dict[str, set[str]] = {}   # variable -> ops that read its handle or ref, or are colocated with it
     for node in graph.nodes:
         touched = {t.node for t in node.inputs if t.node in var_set and t.index == 0}
-        touched |= {loc for loc in _colocated_with(node) if loc in var_set}
+        touched |= {loc for loc in colocated_with(node) if loc in var_set}
         for v in touched:
             touching.setdefault(v, set()).add(node.name)
             for w in touched:
@@ -493,12 +493,6 @@ def host_update_ops(graph: GraphIR, eg: ExecutionGraph, placement: Placement, on
                 changed = True
     return sources
 
-
-def _colocated_with(node: OpNode) -> list[str]:
-    value = node.attrs.get(COLOCATION_ATTR)
-    if value is None:
-        return []
-    return [s.decode()[5:] for s in value.list.s if s.startswith(b"loc:@")]
 
 
 def _ref_updates(graph: GraphIR, group: PersistentGroup, timeline: StepTimeline) -> list[str]:

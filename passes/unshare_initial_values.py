@@ -30,7 +30,7 @@ from typing import ClassVar
 
 from tensorflow.core.framework import attr_value_pb2
 
-from passes.place_persistent import COLOCATION_ATTR
+from tfmem.ir.colocation import COLOCATION_ATTR
 from tfmem.ir.editor import GraphEditor
 from tfmem.ir.execution import ExecutionGraph
 from tfmem.ir.graph import GraphIR, TensorRef

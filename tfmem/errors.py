@@ -50,7 +50,8 @@ class InfeasibleBudgetError(TfmemError):
     tensors live at the best plan's peak) so callers can decide what to change, and ``search``, the budget
     search's log (``tfmem.search.SearchLog``; None when nothing was planned). ``lower_bound_bytes`` is a
     device size no plan fits below: the largest single-op working set, or what the fed tensors need in TF's
-    allocator (``tfmem.sim.bounds.fed_layout_floor``), whichever is higher.
+    allocator (``tfmem.sim.bounds.fed_layout_floor``), whichever is higher. ``device`` names the device that
+    cannot fit when ``optimize`` planned several (``devices=``), else None.
     """
 
     def __init__(
@@ -62,13 +63,22 @@ class InfeasibleBudgetError(TfmemError):
         lower_bound_bytes: int,
         live_at_peak: Sequence[object] = (),
         search: object | None = None,
+        device: str | None = None,
     ) -> None:
         super().__init__(message)
         self.search = search
+        self.device = device
         self.budget_bytes = budget_bytes
         self.best_peak_bytes = best_peak_bytes
         self.lower_bound_bytes = lower_bound_bytes
         self.live_at_peak = tuple(live_at_peak)
+
+
+def on_device(error: InfeasibleBudgetError, device: str) -> InfeasibleBudgetError:
+    """``error`` said of ``device``, one of several planned: its message starts with the device's name."""
+    return InfeasibleBudgetError(f"device {device}: {error}", budget_bytes=error.budget_bytes,
+                                 best_peak_bytes=error.best_peak_bytes, lower_bound_bytes=error.lower_bound_bytes,
+                                 live_at_peak=error.live_at_peak, search=error.search, device=device)
 
 
 class PassError(TfmemError):

@@ -16,9 +16,10 @@ from tensorflow.core.framework import graph_pb2
 from tensorflow.core.protobuf import config_pb2
 
 from passes import DEFAULT_PASSES, FINAL_REWRITES, LEADING_REWRITES, PASSES
-from tfmem.errors import BadInputError, InfeasibleBudgetError
+from tfmem.errors import BadInputError, InfeasibleBudgetError, on_device
 from tfmem.gcpause import without_gc_pauses
-from tfmem.ir.devices import DEFAULT_DEVICE, Placement, same_device, with_default_device
+from tfmem.ir.colocation import placed_as_tensorflow_would
+from tfmem.ir.devices import DEFAULT_DEVICE, Placement, check_devices, same_device, with_default_device
 from tfmem.ir.execution import ExecutionGraph, parse_fetches
 from tfmem.ir.graph import GraphIR
 from tfmem.ir.loading import GraphSource, load, to_graph_def
@@ -34,6 +35,9 @@ from tfmem.sim.grappler import grappler_rejects
 from tfmem.sim.profile import MemoryProfile
 from tfmem.units import format_bytes, parse_bytes
 
+# Rounds of planning every device (``_plan_across``): the second replans only the devices that a later device's
+# plan pushed over their budget.
+ACROSS_ROUNDS = 2
 # Above this many ops the graph is simulated as written, and the report says so: at 20,000 ops one simulation
 # after Grappler outlasts optimize's whole run as written (experiments/results/optimize_speed.md).
 GRAPPLER_SIMULATION_MAX_OPS = 10_000
@@ -157,6 +161,7 @@ def optimize(
     inter_op_threads: int | None = None,
     grappler: bool | None = None,
     layout_check: bool = True,
+    devices: Mapping[str, str | None] | None = None,
 ) -> Optimized:
     """Rewrite ``graph`` so that computing ``fetches`` needs less device memory, with identical results.
 
@@ -171,6 +176,12 @@ def optimize(
     feed_shapes : full shapes for fed tensors whose static shape is partial, e.g. ``{"x:0": (64, 784)}``
         (non-negative ints; keys are tensor names or tensors)
     device, host : device strings; default: ops stay where they are, ``host`` is where swapped tensors go
+    devices : for a graph over several devices (machines of TensorFlow's distributed runtime), each device mapped
+        to its own host (or None), e.g. ``{"/job:worker/task:0/device:GPU:0": "/job:worker/task:0/device:CPU:0",
+        ...}``, instead of ``device``/``host``: every device is planned against ``budget``, moving its tensors
+        only to its own host. Ops with no device run on the first device, unless TensorFlow colocates them with
+        a placed op (a variable's reads and updates). ``report.devices`` has each device's report; ``report``'s
+        own figures are those of the device with the highest peak after
     passes : ``"auto"``, ``None`` or ``[]`` for none, or a list of pass names such as ``["partition",
         "limit_parallelism"]`` (or pass objects)
     check : verify the graph after every pass
@@ -205,6 +216,7 @@ def optimize(
     fetch_list, shapes_given, _ = checked_arguments(fetches, feed_shapes, device, host)
     if inter_op_threads is not None:
         check_count(inter_op_threads, "inter_op_threads (None or 0: TF's default)")
+    pairs = check_devices(devices, device, host) if devices is not None else None
     if host is not None and device is None and same_device(DEFAULT_DEVICE, host):
         raise BadInputError(f"host={host!r} could also name the device that unplaced ops run on; pass "
                             "device= as well, e.g. device='/GPU:0', host='/CPU:0'")
@@ -212,15 +224,45 @@ def optimize(
         raise BadInputError(f"host={host!r} and device={device!r} can name the same device; swapped tensors must "
                             "leave the device: pass two different devices, e.g. device='/GPU:0', host='/CPU:0'")
     pipeline = resolve_passes(passes)
-    all_passes = {p.name for p in resolve_passes("auto")} <= {p.name for p in pipeline}
     ir = _loaded(graph, fetch_list, shapes_given)
+    how = _How(fetch_list, shapes_given or {}, budget_bytes, pipeline, check, inter_op_threads, grappler,
+               layout_check)
+    if pairs is None:
+        new_ir, config, report = _plan(ir, how, device, host)
+    else:
+        new_ir, config, report = _plan_across(ir, how, pairs)
+    if report.caveat is not None:
+        warnings.warn(report.caveat, stacklevel=3)   # the caller of optimize, past without_gc_pauses
+    return _optimized(new_ir, config, report)
+
+
+@dataclass(frozen=True)
+class _How:
+    """``optimize``'s checked arguments that every device's plan shares."""
+
+    fetches: list[str]
+    shapes: dict[str, tuple[int, ...]]
+    budget_bytes: int | None
+    pipeline: list[Pass]
+    check: bool
+    inter_op_threads: int | None
+    grappler: bool | None
+    layout_check: bool
+
+
+def _plan(ir: GraphIR, how: _How, device: str | None,
+          host: str | None) -> tuple[GraphIR, config_pb2.ConfigProto, Report]:
+    """Plan ``ir`` for one device (and its host): the graph, its session config and the report; raises
+    ``InfeasibleBudgetError`` when nothing fits."""
+    budget_bytes, fetch_list, pipeline = how.budget_bytes, how.fetches, how.pipeline
+    all_passes = {p.name for p in resolve_passes("auto")} <= {p.name for p in pipeline}
     max_target = target_bytes_for(budget_bytes) if budget_bytes is not None else None
     notes: list[str] = []
-    base, grappler_off = _session_context(ir, fetch_list, shapes_given or {}, device, host, check, inter_op_threads,
-                                          grappler)
+    base, grappler_off = _session_context(ir, fetch_list, how.shapes, device, host, how.check, how.inter_op_threads,
+                                          how.grappler)
     faithful = base.grappler
     before = base.simulate(ir)  # the budget does not change the unoptimized graph's peak
-    if budget_bytes is not None and layout_check:   # keeping the graph rests on the same allocator replay
+    if budget_bytes is not None and how.layout_check:   # keeping the graph rests on the same allocator replay
         kept = _kept_as_is(ir, base, budget_bytes, before)
         if kept is not None:
             return kept
@@ -252,7 +294,7 @@ def optimize(
     if budget_bytes is not None and max_target is not None:
         room = layout_room(budget_bytes)
         first = min(max_target, room)   # the layout replay never needs less than the plan's total
-        if layout_check:
+        if how.layout_check:
             search.fits_layout = lambda c: _fits_layout(base, c, budget_bytes)
             search.layout_step = lambda c: _layout_step(base, c, budget_bytes)
     chosen, fits = search.run(max_target, first, bound)
@@ -274,14 +316,106 @@ def optimize(
                             "for the run-to-run spread of the executor's order")
     report.notes.append(search.log.summary())
     caveat = rounding_caveat(new_ir, reports, fetch_list) if fits else None
-    if caveat is not None:   # never silent: in the report, and once as a warning
+    if caveat is not None:   # never silent: in the report, and once as a warning (by optimize)
         report.notes.append(caveat)
-        warnings.warn(caveat, stacklevel=3)   # the caller of optimize, past without_gc_pauses
+        report.caveat = caveat
     if not fits:
         assert budget_bytes is not None and max_target is not None
         raise _infeasible(new_ir, ctx, budget_bytes, after, fragmented=after.peak_bytes <= max_target,
                           reachable=chosen.floor_bytes, search=search.log, all_passes=all_passes)
-    return _optimized(new_ir, base.session_config, report)
+    return new_ir, base.session_config or session_config(), report
+
+
+def _plan_across(ir: GraphIR, how: _How,
+                 pairs: list[tuple[str, str | None]]) -> tuple[GraphIR, config_pb2.ConfigProto, Report]:
+    """Plan every device of ``pairs`` (device, its host) against the budget, one after another, each plan on the
+    graph the previous ones left; then check every device again on the final graph and plan once more those
+    that no longer fit, up to ``ACROSS_ROUNDS`` rounds.
+
+    Ops with no device are first given the device TensorFlow's placer runs them on (``tfmem.ir.colocation``:
+    with the variable they read or are colocated with, else the first device), so each device's plan counts
+    exactly its own ops. A device's plan only moves its own tensors, to its own host: the passes rewrite the
+    ops ``Placement(device, host)`` puts in the device domain and place what they add on that device or host.
+    """
+    ir = placed_as_tensorflow_would(ir, pairs[0][0])
+    hosts = dict(pairs)
+    contexts = {d: _session_context(ir, how.fetches, how.shapes, d, h, False, how.inter_op_threads, how.grappler)
+                for d, h in pairs}
+    befores = {d: base.simulate(ir) for d, (base, _) in contexts.items()}
+    rejected_before = contexts[pairs[0][0]][1]
+    reports: dict[str, Report] = {}
+    configs: list[config_pb2.ConfigProto] = []
+    pending = [d for d, _ in pairs]
+    afters: dict[str, MemoryProfile] = {}
+    for _ in range(ACROSS_ROUNDS):
+        for device in pending:
+            try:
+                ir, config, reports[device] = _plan(ir, how, device, hosts[device])
+            except InfeasibleBudgetError as e:
+                raise on_device(e, device) from None
+            configs.append(config)
+        afters, pending = _recheck(ir, how, pairs, merged_config(configs))
+        if not pending:
+            break
+    if pending:
+        device = pending[0]
+        base = _session_context(ir, how.fetches, how.shapes, device, hosts[device], False, how.inter_op_threads,
+                                how.grappler)[0]
+        assert how.budget_bytes is not None   # only a budget makes a device fail the recheck
+        fragmented = afters[device].peak_bytes <= target_bytes_for(how.budget_bytes)
+        raise on_device(_infeasible(ir, base, how.budget_bytes, afters[device], fragmented=fragmented), device)
+    for device, report in reports.items():
+        report.before, report.after = befores[device], afters[device]
+    worst = max(reports, key=lambda d: afters[d].peak_bytes)
+    report = Report(how.budget_bytes, befores[worst], afters[worst],
+                    [p for r in reports.values() for p in r.passes], devices=reports)
+    report.notes.append(f"planned {len(pairs)} devices one after another, each against the budget with its own host; "
+                        f"the figures are those of {worst}, the device with the highest peak after")
+    config = merged_config(configs)
+    caveats = [f"{d}: {r.caveat}" for d, r in reports.items() if r.caveat]
+    if config.graph_options.rewrite_options.disable_meta_optimizer and not rejected_before:
+        # Grappler fails on some acyclic graphs ("couldn't be sorted in topological order"), and a plan can make
+        # the user's graph one of them: the session then runs it without Grappler's rewrites, which can change
+        # float results in the last bits. Said, never silent.
+        caveats.append("TensorFlow's graph optimizer (Grappler) fails on the planned graph though not on the "
+                       "original, so the session runs it without Grappler's rewrites (Optimized.config says so): "
+                       "outputs may differ from the unoptimized session's in the last bits")
+        report.notes.append(caveats[-1])
+    report.caveat = " ".join(caveats) or None
+    return ir, config, report
+
+
+def _recheck(ir: GraphIR, how: _How, pairs: list[tuple[str, str | None]],
+             config: config_pb2.ConfigProto) -> tuple[dict[str, MemoryProfile], list[str]]:
+    """Every device's profile on the final graph as the session runs it with ``config``, and the devices it no
+    longer fits: a plan made later can hold an earlier device's tensors longer (its control edges delay what that
+    device waits for)."""
+    afters: dict[str, MemoryProfile] = {}
+    failing: list[str] = []
+    off = config.graph_options.rewrite_options.disable_meta_optimizer
+    for device, host in pairs:
+        base = _session_context(ir, how.fetches, how.shapes, device, host, False, how.inter_op_threads,
+                                how.grappler, off)[0]
+        afters[device] = base.simulate(ir)
+        if how.budget_bytes is None:
+            continue
+        target = target_bytes_for(how.budget_bytes)
+        if afters[device].peak_bytes > target or (
+                how.layout_check and not layout_fits(base, ir, target, how.budget_bytes)):
+            failing.append(device)
+    return afters, failing
+
+
+def merged_config(configs: Sequence[config_pb2.ConfigProto]) -> config_pb2.ConfigProto:
+    """One session config that honours each plan's: Grappler off if any plan needs it off, and the fewest
+    inter-op threads any plan asked for."""
+    merged = session_config()
+    threads = [c.inter_op_parallelism_threads for c in configs if c.inter_op_parallelism_threads]
+    if threads:
+        merged.inter_op_parallelism_threads = min(threads)
+    if any(c.graph_options.rewrite_options.disable_meta_optimizer for c in configs):
+        merged.graph_options.rewrite_options.disable_meta_optimizer = True
+    return merged
 
 
 def _optimized(ir: GraphIR, config: config_pb2.ConfigProto, report: Report) -> Optimized:
@@ -294,13 +428,14 @@ def _optimized(ir: GraphIR, config: config_pb2.ConfigProto, report: Report) -> O
 
 
 def _session_context(ir: GraphIR, fetch_list: list[str], shapes: dict[str, tuple[int, ...]], device: str | None,
-                     host: str | None,
-                     check: bool, inter_op_threads: int | None, grappler: bool | None) -> tuple[PassContext, bool]:
+                     host: str | None, check: bool, inter_op_threads: int | None, grappler: bool | None,
+                     off: bool = False) -> tuple[PassContext, bool]:
     """How the user's session runs the graph (its threads, whether Grappler rewrites it, its config), and
-    whether Grappler rejects the graph (the session then runs it unrewritten)."""
+    whether Grappler rejects the graph (the session then runs it unrewritten; ``off``: it runs so anyway)."""
     faithful = len(ir) <= GRAPPLER_SIMULATION_MAX_OPS if grappler is None else grappler
     config = session_config()
-    grappler_off = grappler_rejects(with_default_device(ir.to_graph_def(), device or DEFAULT_DEVICE), fetch_list)
+    grappler_off = off or grappler_rejects(with_default_device(ir.to_graph_def(), device or DEFAULT_DEVICE),
+                                           fetch_list)
     if grappler_off:
         # The user's session runs this graph without Grappler's rewrites; the rewritten graph must run the same
         # way (Grappler may well accept it, and its rewrites change the arithmetic), and is planned so.
@@ -337,7 +472,8 @@ def _loaded(graph: GraphSource, fetch_list: list[str], shapes: FeedShapes | None
     return ir
 
 
-def _kept_as_is(ir: GraphIR, base: PassContext, budget_bytes: int, before: MemoryProfile) -> Optimized | None:
+def _kept_as_is(ir: GraphIR, base: PassContext, budget_bytes: int,
+                before: MemoryProfile) -> tuple[GraphIR, config_pb2.ConfigProto, Report] | None:
     """The graph unchanged, when the session already runs it within ``budget_bytes``: with the session's pool,
     or else with one inter-op thread (``Optimized.config`` then says so). None when neither fits.
 
@@ -366,7 +502,7 @@ def _kept_as_is(ir: GraphIR, base: PassContext, budget_bytes: int, before: Memor
             # One thread runs the ops in one order; the executor's default pool runs some side by side and
             # together they need more than the budget (the replay of that interleaving does not fit).
             config.inter_op_parallelism_threads = 1
-        return _optimized(ir, config, report)
+        return ir, config, report
     return None
 
 
@@ -376,17 +512,23 @@ def _room_for(base: PassContext, candidate: Candidate, budget_bytes: int) -> int
 
 def _fits_layout(base: PassContext, candidate: Candidate, budget_bytes: int) -> bool:
     """Whether the session's graph (after Grappler) serves every request on the budget's ``layout_room`` (less
-    the candidate's largest transfer).
+    the candidate's largest transfer): ``layout_fits``."""
+    return layout_fits(base, candidate.ir, candidate.target_bytes, budget_bytes)
+
+
+def layout_fits(base: PassContext, ir: GraphIR, target_bytes: int | None, budget_bytes: int) -> bool:
+    """Whether the session's graph (after Grappler) serves every request on the budget's ``layout_room`` (less
+    the graph's largest transfer).
 
     This check is the guarantee, so it always replays what the session runs, after Grappler's rewrites, even on
     graphs large enough to plan as written (an as-written replay of a deep ResNet fits rooms its session overruns).
     A plan the median order fits is replayed in every draw of TF's hashed orders too, as the plan margin was
     measured (experiments/results/allocator_fit.md, plans); most refusals cost the one order.
     """
-    ctx = dataclasses.replace(base, target_bytes=candidate.target_bytes, grappler=True)
-    room = _room_for(base, candidate, budget_bytes)
-    return (layout_failures(ctx, candidate.ir, room) == 0
-            and layout_failures(ctx, candidate.ir, room, every_order=True) == 0)
+    ctx = dataclasses.replace(base, target_bytes=target_bytes, grappler=True)
+    room = layout_room(budget_bytes, largest_transfer_bytes(ir, Placement(base.device, base.host)))
+    return (layout_failures(ctx, ir, room) == 0
+            and layout_failures(ctx, ir, room, every_order=True) == 0)
 
 
 def _layout_step(base: PassContext, candidate: Candidate, budget_bytes: int) -> tuple[int, str]:

@@ -59,6 +59,8 @@ class Report:
     figures: list[Figure] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     search: SearchLog | None = None   # every plan the budget search tried (tfmem.search)
+    devices: dict[str, Report] = field(default_factory=dict)   # each device's, when several were planned
+    caveat: str | None = None   # which outputs may differ in their last bits, and why (also in notes)
 
     def add(self, label: str, before: float | None, after: float | None, instrument: str,
             unit: str = "bytes") -> None:
@@ -83,6 +85,12 @@ class Report:
         for fig in self.all_figures():
             b, a = fig.cells()
             lines.append(f"| {fig.label} | {b} | {a} | {fig.instrument} |")
+        if self.devices:
+            lines += ["", "**Per device** (simulator)", "", "| device | peak before | peak after | its host's peak after |",
+                      "|---|---:|---:|---:|"]
+            for device, r in self.devices.items():
+                lines.append(f"| {device} | {format_bytes(r.before.peak_bytes)} | {format_bytes(r.after.peak_bytes)} "
+                             f"| {format_bytes(r.after.host_peak_bytes)} |")
         lines += ["", "**Passes**", ""]
         if not self.passes:
             lines.append("- none ran")

@@ -12,6 +12,7 @@ Examples
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -49,6 +50,44 @@ def check_device(value: object, what: str = "device") -> str | None:
     if problem:
         raise BadInputError(f"{what} {value!r} is not a device string ({problem}); write e.g. {_DEVICE_EXAMPLES}")
     return value
+
+
+def check_devices(devices: object, device: object = None, host: object = None) -> list[tuple[str, str | None]]:
+    """``optimize``'s ``devices=`` as (device, host) pairs in the order given; ``BadInputError`` when it is not a
+    non-empty mapping of distinct device strings to host device strings (or None), when a host names one of the
+    devices, or when ``device=``/``host=`` is given too.
+
+    Examples
+    --------
+    >>> check_devices({"/job:worker/task:0": "/job:host/task:0", "/job:worker/task:1": None})
+    [('/job:worker/task:0', '/job:host/task:0'), ('/job:worker/task:1', None)]
+    >>> check_devices({"/job:worker/task:0": "/job:worker/task:0"})
+    Traceback (most recent call last):
+    ...
+    tfmem.errors.BadInputError: devices: the host of '/job:worker/task:0' is '/job:worker/task:0', which can name a device being planned; swapped tensors must leave the devices: give each device a host on no device's name, e.g. {'/job:worker/task:0/device:GPU:0': '/job:worker/task:0/device:CPU:0'}
+    """
+    example = "{'/job:worker/task:0/device:GPU:0': '/job:worker/task:0/device:CPU:0'}"
+    if device is not None or host is not None:
+        raise BadInputError("give devices= (each device mapped to its host) or device=/host= (one device), not "
+                            f"both; e.g. devices={example}")
+    if not isinstance(devices, Mapping) or not devices:
+        raise BadInputError(f"devices must be a non-empty dict of device strings to host device strings (or None), "
+                            f"got {devices!r}; e.g. {example}")
+    pairs: list[tuple[str, str | None]] = []
+    for d, h in devices.items():
+        pairs.append((str(check_device(d, "a key of devices")), check_device(h, f"the host of {d!r} in devices")))
+    for i, (d, _) in enumerate(pairs):
+        for other, _ in pairs[:i]:
+            if same_device(d, other):
+                raise BadInputError(f"devices: {other!r} and {d!r} can name the same device; give each device once, "
+                                    "with its job, task and device, e.g. '/job:worker/task:1/device:GPU:0'")
+    for d, h in pairs:
+        clash = next((other for other, _ in pairs if h is not None and same_device(h, other)), None)
+        if clash is not None:
+            raise BadInputError(f"devices: the host of {d!r} is {h!r}, which can name a device being planned; "
+                                "swapped tensors must leave the devices: give each device a host on no device's "
+                                f"name, e.g. {example}")
+    return pairs
 
 
 @lru_cache(maxsize=1024)
