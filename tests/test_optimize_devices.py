@@ -134,7 +134,7 @@ def test_a_device_that_cannot_fit_is_named() -> None:
 ])
 def test_bad_devices_are_bad_input(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(BadInputError, match=message):
-        tfmem.optimize(two_machine_graph(), FETCHES, budget=BUDGET, **kwargs)  # type: ignore[arg-type]
+        tfmem.optimize(two_machine_graph(), FETCHES, budget=BUDGET, **kwargs)
 
 
 @pytest.mark.testbed
