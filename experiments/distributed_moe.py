@@ -9,9 +9,13 @@ per MoE layer, parameters, each device's measured peak and the step time at that
 simulated peak for the same graph (``tfmem.simulate`` with that device and its machine's host, on a device of
 the cap's size, as the testbed measures it; the simulator runs every machine's ops in one executor).
 
-Systems: ``tf`` (the graph as built: plain TensorFlow), with each ``--dispatch`` given (dense, sparse or both).
+Systems (``--system``, repeatable): ``tf`` (the graph as built: plain TensorFlow) and ``tfmem`` (the graph planned
+by ``tfmem.optimize(devices={device: its machine's host})`` for the budget; a refusal counts as not fitting, and
+where the graph as built fits too, the loss of both is compared), with each ``--dispatch`` given (dense, sparse or
+both). A tfmem row's simulated peaks are the plan's own (``report.devices``).
 
     python -m experiments.distributed_moe                      # plain TF on 4 and 8 machines, dense dispatch
+    python -m experiments.distributed_moe --system tfmem --machines 4 --dispatch sparse --start 21
     python -m experiments.distributed_moe --machines 4 --dispatch dense --dispatch sparse
     python -m experiments.distributed_moe --tiny               # smoke run: 2 machines, a small model
 """
@@ -28,53 +32,84 @@ from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import numpy as np
+
 import tfmem
 from experiments._common import load_average, provenance, write
 from experiments.max_size import search_largest
 from models import distributed_moe
-from tfmem.errors import TestbedError
+from tfmem.errors import InfeasibleBudgetError, TestbedError
 from tfmem.testbed import RunResult, Testbed
 from tfmem.testbed.graph import device_name
 
 MiB = 2**20
+SYSTEMS = ("tf", "tfmem")
 MODEL = {"layers": 2, "moe_every": 2, "d_model": 128, "d_ff": 1024, "heads": 4, "seq": 32, "batch": 16,
          "vocab": 256, "top_k": 2}
 TINY = {"layers": 2, "moe_every": 2, "d_model": 64, "d_ff": 512, "heads": 2, "seq": 8, "batch": 4, "vocab": 32,
         "top_k": 2}   # about 1 MiB per expert with its gradient and Adam's slots: 16 MiB devices fill below 32
 
 
-def probe(tb: Testbed, machines: int, per_machine: int, dispatch: str, model: dict[str, Any],
-          steps: int) -> dict[str, Any]:
-    """One run of the model with ``per_machine`` experts on each machine: its ending, peaks and step time."""
+def probe(tb: Testbed, system: str, machines: int, per_machine: int, dispatch: str, model: dict[str, Any],
+          steps: int, budget: int) -> dict[str, Any]:
+    """One run of the model with ``per_machine`` experts on each machine: its ending, peaks and step time. For
+    ``system="tfmem"`` the graph is first planned with ``tfmem.optimize(devices=...)`` for ``budget`` (a refusal
+    ends the probe), and the loss is compared with the graph's own where that fits too."""
     experts = machines * per_machine
     started = time.monotonic()
     built = distributed_moe.build(machines=machines, experts=experts, dispatch=dispatch, **model)
     build_s = time.monotonic() - started
+    row: dict[str, Any] = {"system": system, "machines": machines, "experts": experts, "per_machine": per_machine,
+                           "params": built.params, "ops": len(built.graph.get_operations()),
+                           "build_s": round(build_s, 2)}
+    graph, config = built.graph, None
+    if system == "tfmem":
+        started = time.monotonic()
+        try:
+            opt = tfmem.optimize(built.graph, built.fetches, budget=budget, feed_shapes=built.feed_shapes,
+                                 devices={device_name(m): device_name(m, "host") for m in range(machines)})
+        except InfeasibleBudgetError as e:
+            return {**row, "ending": "refused", "optimize_s": round(time.monotonic() - started, 1),
+                    "error": str(e)[:300], "oom_device": None, "step_s": None, "device_peaks_mib": {}}
+        row["optimize_s"] = round(time.monotonic() - started, 1)
+        row["simulated_mib"] = {d: round(r.after.peak_bytes / MiB, 2) for d, r in opt.report.devices.items()}
+        graph, config = opt.graph, opt.config
     try:
-        r = tb.run(built.graph, built.fetches, built.feeds, steps=steps)
+        r = tb.run(graph, built.fetches, built.feeds, steps=steps, config=config)
     except TestbedError as e:
         r = RunResult.failed(e)
-    return {"machines": machines, "experts": experts, "per_machine": per_machine, "params": built.params,
-            "ops": len(built.graph.get_operations()), "build_s": round(build_s, 2), "ending": r.ending,
-            "oom_device": r.oom_device, "error": (r.error or "")[:300], "step_s": r.step_time_s,
-            "device_peaks_mib": {d: round(b / MiB, 2) for d, b in sorted(r.device_peaks.items())}}
+    row.update({"ending": r.ending, "oom_device": r.oom_device, "error": (r.error or "")[:300],
+                "step_s": r.step_time_s,
+                "device_peaks_mib": {d: round(b / MiB, 2) for d, b in sorted(r.device_peaks.items())}})
+    if system == "tfmem" and r.ran:
+        try:
+            plain = tb.run(built.graph, built.fetches, built.feeds, steps=steps)
+        except TestbedError as e:
+            plain = RunResult.failed(e)
+        row["identical"] = (bool(all(np.array_equal(plain.outputs[k], r.outputs[k]) for k in plain.outputs))
+                            if plain.ran else None)   # None: the graph as built does not fit to compare
+    return row
 
 
-def largest(machines: int, dispatch: str, budget: int, model: dict[str, Any], steps: int, start: int,
+def largest(system: str, machines: int, dispatch: str, budget: int, model: dict[str, Any], steps: int, start: int,
             maximum: int) -> dict[str, Any]:
     """The most experts per machine that fit, with every probe on the way."""
     probes: dict[int, dict[str, Any]] = {}
     with Testbed(budget, machines=machines) as tb:
         def fits(per_machine: int) -> bool:
-            probes[per_machine] = probe(tb, machines, per_machine, dispatch, model, steps)
+            probes[per_machine] = probe(tb, system, machines, per_machine, dispatch, model, steps, budget)
             print(json.dumps(probes[per_machine]), flush=True)
             return bool(probes[per_machine]["ending"] == "ran")
 
         best, failed = search_largest(fits, start=min(start, maximum), minimum=1, maximum=maximum)
-    simulated = simulated_peaks(machines, best, dispatch, budget, model) if best else {}
-    return {"system": "tf", "dispatch": dispatch, "machines": machines, "per_machine": best,
+    at_best = probes.get(best) if best else None
+    if system == "tfmem":
+        simulated = (at_best or {}).get("simulated_mib", {})
+    else:
+        simulated = simulated_peaks(machines, best, dispatch, budget, model) if best else {}
+    return {"system": system, "dispatch": dispatch, "machines": machines, "per_machine": best,
             "experts": best * machines if best else 0, "first_failing_per_machine": failed,
-            "at_best": probes.get(best) if best else None, "simulated_mib": simulated,
+            "at_best": at_best, "simulated_mib": simulated,
             "probes": [probes[k] for k in sorted(probes)]}
 
 
@@ -92,6 +127,14 @@ def simulated_peaks(machines: int, per_machine: int, dispatch: str, budget: int,
     return peaks
 
 
+def _identical(row: dict[str, Any]) -> str:
+    """Over the probes whose plan ran and whose graph as built fit too: how many gave the same loss."""
+    compared = [p["identical"] for p in row["probes"] if p.get("identical") is not None]
+    if row["system"] != "tfmem":
+        return "(itself)"
+    return f"{sum(compared)} of {len(compared)} probes" if compared else "no probe where both fit"
+
+
 def markdown(result: dict[str, Any]) -> str:
     lines = [
         "# Distributed MoE: the most experts per MoE layer at a fixed per-device budget",
@@ -102,8 +145,9 @@ def markdown(result: dict[str, Any]) -> str:
         f"`models.distributed_moe` with {json.dumps(result['model'])}; experts split evenly over the machines.",
         "",
         "| system | dispatch | machines | experts per MoE layer | parameters | per-device peaks at that size (MiB) "
-        "| simulated / measured, per device | step (s) | first size that did not fit (experts) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| simulated / measured, per device | step (s) | first size that did not fit (experts) "
+        "| loss identical to the graph's own |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in result["rows"]:
         best = row["at_best"] or {}
@@ -115,12 +159,13 @@ def markdown(result: dict[str, Any]) -> str:
                            if v and d in row["simulated_mib"]) or "-"
         lines.append(f"| {row['system']} | {row['dispatch']} | {row['machines']} | {row['experts']} | "
                      f"{best.get('params', '-')} | {peaks} | {ratios} | {'-' if step is None else round(step, 3)} | "
-                     f"{'-' if failing is None else failing * row['machines']} |")
+                     f"{'-' if failing is None else failing * row['machines']} | {_identical(row)} |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--system", choices=SYSTEMS, action="append", help="repeatable; default tf")
     parser.add_argument("--machines", type=int, action="append", help="repeatable; default 4 and 8")
     parser.add_argument("--dispatch", choices=distributed_moe.DISPATCHES, action="append",
                         help="repeatable; default dense")
@@ -136,8 +181,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--machines, --budget and --steps must be at least 1, and 1 <= --start <= --max-per-machine")
     model = TINY if args.tiny else MODEL
     budget = (16 if args.tiny else args.budget) * MiB
-    rows = [largest(m, dispatch, budget, model, args.steps, args.start, 32 if args.tiny else args.max_per_machine)
-            for dispatch in args.dispatch or ["dense"] for m in machines]
+    rows = [largest(system, m, dispatch, budget, model, args.steps, args.start,
+                    32 if args.tiny else args.max_per_machine)
+            for system in args.system or ["tf"] for dispatch in args.dispatch or ["dense"] for m in machines]
     result = {**provenance(argv), "load_average": load_average(), "budget_mib": budget // MiB, "steps": args.steps,
               "model": model, "rows": rows}
     write("distributed_moe_tiny" if args.tiny else "distributed_moe", result, markdown(result),
