@@ -39,11 +39,14 @@ from experiments._common import load_average, provenance, write
 from experiments.max_size import search_largest
 from models import distributed_moe
 from tfmem.errors import InfeasibleBudgetError, TestbedError
+from tfmem.sim.cluster import NETWORKS, cluster_step_s
+from tfmem.sim.costmodel import DEVICES
 from tfmem.testbed import RunResult, Testbed
 from tfmem.testbed.graph import device_name
 
 MiB = 2**20
 SYSTEMS = ("tf", "tfmem")
+GPU, NETWORK = "V100+PCIe3", "100GbE"   # the cost model's named hardware (tfmem.sim.cluster)
 MODEL = {"layers": 2, "moe_every": 2, "d_model": 128, "d_ff": 1024, "heads": 4, "seq": 32, "batch": 16,
          "vocab": 256, "top_k": 2}
 TINY = {"layers": 2, "moe_every": 2, "d_model": 64, "d_ff": 512, "heads": 2, "seq": 8, "batch": 4, "vocab": 32,
@@ -63,11 +66,12 @@ def probe(tb: Testbed, system: str, machines: int, per_machine: int, dispatch: s
                            "params": built.params, "ops": len(built.graph.get_operations()),
                            "build_s": round(build_s, 2)}
     graph, config = built.graph, None
+    pairs = {device_name(m): device_name(m, "host") for m in range(machines)}
     if system == "tfmem":
         started = time.monotonic()
         try:
             opt = tfmem.optimize(built.graph, built.fetches, budget=budget, feed_shapes=built.feed_shapes,
-                                 devices={device_name(m): device_name(m, "host") for m in range(machines)})
+                                 devices=pairs)
         except InfeasibleBudgetError as e:
             return {**row, "ending": "refused", "optimize_s": round(time.monotonic() - started, 1),
                     "error": str(e)[:300], "oom_device": None, "step_s": None, "device_peaks_mib": {}}
@@ -81,6 +85,9 @@ def probe(tb: Testbed, system: str, machines: int, per_machine: int, dispatch: s
     row.update({"ending": r.ending, "oom_device": r.oom_device, "error": (r.error or "")[:300],
                 "step_s": r.step_time_s,
                 "device_peaks_mib": {d: round(b / MiB, 2) for d, b in sorted(r.device_peaks.items())}})
+    if r.ran:   # what the same graph would take on the named hardware
+        row["estimated_step_s"] = cluster_step_s(graph, built.fetches, pairs, DEVICES[GPU], NETWORKS[NETWORK],
+                                                 built.feed_shapes)
     if system == "tfmem" and r.ran:
         try:
             plain = tb.run(built.graph, built.fetches, built.feeds, steps=steps)
@@ -127,6 +134,10 @@ def simulated_peaks(machines: int, per_machine: int, dispatch: str, budget: int,
     return peaks
 
 
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.2f}"
+
+
 def _identical(row: dict[str, Any]) -> str:
     """Over the probes whose plan ran and whose graph as built fit too: how many gave the same loss."""
     compared = [p["identical"] for p in row["probes"] if p.get("identical") is not None]
@@ -142,12 +153,14 @@ def markdown(result: dict[str, Any]) -> str:
         f"Command: `{result['command']}` ({result['date']}; {result['machine']['cpus']} CPUs, load average "
         f"{result['load_average']['1m']} at the end). Instrument: the multi-machine testbed, each device capped at "
         f"{result['budget_mib']} MiB, one warm-up and {result['steps']} step(s) per probe. Model: "
-        f"`models.distributed_moe` with {json.dumps(result['model'])}; experts split evenly over the machines.",
+        f"`models.distributed_moe` with {json.dumps(result['model'])}; experts split evenly over the machines. "
+        f"Cost model's step: `tfmem.sim.cluster.cluster_step_s` for the graph that ran, each device a "
+        f"{DEVICES[GPU].name}, machines joined by {NETWORKS[NETWORK].name}.",
         "",
         "| system | dispatch | machines | experts per MoE layer | parameters | per-device peaks at that size (MiB) "
-        "| simulated / measured, per device | step (s) | first size that did not fit (experts) "
-        "| loss identical to the graph's own |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| simulated / measured, per device | step (s) | cost model's step (ms) | first size that did not fit "
+        "(experts) | loss identical to the graph's own |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in result["rows"]:
         best = row["at_best"] or {}
@@ -159,6 +172,7 @@ def markdown(result: dict[str, Any]) -> str:
                            if v and d in row["simulated_mib"]) or "-"
         lines.append(f"| {row['system']} | {row['dispatch']} | {row['machines']} | {row['experts']} | "
                      f"{best.get('params', '-')} | {peaks} | {ratios} | {'-' if step is None else round(step, 3)} | "
+                     f"{_ms(best.get('estimated_step_s'))} | "
                      f"{'-' if failing is None else failing * row['machines']} | {_identical(row)} |")
     return "\n".join(lines) + "\n"
 
