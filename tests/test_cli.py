@@ -331,3 +331,40 @@ def test_optimize_prints_the_session_config_to_run_with(tmp_path: Path, capsys: 
                                 *(a for f in built.fetches for a in ("--fetch", f)))
     assert code == 0, err
     assert "run it with this session config (tf.compat.v1.ConfigProto): inter_op_parallelism_threads: 1" in stdout
+
+
+def _two_machine_file(tmp_path: Path) -> Path:
+    g = tf.Graph()
+    with g.as_default():
+        h = tf.compat.v1.placeholder(tf.float32, (64, 256), name="x")
+        for m in range(2):
+            with tf.device(f"/job:worker/replica:0/task:{m}/device:CPU:0"):
+                w = tf.compat.v1.get_variable(f"w{m}", (256, 256), use_resource=True)
+                h = tf.matmul(h, w)
+        tf.reduce_sum(h, name="y")
+    tf.io.write_graph(g, str(tmp_path), "two.pb", as_text=False)
+    return tmp_path / "two.pb"
+
+
+def test_optimize_plans_each_device_host_pair(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pairs = [f"/job:worker/replica:0/task:{m}/device:CPU:0=/job:host/replica:0/task:{m}/device:CPU:0"
+             for m in range(2)]
+    code, stdout, err = run_cli(capsys, "optimize", _two_machine_file(tmp_path), "-o", tmp_path / "o.pb",
+                                "--fetch", "y:0", "--budget", "64MiB",
+                                *(a for p in pairs for a in ("--device-host", p)))
+    assert code == 0, err
+    assert "**Per device**" in stdout and "| /job:worker/replica:0/task:1/device:CPU:0 |" in stdout
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    (["--device-host", "/job:worker/task:0"], "must be DEVICE=HOST"),
+    (["--device-host", "/job:worker/task:0=/job:host/task:0", "--device", "/job:worker/task:0"], "not both"),
+    (["--device-host", "/job:worker/task:0=/job:host/task:0", "--device-host",
+      "/job:worker/task:0=/job:host/task:1"], "twice"),
+])
+def test_optimize_rejects_bad_device_hosts(tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str],
+                                           fragment: str) -> None:
+    code, _, err = run_cli(capsys, "optimize", _two_machine_file(tmp_path), "-o", tmp_path / "o.pb",
+                           "--fetch", "y:0", "--budget", "64MiB", *extra)
+    assert_one_error_line(code, err, fragment)
+    assert not (tmp_path / "o.pb").exists()

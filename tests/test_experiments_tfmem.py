@@ -429,3 +429,20 @@ def test_distributed_moe_tiny(tmp_path):
     assert failed and all(p["oom_device"] for p in failed)
     assert len(row["at_best"]["device_peaks_mib"]) == len(row["simulated_mib"]) == 2
     assert "| tf | sparse | 2 |" in (tmp_path / "distributed_moe_tiny.md").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.testbed
+@pytest.mark.timeout(900)
+def test_distributed_moe_tiny_planned(tmp_path):
+    """tfmem's row: each probe planned across both machines, run under the cap, its loss compared."""
+    assert distributed_moe.main(["--tiny", "--system", "tfmem", "--dispatch", "sparse", "--start", "20",
+                                 "--max-per-machine", "20", "--out", str(tmp_path)]) == 0
+    (row,) = json.loads((tmp_path / "distributed_moe_tiny.json").read_text())["rows"]
+    best = row["at_best"]
+    assert row["system"] == "tfmem" and row["per_machine"] == 20, row["probes"]
+    assert best["ending"] == "ran" and best["estimated_step_s"] > 0
+    assert all(v <= 16 for v in best["device_peaks_mib"].values()), best
+    assert sorted(row["simulated_mib"]) == sorted(best["device_peaks_mib"])
+    assert best["identical"] is None   # 20 experts a machine do not fit 16 MiB as built: nothing to compare
+    assert "| tfmem | sparse | 2 | 40 |" in (tmp_path / "distributed_moe_tiny.md").read_text()

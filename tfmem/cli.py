@@ -88,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with a SavedModel: split the CPU into N logical devices (/CPU:0 ... /CPU:N-1) before "
                         "TensorFlow starts, so that a CPU-only machine has a host to plan for (--host /CPU:1)")
     o.add_argument("--budget", help="device memory to fit in, e.g. 2GiB (default: as low as is cheap)")
+    o.add_argument("--device-host", action="append", default=[], metavar="DEVICE=HOST",
+                   help="repeatable, instead of --device/--host: plan each DEVICE of a graph over several machines "
+                        "against --budget, swapping only to its own HOST, e.g. "
+                        "/job:worker/task:1/device:GPU:0=/job:worker/task:1/device:CPU:0")
     o.add_argument("--passes", default="auto", help="'auto', 'none' or comma-separated pass names")
     o.add_argument("--report", help="write the report as markdown to this file")
     o.add_argument("--plot", help="write device memory over one step, before vs after, as a PNG")
@@ -320,8 +324,10 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         from tfmem.sim.arguments import check_count
 
         check_count(args.inter_op_threads, "--inter-op-threads (0: TensorFlow's default)")
+    devices = _device_hosts(args.device_host) if args.device_host else None
     opt = tfmem.optimize(ir, fetches, budget=budget, feed_shapes=args.feed_shapes, device=args.device,
-                         host=args.host, passes=passes, inter_op_threads=args.inter_op_threads or None)
+                         host=args.host, passes=passes, inter_op_threads=args.inter_op_threads or None,
+                         devices=devices)
     _write(Path(args.output), lambda p: _write_graph(opt.graph_def, p))
     print(f"wrote {args.output} ({len(opt.graph_def.node)} ops)")
     if opt.config.ByteSize():
@@ -340,6 +346,20 @@ def cmd_optimize(args: argparse.Namespace) -> int:
             _write(Path(path), write)
             print(f"wrote {path}")
     return EXIT_OK
+
+
+def _device_hosts(values: list[str]) -> dict[str, str]:
+    """``--device-host DEVICE=HOST`` values as ``optimize``'s ``devices``; the strings are checked there."""
+    out: dict[str, str] = {}
+    for value in values:
+        device, sep, host = value.partition("=")
+        if not sep or not device or not host:
+            raise BadInputError(f"--device-host {value!r} must be DEVICE=HOST, e.g. "
+                                "/job:worker/task:1/device:GPU:0=/job:worker/task:1/device:CPU:0")
+        if device in out:
+            raise BadInputError(f"--device-host names {device!r} twice; give each device once")
+        out[device] = host
+    return out
 
 
 def _optimize_saved_model(args: argparse.Namespace) -> int:

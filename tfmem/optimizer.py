@@ -400,8 +400,11 @@ def _recheck(ir: GraphIR, how: _How, pairs: list[tuple[str, str | None]],
         if how.budget_bytes is None:
             continue
         target = target_bytes_for(how.budget_bytes)
-        if afters[device].peak_bytes > target or (
-                how.layout_check and not layout_fits(base, ir, target, how.budget_bytes)):
+        planned_fits = afters[device].peak_bytes <= target and (
+            not how.layout_check or layout_fits(base, ir, target, how.budget_bytes))
+        # or as a device's graph is kept as it is (_kept_as_is), which its plan may have been
+        if not planned_fits and (not how.layout_check or layout_failures(
+                dataclasses.replace(base, grappler=True), ir, as_is_room(how.budget_bytes), every_order=True)):
             failing.append(device)
     return afters, failing
 
