@@ -47,6 +47,19 @@ class _Buffer:
     handle: int = -1
 
 
+class _Unlaid:
+    """Stands in for an allocator where nothing reads the layout: every request is served, none placed."""
+
+    in_use_bytes = 0
+    failures = 0
+
+    def allocate(self, nbytes: int) -> int:
+        return 0
+
+    def free(self, handle: int) -> None:
+        pass
+
+
 class Replay:
     """Replays a schedule, tracking buffers per memory domain ("device", "host", "other")."""
 
@@ -69,7 +82,10 @@ class Replay:
         self.feed_order = tuple(feed_order) if feed_order is not None else tuple(sorted(eg.fed, key=str))
         self.views = views or {}   # output -> the input whose buffer it views (Analysis.views)
         self.domain = {u: placement.domain(self.graph[eg.members[u][0]].device) for u in eg.units}
-        self.allocators = {d: BFCAllocator() for d in ("device", "host", "other")}
+        # Other devices' buffers (another machine's, planned on its own) take no layout: nothing reads it, and a
+        # graph over M machines would spend most of a replay on them.
+        self.allocators: dict[str, BFCAllocator | _Unlaid] = {"device": BFCAllocator(), "host": BFCAllocator(),
+                                                              "other": _Unlaid()}
         self.bounded = device_memory is not None
         if device_memory is not None:
             self.allocators["device"] = BFCAllocator(limit_bytes=device_memory)
