@@ -35,7 +35,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 
 import tfmem
-from experiments._common import load_average, provenance, write
+from experiments._common import RESULTS, load_average, provenance, write
 from experiments.max_size import search_largest
 from models import distributed_moe
 from tfmem.errors import InfeasibleBudgetError, TestbedError
@@ -174,6 +174,13 @@ def markdown(result: dict[str, Any]) -> str:
                      f"{best.get('params', '-')} | {peaks} | {ratios} | {'-' if step is None else round(step, 3)} | "
                      f"{_ms(best.get('estimated_step_s'))} | "
                      f"{'-' if failing is None else failing * row['machines']} | {_identical(row)} |")
+    runs: dict[tuple[str, str], list[str]] = {}
+    for row in result["rows"]:
+        runs.setdefault((row.get("command", result["command"]), row.get("date", result["date"])), []).append(
+            f"{row['system']} {row['dispatch']} on {row['machines']}")
+    if len(runs) > 1:   # rows kept by --merge from earlier runs
+        lines += ["", "Rows by run:", ""] + [f"- `{command}` ({date}): {', '.join(which)}"
+                                           for (command, date), which in runs.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -189,20 +196,43 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-per-machine", type=int, default=64, help="the search's cap, experts per machine")
     parser.add_argument("--tiny", action="store_true", help="2 machines, a small model, 16 MiB devices")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default experiments/results)")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the results file's rows of other systems, dispatches and machine counts (each "
+                             "row keeps the command and date of its run); the model and budget must match")
     args = parser.parse_args(argv)
     machines = args.machines or ([2] if args.tiny else [4, 8])
     if min(machines) < 1 or args.budget < 1 or args.steps < 1 or not 1 <= args.start <= args.max_per_machine:
         parser.error("--machines, --budget and --steps must be at least 1, and 1 <= --start <= --max-per-machine")
     model = TINY if args.tiny else MODEL
     budget = (16 if args.tiny else args.budget) * MiB
-    rows = [largest(system, m, dispatch, budget, model, args.steps, args.start,
-                    32 if args.tiny else args.max_per_machine)
+    name = "distributed_moe_tiny" if args.tiny else "distributed_moe"
+    out = args.out or RESULTS
+    kept = merged_rows(out / f"{name}.json", model, budget // MiB, args.steps) if args.merge else []
+    run = provenance(argv)
+    rows = [{**largest(system, m, dispatch, budget, model, args.steps, args.start,
+                       32 if args.tiny else args.max_per_machine), "command": run["command"], "date": run["date"]}
             for system in args.system or ["tf"] for dispatch in args.dispatch or ["dense"] for m in machines]
-    result = {**provenance(argv), "load_average": load_average(), "budget_mib": budget // MiB, "steps": args.steps,
+    ran = {_key(r) for r in rows}
+    rows = sorted([r for r in kept if _key(r) not in ran] + rows, key=_key)
+    result = {**run, "load_average": load_average(), "budget_mib": budget // MiB, "steps": args.steps,
               "model": model, "rows": rows}
-    write("distributed_moe_tiny" if args.tiny else "distributed_moe", result, markdown(result),
-          *([args.out] if args.out else []))
+    write(name, result, markdown(result), out)
     return 0
+
+
+def _key(row: dict[str, Any]) -> tuple[int, str, int]:
+    return SYSTEMS.index(row["system"]), row["dispatch"], row["machines"]
+
+
+def merged_rows(path: Path, model: dict[str, Any], budget_mib: int, steps: int) -> list[dict[str, Any]]:
+    """The rows of an earlier results file to keep beside this run's (``--merge``), each with its own command and
+    date; none when there is no file, and ``SystemExit`` when its model, budget or steps differ from this run's."""
+    if not path.exists():
+        return []
+    earlier = json.loads(path.read_text())
+    if (earlier["model"], earlier["budget_mib"], earlier["steps"]) != (model, budget_mib, steps):
+        raise SystemExit(f"--merge: {path} was run with another model, budget or step count; run without --merge")
+    return [{"command": earlier["command"], "date": earlier["date"], **r} for r in earlier["rows"]]
 
 
 if __name__ == "__main__":
