@@ -494,7 +494,6 @@ def host_update_ops(graph: GraphIR, eg: ExecutionGraph, placement: Placement, on
     return sources
 
 
-
 def _ref_updates(graph: GraphIR, group: PersistentGroup, timeline: StepTimeline) -> list[str]:
     """Ops of this step that write a reference variable of ``group`` in place (everything but its reads)."""
     roots = set(group.roots)
