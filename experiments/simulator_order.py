@@ -129,6 +129,12 @@ def graph_row(name: str, built: examples.Built, runs: int) -> dict[str, object]:
             "runs": measured}
 
 
+def _short(op: str) -> str:
+    """An op's name by its last two scopes (``layer/MatMul``), or whole when it has fewer (``MatMul``, which
+    overlapped the others in a run under load)."""
+    return "/".join(op.split("/")[-2:])
+
+
 def markdown(result: dict[str, object]) -> str:
     made = result["provenance"]
     lines = ["# The simulator's order against the executor's: replaying traced steps", "",
@@ -142,7 +148,7 @@ def markdown(result: dict[str, object]) -> str:
         measured = ", ".join(format_bytes(r["measured_peak_bytes"]) for r in runs)
         widest = max(runs, key=lambda r: r["largest_overlap_bytes"])
         overlap = (f"{format_bytes(widest['largest_overlap_bytes'])} "
-                   f"({', '.join(n.rsplit('/', 2)[-2] + '/' + n.rsplit('/', 1)[-1] for n in widest['largest_overlap_ops'])})")
+                   f"({', '.join(_short(n) for n in widest['largest_overlap_ops'])})")
         lines.append(f"| {row['graph']} | {format_bytes(row['simulated_peak_bytes'])} | {replayed} | {measured} "
                      f"| {overlap} |")
     return "\n".join(lines) + "\n"
