@@ -193,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=int, default=48, help="each device's cap, MiB")
     parser.add_argument("--steps", type=int, default=1, help="timed steps per probe (after one warm-up)")
     parser.add_argument("--start", type=int, default=4, help="experts per machine of the first probe")
-    parser.add_argument("--max-per-machine", type=int, default=64, help="the search's cap, experts per machine")
+    parser.add_argument("--max-per-machine", type=int, default=None,
+                        help="the search's cap, experts per machine (default 64; 32 with --tiny)")
     parser.add_argument("--tiny", action="store_true", help="2 machines, a small model, 16 MiB devices")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default experiments/results)")
     parser.add_argument("--merge", action="store_true",
@@ -201,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
                              "row keeps the command and date of its run); the model and budget must match")
     args = parser.parse_args(argv)
     machines = args.machines or ([2] if args.tiny else [4, 8])
-    if min(machines) < 1 or args.budget < 1 or args.steps < 1 or not 1 <= args.start <= args.max_per_machine:
+    maximum = args.max_per_machine or (32 if args.tiny else 64)
+    if min(machines) < 1 or args.budget < 1 or args.steps < 1 or not 1 <= args.start <= maximum:
         parser.error("--machines, --budget and --steps must be at least 1, and 1 <= --start <= --max-per-machine")
     model = TINY if args.tiny else MODEL
     budget = (16 if args.tiny else args.budget) * MiB
@@ -209,8 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or RESULTS
     kept = merged_rows(out / f"{name}.json", model, budget // MiB, args.steps) if args.merge else []
     run = provenance(argv)
-    rows = [{**largest(system, m, dispatch, budget, model, args.steps, args.start,
-                       32 if args.tiny else args.max_per_machine), "command": run["command"], "date": run["date"]}
+    rows = [{**largest(system, m, dispatch, budget, model, args.steps, args.start, maximum),
+             "command": run["command"], "date": run["date"]}
             for system in args.system or ["tf"] for dispatch in args.dispatch or ["dense"] for m in machines]
     ran = {_key(r) for r in rows}
     rows = sorted([r for r in kept if _key(r) not in ran] + rows, key=_key)

@@ -444,5 +444,7 @@ def test_distributed_moe_tiny_planned(tmp_path):
     assert best["ending"] == "ran" and best["estimated_step_s"] > 0
     assert all(v <= 16 for v in best["device_peaks_mib"].values()), best
     assert sorted(row["simulated_mib"]) == sorted(best["device_peaks_mib"])
+    for device, measured in best["device_peaks_mib"].items():   # each device's simulated peak within 10%
+        assert 0.9 <= row["simulated_mib"][device] / measured <= 1.1, (device, row["simulated_mib"], measured)
     assert best["identical"] is None   # 20 experts a machine do not fit 16 MiB as built: nothing to compare
     assert "| tfmem | sparse | 2 | 40 |" in (tmp_path / "distributed_moe_tiny.md").read_text()
