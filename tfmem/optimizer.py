@@ -295,7 +295,7 @@ def _plan(ir: GraphIR, how: _How, device: str | None,
         room = layout_room(budget_bytes)
         first = min(max_target, room)   # the layout replay never needs less than the plan's total
         if how.layout_check:
-            search.fits_layout = lambda c: _fits_layout(base, c, budget_bytes)
+            search.fits_layout = lambda c: layout_fits(base, c.ir, c.target_bytes, budget_bytes)
             search.layout_step = lambda c: _layout_step(base, c, budget_bytes)
     chosen, fits = search.run(max_target, first, bound)
     notes.extend(search.notes)
@@ -339,28 +339,27 @@ def _plan_across(ir: GraphIR, how: _How,
     """
     ir = placed_as_tensorflow_would(ir, pairs[0][0])
     hosts = dict(pairs)
-    contexts = {d: _session_context(ir, how.fetches, how.shapes, d, h, False, how.inter_op_threads, how.grappler)
-                for d, h in pairs}
-    befores = {d: base.simulate(ir) for d, (base, _) in contexts.items()}
-    rejected_before = contexts[pairs[0][0]][1]
+    rejected_before = grappler_rejects(ir.to_graph_def(), how.fetches)
+    befores = {d: _context(ir, how, d, h, rejected_before).simulate(ir) for d, h in pairs}
     reports: dict[str, Report] = {}
-    configs: list[config_pb2.ConfigProto] = []
+    configs: dict[str, config_pb2.ConfigProto] = {}   # a device planned again replaces its config
     pending = [d for d, _ in pairs]
     afters: dict[str, MemoryProfile] = {}
     for _ in range(ACROSS_ROUNDS):
         for device in pending:
             try:
-                ir, config, reports[device] = _plan(ir, how, device, hosts[device])
+                ir, configs[device], reports[device] = _plan(ir, how, device, hosts[device])
             except InfeasibleBudgetError as e:
                 raise on_device(e, device) from None
-            configs.append(config)
-        afters, pending = _recheck(ir, how, pairs, merged_config(configs))
+        config = merged_config(list(configs.values()))
+        rejected = (config.graph_options.rewrite_options.disable_meta_optimizer
+                    or grappler_rejects(ir.to_graph_def(), how.fetches))
+        afters, pending = _recheck(ir, how, pairs, rejected)
         if not pending:
             break
     if pending:
         device = pending[0]
-        base = _session_context(ir, how.fetches, how.shapes, device, hosts[device], False, how.inter_op_threads,
-                                how.grappler)[0]
+        base = _context(ir, how, device, hosts[device], rejected)
         assert how.budget_bytes is not None   # only a budget makes a device fail the recheck
         fragmented = afters[device].peak_bytes <= target_bytes_for(how.budget_bytes)
         raise on_device(_infeasible(ir, base, how.budget_bytes, afters[device], fragmented=fragmented), device)
@@ -371,9 +370,10 @@ def _plan_across(ir: GraphIR, how: _How,
                     [p for r in reports.values() for p in r.passes], devices=reports)
     report.notes.append(f"planned {len(pairs)} devices one after another, each against the budget with its own host; "
                         f"the figures are those of {worst}, the device with the highest peak after")
-    config = merged_config(configs)
+    if rejected:   # as a session runs it anyway, and as it was rechecked
+        config.graph_options.rewrite_options.disable_meta_optimizer = True
     caveats = [f"{d}: {r.caveat}" for d, r in reports.items() if r.caveat]
-    if config.graph_options.rewrite_options.disable_meta_optimizer and not rejected_before:
+    if rejected and not rejected_before:
         # Grappler fails on some acyclic graphs ("couldn't be sorted in topological order"), and a plan can make
         # the user's graph one of them: the session then runs it without Grappler's rewrites, which can change
         # float results in the last bits. Said, never silent.
@@ -385,17 +385,21 @@ def _plan_across(ir: GraphIR, how: _How,
     return ir, config, report
 
 
+def _context(ir: GraphIR, how: _How, device: str, host: str | None, rejected: bool) -> PassContext:
+    """How the session runs ``ir`` for ``device`` of a plan across devices (``rejected``: without Grappler)."""
+    return _session_context(ir, how.fetches, how.shapes, device, host, False, how.inter_op_threads, how.grappler,
+                            rejected)[0]
+
+
 def _recheck(ir: GraphIR, how: _How, pairs: list[tuple[str, str | None]],
-             config: config_pb2.ConfigProto) -> tuple[dict[str, MemoryProfile], list[str]]:
-    """Every device's profile on the final graph as the session runs it with ``config``, and the devices it no
-    longer fits: a plan made later can hold an earlier device's tensors longer (its control edges delay what that
-    device waits for)."""
+             rejected: bool) -> tuple[dict[str, MemoryProfile], list[str]]:
+    """Every device's profile on the final graph as the session runs it (``rejected``: without Grappler), and the
+    devices it no longer fits: a plan made later can hold an earlier device's tensors longer (its control edges
+    delay what that device waits for)."""
     afters: dict[str, MemoryProfile] = {}
     failing: list[str] = []
-    off = config.graph_options.rewrite_options.disable_meta_optimizer
     for device, host in pairs:
-        base = _session_context(ir, how.fetches, how.shapes, device, host, False, how.inter_op_threads,
-                                how.grappler, off)[0]
+        base = _context(ir, how, device, host, rejected)
         afters[device] = base.simulate(ir)
         if how.budget_bytes is None:
             continue
@@ -432,13 +436,14 @@ def _optimized(ir: GraphIR, config: config_pb2.ConfigProto, report: Report) -> O
 
 def _session_context(ir: GraphIR, fetch_list: list[str], shapes: dict[str, tuple[int, ...]], device: str | None,
                      host: str | None, check: bool, inter_op_threads: int | None, grappler: bool | None,
-                     off: bool = False) -> tuple[PassContext, bool]:
+                     rejected: bool | None = None) -> tuple[PassContext, bool]:
     """How the user's session runs the graph (its threads, whether Grappler rewrites it, its config), and
-    whether Grappler rejects the graph (the session then runs it unrewritten; ``off``: it runs so anyway)."""
+    whether Grappler rejects the graph (the session then runs it unrewritten); ``rejected``, when given, says
+    so already (a graph with every op placed gets one answer for all its devices)."""
     faithful = len(ir) <= GRAPPLER_SIMULATION_MAX_OPS if grappler is None else grappler
     config = session_config()
-    grappler_off = off or grappler_rejects(with_default_device(ir.to_graph_def(), device or DEFAULT_DEVICE),
-                                           fetch_list)
+    grappler_off = rejected if rejected is not None else grappler_rejects(
+        with_default_device(ir.to_graph_def(), device or DEFAULT_DEVICE), fetch_list)
     if grappler_off:
         # The user's session runs this graph without Grappler's rewrites; the rewritten graph must run the same
         # way (Grappler may well accept it, and its rewrites change the arithmetic), and is planned so.
@@ -509,14 +514,9 @@ def _kept_as_is(ir: GraphIR, base: PassContext, budget_bytes: int,
     return None
 
 
-def _room_for(base: PassContext, candidate: Candidate, budget_bytes: int) -> int:
-    return layout_room(budget_bytes, largest_transfer_bytes(candidate.ir, Placement(base.device, base.host)))
-
-
-def _fits_layout(base: PassContext, candidate: Candidate, budget_bytes: int) -> bool:
-    """Whether the session's graph (after Grappler) serves every request on the budget's ``layout_room`` (less
-    the candidate's largest transfer): ``layout_fits``."""
-    return layout_fits(base, candidate.ir, candidate.target_bytes, budget_bytes)
+def _room_for(base: PassContext, ir: GraphIR, budget_bytes: int) -> int:
+    """The device ``ir``'s layout replay must fit: ``layout_room`` less its largest transfer."""
+    return layout_room(budget_bytes, largest_transfer_bytes(ir, placement_of(base)))
 
 
 def layout_fits(base: PassContext, ir: GraphIR, target_bytes: int | None, budget_bytes: int) -> bool:
@@ -529,7 +529,7 @@ def layout_fits(base: PassContext, ir: GraphIR, target_bytes: int | None, budget
     measured (experiments/results/allocator_fit.md, plans); most refusals cost the one order.
     """
     ctx = dataclasses.replace(base, target_bytes=target_bytes, grappler=True)
-    room = layout_room(budget_bytes, largest_transfer_bytes(ir, Placement(base.device, base.host)))
+    room = _room_for(base, ir, budget_bytes)
     return (layout_failures(ctx, ir, room) == 0
             and layout_failures(ctx, ir, room, every_order=True) == 0)
 
@@ -538,7 +538,7 @@ def _layout_step(base: PassContext, candidate: Candidate, budget_bytes: int) -> 
     """How much lower to plan after the layout refused ``candidate``, and the reason for the note: what its
     layout needed beyond the room (stepping a fixed 5% at a time takes more replans), at least 2% of the budget."""
     ctx = dataclasses.replace(base, target_bytes=candidate.target_bytes, grappler=True)
-    room = _room_for(base, candidate, budget_bytes)
+    room = _room_for(base, candidate.ir, budget_bytes)
     needed = smallest_fitting_device(ctx, candidate.ir, room, room + budget_bytes // 2)
     if needed is None:
         return budget_bytes // 20, ""
@@ -561,7 +561,7 @@ def layout_failures(ctx: PassContext, graph: GraphIR, device_memory: int, every_
 
 def smallest_fitting_device(ctx: PassContext, graph: GraphIR, low: int, high: int) -> int | None:
     """The smallest device size in ``(low, high]`` (to 1 MiB) on which replaying ``graph`` serves every request
-    (``layout_failures``, as ``_fits_layout`` asks).
+    (``layout_failures``, as ``layout_fits`` asks).
 
     None when even ``high`` does not serve them all. Each try is one capped replay of the same graph.
     """
