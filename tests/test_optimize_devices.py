@@ -142,8 +142,16 @@ def test_bad_devices_are_bad_input(kwargs: dict[str, object], message: str) -> N
 def test_planned_machines_train_identically_under_the_budget() -> None:
     g, opt = two_machine_graph(), planned()
     with Testbed(64 * MiB, machines=MACHINES) as tb:
-        vanilla = tb.run(g, FETCHES, feeds(), steps=2)
+        vanilla = tb.run(g, FETCHES, feeds(), steps=2, trace=True)
     assert vanilla.ran and all(p > BUDGET for p in vanilla.device_peaks.values()), vanilla.device_peaks
+    # The testbed names machine 0 for every unplaced op; TF's placer still runs each where
+    # placed_as_tensorflow_would says (a machine-1 variable's reads and updates on machine 1).
+    assert vanilla.run_metadata is not None
+    ran_on = {ns.node_name: dev.device for dev in vanilla.run_metadata.step_stats.dev_stats for ns in dev.node_stats}
+    placed = placed_as_tensorflow_would(load(g), device_name(0))
+    unplaced = [n.name for n in g.as_graph_def().node if not n.device and n.name in ran_on]
+    assert any(placed[n].device == device_name(1) for n in unplaced)
+    assert {n: ran_on[n] for n in unplaced} == {n: placed[n].device for n in unplaced}
     with Testbed(BUDGET, machines=MACHINES) as tb:
         assert tb.run(g, FETCHES, feeds(), steps=2).oom   # vanilla does not fit
         r = tb.run(opt.graph, FETCHES, feeds(), steps=2, config=opt.config)

@@ -4,8 +4,8 @@ On one device an op with no device string runs on the device, and the planner re
 machines it does not: TensorFlow's placer puts an op with a ``_class`` colocation constraint (``loc:@var``:
 initialisers, optimizer updates, slot variables) and an op that reads a resource or reference tensor (a
 variable's ``ReadVariableOp``) on the device of the op it is tied to, and only the rest on the session's
-default device. An expert's reads on machine 1 run on machine 1 (checked on the multi-machine testbed's step
-stats: tests/test_colocation.py), so a plan for machine 0 must not count them.
+default device. A variable's reads on machine 1 run on machine 1, even where the graph names machine 0 for them
+(the testbed's step stats: tests/test_optimize_devices.py), so a plan for machine 0 must not count them.
 
 Examples
 --------

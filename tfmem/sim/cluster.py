@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from tfmem.ir.colocation import placed_as_tensorflow_would
-from tfmem.ir.devices import Placement
+from tfmem.ir.devices import Placement, check_devices
 from tfmem.ir.loading import GraphSource, load
 from tfmem.ir.shapes import FeedShapes
 from tfmem.sim import costmodel
@@ -54,7 +54,7 @@ def cluster_step_s(graph: GraphSource, fetches: Iterable[str] | str, devices: Ma
     ``tfmem.optimize`` takes them), every device a ``device`` linked to its host by ``device``'s link, the machines
     joined by ``network``. Ops with no device run where TensorFlow's placer puts them (``tfmem.ir.colocation``)."""
     fetch_list, shapes, _ = checked_arguments(fetches, feed_shapes, None, None)
-    pairs = list(devices.items())
+    pairs = check_devices(devices)
     ir = placed_as_tensorflow_would(load(graph, shapes), pairs[0][0])
     analysis = analyse(ir, fetch_list, list(shapes or {}), device)
     eg, cpu = analysis.eg, costmodel.DEVICES["testbed"]
@@ -71,9 +71,7 @@ def cluster_step_s(graph: GraphSource, fetches: Iterable[str] | str, devices: Ma
     finish: dict[str, float] = {}
     copied: set[tuple[object, ...]] = set()
     for u in eg.topological_units:
-        ready = 0.0
-        for p in eg.unit_preds[u]:
-            ready = max(ready, finish[p])
+        ready = max((finish[p] for p in eg.unit_preds[u]), default=0.0)
         for t in eg.unit_inputs[u]:
             producer = eg.unit_of.get(t.node)
             if producer is None or t in eg.fed or place[producer] == place[u]:
