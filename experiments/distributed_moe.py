@@ -140,9 +140,9 @@ def _ms(seconds: float | None) -> str:
 
 def _identical(row: dict[str, Any]) -> str:
     """Over the probes whose plan ran and whose graph as built fit too: how many gave the same loss."""
-    compared = [p["identical"] for p in row["probes"] if p.get("identical") is not None]
     if row["system"] != "tfmem":
         return "(itself)"
+    compared = [p["identical"] for p in row["probes"] if p.get("identical") is not None]
     return f"{sum(compared)} of {len(compared)} probes" if compared else "no probe where both fit"
 
 
@@ -216,27 +216,21 @@ def main(argv: list[str] | None = None) -> int:
             for system in args.system or ["tf"] for dispatch in args.dispatch or ["dense"] for m in machines]
     ran = {_key(r) for r in rows}
     rows = sorted([r for r in kept if _key(r) not in ran] + rows, key=_key)
-    for row in rows:   # a kept row from before the cost model's column: its estimate is a function of the graph
+    for row in rows:   # a plain row kept from before the cost model's column: its estimate is the graph's
         best = row["at_best"]
-        if best and best["ending"] == "ran" and best.get("estimated_step_s") is None:
-            best["estimated_step_s"] = estimated_step_s(row["system"], row["machines"], row["per_machine"],
-                                                        row["dispatch"], budget, model)
+        if row["system"] == "tf" and best and best["ending"] == "ran" and best.get("estimated_step_s") is None:
+            best["estimated_step_s"] = estimated_step_s(row["machines"], row["per_machine"], row["dispatch"], model)
     result = {**run, "load_average": load_average(), "budget_mib": budget // MiB, "steps": args.steps,
               "model": model, "rows": rows}
     write(name, result, markdown(result), out)
     return 0
 
 
-def estimated_step_s(system: str, machines: int, per_machine: int, dispatch: str, budget: int,
-                     model: dict[str, Any]) -> float:
-    """The cost model's step for the graph a row ran (for tfmem, planned again: ``optimize`` is deterministic)."""
+def estimated_step_s(machines: int, per_machine: int, dispatch: str, model: dict[str, Any]) -> float:
+    """The cost model's step for the graph as built (a plain row's; every tfmem probe records its plan's)."""
     built = distributed_moe.build(machines=machines, experts=machines * per_machine, dispatch=dispatch, **model)
     pairs = {device_name(m): device_name(m, "host") for m in range(machines)}
-    graph = built.graph
-    if system == "tfmem":
-        graph = tfmem.optimize(graph, built.fetches, budget=budget, feed_shapes=built.feed_shapes,
-                               devices=pairs).graph
-    return cluster_step_s(graph, built.fetches, pairs, DEVICES[GPU], NETWORKS[NETWORK], built.feed_shapes)
+    return cluster_step_s(built.graph, built.fetches, pairs, DEVICES[GPU], NETWORKS[NETWORK], built.feed_shapes)
 
 
 def _key(row: dict[str, Any]) -> tuple[int, str, int]:
