@@ -265,7 +265,7 @@ def test_first_step_adam_update_copies_a_shared_slot_mid_region():
     # first step's transients, not packed with the other variables; the bytes stay those of the variables.
     adam = examples.mlp(batch=64, dims=(256, 512, 10), optimizer="adam")
     replay = _replayed(adam, 64 << 20)
-    copies = replay._first_update_copies()
+    copies = replay.first_update_copies()
     assert copies and all(replay.graph[op].op == "ResourceApplyAdam" for op in copies)
     chunks = replay.allocators["device"]._handles
     ptr = {name: chunks[buf.handle].ptr for name, buf in replay.var_storage.items()}
@@ -285,7 +285,7 @@ def test_first_step_adam_update_copies_a_shared_slot_mid_region():
 def test_first_step_copies_every_variable_that_shares_its_initial_constant(optimizer, copies):
     built = examples.mlp(batch=64, dims=(256, 512, 10), optimizer=optimizer)
     replay = _replayed(built, 64 << 20)
-    predicted = {op: len(vs) for op, vs in replay._first_update_copies().items()}
+    predicted = {op: len(vs) for op, vs in replay.first_update_copies().items()}
     assert predicted == {f"train_op/update_{v}/ResourceApply{optimizer.capitalize()}": n for v, n in copies.items()}
 
 
@@ -410,3 +410,92 @@ def test_identity_n_passes_its_inputs_through() -> None:
 
     ir = load(g)
     assert op_working_set_bytes(ir, next(n.name for n in ir.nodes if n.op == "IdentityN")) == 8 * 2**20
+
+
+def _replays_with_and_without_bystanders(ir, fetches, placement, device_memory):
+    from tfmem.sim import memsim
+    from tfmem.sim.analysis import analyse
+    from tfmem.sim.replay import Replay, bystanders
+
+    analysis = analyse(ir, list(fetches), [], costmodel.DEFAULT_DEVICE)
+    schedules = memsim._drawn_schedules(analysis, analysis.expensive.__getitem__, 2)
+    skipped = bystanders(analysis.eg, placement)
+    fast = [Replay(analysis.eg, placement, device_memory, analysis.views, bystanders=skipped).run(s)
+            for s in schedules]
+    full = [Replay(analysis.eg, placement, device_memory, analysis.views, bystanders=frozenset()).run(s)
+            for s in schedules]
+    return fast, full, skipped
+
+
+@pytest.mark.parametrize("device_memory", [None, 400 << 10, 64 << 20])
+def test_other_devices_are_replayed_only_through_their_copies(device_memory):
+    # A graph over two machines, as optimize(devices=...) simulates it for each: skipping the other machine's
+    # units (all but the copies of their outputs into this device or its host) gives the very same profile,
+    # timeline, failures and live tensors, in every drawn order, and does skip them.
+    from models import distributed_moe
+    from tfmem.ir.colocation import placed_as_tensorflow_would
+    from tfmem.ir.devices import Placement
+
+    built = distributed_moe.build(machines=2, experts=4, layers=2, d_model=32, d_ff=64, heads=2, seq=8, batch=4,
+                                  vocab=32, dispatch="sparse",
+                                  devices=["/job:w/task:0/device:GPU:0", "/job:w/task:1/device:GPU:0"])
+    ir = placed_as_tensorflow_would(load(built.graph), "/job:w/task:0/device:GPU:0")
+    for m in range(2):
+        placement = Placement(f"/job:w/task:{m}/device:GPU:0", f"/job:w/task:{m}/device:CPU:0")
+        fast, full, skipped = _replays_with_and_without_bystanders(ir, built.fetches, placement, device_memory)
+        assert skipped and fast == full
+        assert fast[0].peak_bytes > 0 and (device_memory != 400 << 10 or fast[0].allocation_failures > 0)
+
+
+def test_a_variable_read_across_devices_replays_every_unit():
+    # A read on this device of another device's resource variable returns that variable's buffer: the other
+    # device's updates decide it, so nothing is skipped.
+    from tfmem.ir.devices import Placement
+
+    g = tf.Graph()
+    with g.as_default():
+        with tf.device("/job:w/task:1/device:GPU:0"):
+            w = tf.Variable(tf.ones((256, 256)), name="w")
+        with tf.device("/job:w/task:0/device:GPU:0"):
+            y = tf.reduce_sum(tf.matmul(w.read_value(), w.read_value()), name="y")
+        with tf.device("/job:w/task:1/device:GPU:0"):
+            step = w.assign_add(tf.ones((256, 256)), read_value=False)
+    placement = Placement("/job:w/task:0/device:GPU:0", "/job:w/task:0/device:CPU:0")
+    fast, full, skipped = _replays_with_and_without_bystanders(load(g), [y.name, step.name], placement, None)
+    assert not skipped and fast == full
+
+
+def test_every_order_replays_each_distinct_layout_once_and_reports_the_worst():
+    # simulate(every_order=True) replays another device's feed orders and the copy orders that relocate only
+    # another device's variables once: its answer is still the worst of every combination, replayed in full.
+    from models import distributed_moe
+    from tfmem.ir.colocation import placed_as_tensorflow_would
+    from tfmem.ir.devices import Placement
+    from tfmem.ir.shared_init import sharing_groups
+    from tfmem.sim import memsim
+    from tfmem.sim.analysis import analyse
+    from tfmem.sim.replay import Replay
+
+    devices = ["/job:w/task:0/device:GPU:0", "/job:w/task:1/device:GPU:0"]
+    built = distributed_moe.build(machines=2, experts=4, layers=2, d_model=32, d_ff=64, heads=2, seq=8, batch=4,
+                                  vocab=32, dispatch="sparse", devices=devices)
+    ir = placed_as_tensorflow_would(load(built.graph), devices[0])
+    analysis = analyse(ir, list(built.fetches), [], costmodel.DEFAULT_DEVICE)
+    sharing = sharing_groups(ir)
+    assert sharing
+    # (capacities where the worst replay has one copy order and where it has the other, and a roomy one)
+    for m, capacity in ((0, 400 << 10), (1, 500 << 10), (1, 64 << 20)):
+        placement = Placement(devices[m], f"/job:w/task:{m}/device:CPU:0")
+        got = simulate(ir, built.fetches, device=placement.device, host=placement.host, device_memory=capacity,
+                       every_order=True, inter_op_threads=2, grappler=False)
+        schedules = memsim._drawn_schedules(analysis, lambda u: False, 2)   # TF's GPU kernels all run inline
+        every = [Replay(analysis.eg, placement, capacity, analysis.views, feed_order=o, sharing=sharing,
+                        copy_order=c, bystanders=frozenset(),
+                        idle_variables=memsim.idle_variables(ir, analysis.eg)).run(s)
+                 for s in schedules for o in memsim.feed_orders(analysis.eg) for c in ("schedule", "graph")]
+        worst = max(every, key=lambda p: (p.allocation_failures, p.peak_bytes))
+        assert (got.allocation_failures, got.peak_bytes) == (worst.allocation_failures, worst.peak_bytes)
+        assert got.timeline == worst.timeline
+    # the fed tokens and targets are machine 0's: machine 1 replays one of their orders
+    one = Placement(devices[1], "/job:w/task:1/device:CPU:0")
+    assert len(memsim.feed_orders(analysis.eg, one)) == 1 < len(memsim.feed_orders(analysis.eg))

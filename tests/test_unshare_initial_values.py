@@ -74,7 +74,7 @@ def test_the_simulator_sees_no_first_step_copies_after_the_pass():
     assert sharing_groups(load(built.graph)) and not sharing_groups(graph)
     analysis = analyse(graph, list(built.fetches), [], DEFAULT_DEVICE)
     replay = Replay(analysis.eg, Placement(None, None), 64 << 20, analysis.views)
-    assert replay._first_update_copies() == {}
+    assert replay.first_update_copies() == {}
 
 
 def test_only_initializers_of_updated_float_variables_are_copied():

@@ -7,7 +7,8 @@ then holds the one buffer. The first in-place update of such a variable finds th
 into a new chunk, allocated mid-step and kept for the session (TF's copy-on-write in ``PrepareToUpdateVariable``);
 the last holder of a buffer keeps it. Those small chunks, left between the first step's activations, split
 the free memory of every later step, so a large request can find no free chunk (``tests/test_guarantee.py``: a
-ResNet-20 with momentum at 112 MiB; ``tests/test_memsim.py`` checks which variables are copied).
+ResNet-20 with momentum at 112 MiB; ``tests/test_memsim.py`` checks which variables are copied). Variables on
+different devices never share: each device receives its own copy of the constant.
 
 Examples
 --------
@@ -27,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 
 import numpy as np
+import tensorflow as tf
 from tensorflow.python.framework import tensor_util
 
 from tfmem.ir.graph import GraphIR, TensorRef
@@ -39,14 +41,18 @@ def updates_in_place(op: str) -> bool:
 
 
 def sharing_groups(graph: GraphIR) -> dict[Hashable, list[str]]:
-    """Variables initialised to one constant value, by that value: groups of two or more, in graph order."""
+    """Variables initialised to one constant value on one device, by device and value: groups of two or more, in
+    graph order."""
     groups: dict[Hashable, list[str]] = {}
     for node in graph.nodes:
         if node.op != "AssignVariableOp" or len(node.inputs) < 2:
             continue
         var = variable_of(graph, node.inputs[0])
         key = constant_key(graph, node.inputs[1])
-        if var is not None and key is not None and var not in groups.get(key, ()):
+        if var is None or key is None:
+            continue
+        key = (tf.DeviceSpec.from_string(graph[var].device).to_string().lower(), key)
+        if var not in groups.get(key, ()):
             groups.setdefault(key, []).append(var)
     return {k: v for k, v in groups.items() if len(v) > 1}
 

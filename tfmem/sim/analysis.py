@@ -48,6 +48,11 @@ class Analysis:
         return {}
 
     @cached_property
+    def bystanders(self) -> dict[Placement, frozenset[str]]:
+        """``tfmem.sim.replay.bystanders`` by placement, kept by ``tfmem.sim.memsim.simulate``."""
+        return {}
+
+    @cached_property
     def lists(self) -> ListHoldings:
         """The items each list handle holds (``tfmem.sim.tensor_list_memory``)."""
         return list_holdings(self.eg)

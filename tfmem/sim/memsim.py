@@ -41,7 +41,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 
 from tensorflow.core.protobuf import config_pb2
 
@@ -62,7 +62,7 @@ from tfmem.sim.executor_folding import fold_like_executor
 from tfmem.sim.graphcache import GraphCache
 from tfmem.sim.grappler import runtime_graph_def
 from tfmem.sim.profile import MemoryProfile, declared_variable_bytes
-from tfmem.sim.replay import Replay
+from tfmem.sim.replay import Replay, bystanders
 from tfmem.sim.schedule import Schedule, emulate, fixed
 
 
@@ -188,11 +188,27 @@ def simulate(
         idle = idle_variables(graph, eg)
         if isinstance(graph, GraphIR):
             _IDLE.put(graph, tuple(fetch_names), idle)
-    profile = max((Replay(eg, placement, device_memory, analysis.views, feed_order=o, sharing=sharing,
-                           copy_order=c, idle_variables=idle, lists=analysis.lists).run(sc)
-                   for sc in scheds for o in (feed_orders(eg) if device_memory is not None else [None])
-                   for c in copy_orders),
-                  key=lambda p: (p.allocation_failures, p.peak_bytes))
+    skipped = analysis.bystanders.get(placement)
+    if skipped is None:
+        skipped = analysis.bystanders[placement] = bystanders(eg, placement)
+
+    def replays() -> Iterator[MemoryProfile]:
+        for sc in scheds:
+            for o in feed_orders(eg, placement) if device_memory is not None else [None]:
+                seen = set()
+                for c in copy_orders:
+                    replay = Replay(eg, placement, device_memory, analysis.views, feed_order=o, sharing=sharing,
+                                    copy_order=c, idle_variables=idle, lists=analysis.lists, bystanders=skipped)
+                    # Orders that relocate the same variables of this device (a bystander's take no layout)
+                    # replay the same: the first one stands for them (max keeps the first of equals).
+                    relocated = replay.relocations(sc)
+                    key = (bool(relocated), tuple(sorted((u, tuple(sorted(v))) for u, v in relocated.items()
+                                                         if u not in skipped)))
+                    if key not in seen:
+                        seen.add(key)
+                        yield replay.run(sc)
+
+    profile = max(replays(), key=lambda p: (p.allocation_failures, p.peak_bytes))
     # A fixed order is one thread's schedule: its length is the estimate (and scoring orders stays cheap).
     if order is not None:
         step = sched.makespan_s
@@ -210,8 +226,10 @@ def simulate(
     return profile
 
 
-def feed_orders(eg: ExecutionGraph) -> list[tuple[TensorRef, ...]]:
-    """Orders in which a session may allocate the fed tensors: by name, by size either way, and reversed.
+def feed_orders(eg: ExecutionGraph, placement: Placement | None = None) -> list[tuple[TensorRef, ...]]:
+    """Orders in which a session may allocate the fed tensors: by name, by size either way, and reversed; with
+    ``placement``, only those that differ in the order of the tensors fed to its device or host (another
+    device's allocations take no layout in the replay, so their order changes nothing it reports).
 
     The order matters near a capacity: BFC hands a free chunk out whole unless it is twice the request, and
     the feeds arrive when the region is nearly empty: one order can fail where another fits
@@ -228,10 +246,19 @@ def feed_orders(eg: ExecutionGraph) -> list[tuple[TensorRef, ...]]:
     by_name = sorted(eg.fed, key=str)
     by_size = sorted(by_name, key=lambda t: eg.graph.spec(t).nbytes or 0)
     orders: list[tuple[TensorRef, ...]] = []
+    seen: set[tuple[TensorRef, ...]] = set()
     for order in (by_name, by_name[::-1], by_size, by_size[::-1]):
-        if tuple(order) not in orders:
+        here = tuple(t for t in order if placement is None or _fed_domain(eg, placement, t) != "other")
+        if here not in seen:
+            seen.add(here)
             orders.append(tuple(order))
     return orders
+
+
+def _fed_domain(eg: ExecutionGraph, placement: Placement, tensor: TensorRef) -> str:
+    """The domain a fed tensor is allocated in: its first consumer's (``Replay._allocate_fed``)."""
+    consumers = eg.consumers(tensor)
+    return placement.domain(eg.graph[eg.members[consumers[0]][0]].device) if consumers else "device"
 
 
 # Draws of TF's hashed successor orders (``ExecutionGraph.activation_order``) emulated per simulation.

@@ -4,7 +4,7 @@ describes the rules and is the entry point)."""
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tfmem.ir.devices import Placement
@@ -67,7 +67,7 @@ class Replay:
                  views: dict[TensorRef, int] | None = None, feed_order: Sequence[TensorRef] | None = None,
                  sharing: dict[Hashable, list[str]] | None = None,
                  copy_order: str = "schedule", idle_variables: Sequence[tuple[str, int, str]] = (),
-                 lists: ListHoldings | None = None) -> None:
+                 lists: ListHoldings | None = None, bystanders: frozenset[str] | None = None) -> None:
         self.eg, self.graph = eg, eg.graph
         # the items each list handle holds, allocated and freed with it (``tfmem.sim.tensor_list_memory``)
         self.lists = list_holdings(eg) if lists is None else lists
@@ -75,7 +75,7 @@ class Replay:
         self.idle_variables = tuple(idle_variables)   # (name, bytes, device): held all step, run by no op
         self._idle_names = {name for name, _, _ in self.idle_variables}
         # variables that start out holding one buffer (``tfmem.ir.shared_init``; default: from ``eg``'s graph), and
-        # the order their first updates are taken in: the schedule's or the graph's (``_first_update_copies``)
+        # the order their first updates are taken in: the schedule's or the graph's (``first_update_copies``)
         self.sharing = sharing_groups(eg.graph) if sharing is None else sharing
         self.copy_order = copy_order
         # the order fed tensors are allocated in (default: by name, a fixed order for a reproducible layout)
@@ -90,6 +90,9 @@ class Replay:
         if device_memory is not None:
             self.allocators["device"] = BFCAllocator(limit_bytes=device_memory)
         self.persistent = {"device": 0, "host": 0, "other": 0}
+        # Units whose replay cannot change the device's or the host's buffers: only their outputs' copies into
+        # those domains are replayed (``_copies_out``). Default: ``bystanders(eg, placement)``.
+        self.bystanders = bystanders_of(eg, self.domain) if bystanders is None else bystanders
         self.buffers: dict[tuple[TensorRef, str], _Buffer] = {}   # (tensor, domain) -> buffer
         self.var_storage: dict[str, _Buffer] = {}
         self.temps: dict[str, list[_Buffer]] = {}
@@ -124,8 +127,7 @@ class Replay:
     def run(self, sched: Schedule) -> MemoryProfile:
         # With a capacity, where buffers sit decides what fits: replay the session's first step first, as the
         # testbed runs a warm-up step before it measures, and report the step after it.
-        order = sched.order if self.copy_order == "schedule" else None
-        relocated = self._first_update_copies(order) if self.bounded else {}
+        relocated = self.relocations(sched)
         self._allocate_persistent(share=self.bounded)
         if relocated:
             self._allocate_fed()
@@ -142,7 +144,10 @@ class Replay:
         )
         for time_s, is_start, i in events:
             unit = sched.order[i]
-            if is_start:
+            if unit in self.bystanders:
+                if not is_start:
+                    self._copies_out(unit)
+            elif is_start:
                 for var in sorted(relocated.get(unit, ())):  # copy-on-write of a shared slot: its own chunk here
                     self.var_storage[var] = self._alloc(TensorRef(var, 0), variable_bytes(self.graph[var]),
                                                         self.domain[self.eg.unit_of[var]], "persistent")
@@ -151,7 +156,14 @@ class Replay:
                 self._end(unit)
             self._record(time_s, unit)
 
-    def _first_update_copies(self, order: Sequence[str] | None = None) -> dict[str, set[str]]:
+    def relocations(self, sched: Schedule) -> dict[str, set[str]]:
+        """The first step's copies of shared variables (``first_update_copies``) in this replay's copy order;
+        none without a capacity (the layout then decides nothing)."""
+        if not self.bounded:
+            return {}
+        return self.first_update_copies(sched.order if self.copy_order == "schedule" else None)
+
+    def first_update_copies(self, order: Sequence[str] | None = None) -> dict[str, set[str]]:
         """Variables that share their initial buffer, by the update op that gives each its own in the first step.
 
         Variables initialised to one constant hold one buffer after initialisation (``tfmem.ir.shared_init``); the
@@ -338,6 +350,14 @@ class Replay:
         for scratch in self.temps.pop(unit, ()):
             self._free(scratch)
 
+    def _copies_out(self, unit: str) -> None:
+        """What an other device's unit does to the device and host when it ends: their copies of its outputs."""
+        for t in self.eg.outputs_of(unit):
+            for domain in {self.domain[c] for c in self.eg.consumers(t)} - {"other"}:
+                copy = self._alloc(t, self._nbytes(t), domain, "copy")
+                copy.uses = self._uses(t, domain)
+                self.buffers[(t, domain)] = copy
+
     def _record(self, time_s: float, unit: str) -> None:
         device, host = self.allocators["device"].in_use_bytes, self.allocators["host"].in_use_bytes
         self.timeline.append((time_s, device, host, unit))
@@ -373,6 +393,30 @@ class Replay:
             timeline=tuple(self.timeline), schedule=sched, notes=notes,
             allocation_failures=self.allocators["device"].failures,
         )
+
+
+def bystanders(eg: ExecutionGraph, placement: Placement) -> frozenset[str]:
+    """The units of ``eg`` on other devices than ``placement``'s device and host whose replay can be skipped
+    but for the copies of their outputs into those two (``Replay._copies_out``): all of them, or none."""
+    return bystanders_of(eg, {u: placement.domain(eg.graph[eg.members[u][0]].device) for u in eg.units})
+
+
+def bystanders_of(eg: ExecutionGraph, domain: Mapping[str, str]) -> frozenset[str]:
+    """``bystanders`` by each unit's domain. An other-domain unit touches the device's and host's buffers only
+    through the copies of its outputs they consume, unless a resource variable is read or updated across the
+    boundary (a read's output is then the variable's buffer, and an update's copy-on-write counts its readers):
+    then none is skipped (``tests/test_memsim.py::test_other_devices_are_replayed_only_through_their_copies``)."""
+    other = {u for u in eg.units if domain[u] == "other"}
+    if not other:
+        return frozenset()
+    graph = eg.graph
+    for u in eg.units:
+        for n in eg.members[u]:
+            for t in graph[n].inputs:
+                owner = eg.unit_of.get(t.node)
+                if owner is not None and graph[t.node].op in RESOURCE_VARIABLE_OPS and (u in other) != (owner in other):
+                    return frozenset()
+    return frozenset(other)
 
 
 def _tensor_name(ref: TensorRef) -> str:
