@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import tensorflow as tf
 
 from tests.helpers import HOST, MiB, v1
@@ -83,3 +84,31 @@ def test_copies_charged_as_work_where_the_link_shares_the_cores():
     with_share = simulate(g, ["s:0"], cost_device=shared, **kw).estimated_step_s
     assert without >= 3 * copy_s   # the link carries one copy at a time each way
     assert with_share > without
+
+
+def _conv_ir(batch: int, size: int, kernel: int, cin: int, cout: int):
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, (batch, size, size, cin), name="x")
+        w = tf.compat.v1.placeholder(tf.float32, (kernel, kernel, cin, cout), name="w")
+        y = tf.nn.conv2d(x, w, 1, "VALID", name="conv")
+        tf.raw_ops.Conv2DBackpropFilter(input=x, filter_sizes=w.shape.as_list(), out_backprop=y, strides=[1] * 4,
+                                        padding="VALID", name="dw")
+        tf.raw_ops.Conv2DBackpropInput(input_sizes=x.shape.as_list(), filter=w, out_backprop=y, strides=[1] * 4,
+                                       padding="VALID", name="dx")
+    return load(g)
+
+
+def test_a_convolution_with_a_small_output_takes_its_filter_pass_per_image():
+    # experiments/results/conv_kernels.md: an fc layer as a 1x1-output convolution runs 30-40x its flops' time
+    # on the testbed's CPU (the filter read once per image, 2.4-3.2 GB/s); at 28x28 its flops dominate.
+    testbed, v100 = costmodel.DEFAULT_DEVICE, costmodel.DEVICES["V100+PCIe3"]
+    fc = _conv_ir(2, 1, 1, 4096, 4096)
+    filter_pass = 2 * 4096 * 4096 * 4 / testbed.conv_filter_pass_bandwidth
+    for op in ("conv", "dw", "dx"):
+        assert costmodel.op_time_s(fc[op], fc) == pytest.approx(testbed.launch_overhead_s + filter_pass)
+        assert costmodel.op_time_s(fc[op], fc, v100) < 1e-3   # a GPU's kernels: the roofline
+    wide = _conv_ir(2, 30, 3, 128, 128)
+    flops = 2 * 2 * 28 * 28 * 3 * 3 * 128 * 128
+    assert costmodel.op_time_s(wide["conv"], wide) == pytest.approx(testbed.launch_overhead_s
+                                                                    + flops / testbed.peak_flops)

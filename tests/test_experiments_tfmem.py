@@ -10,6 +10,7 @@ from experiments import (
     _planner_report,
     allocator_fit,
     budget_met,
+    conv_kernels,
     distributed_moe,
     model_zoo,
     moe_placement,
@@ -448,3 +449,14 @@ def test_distributed_moe_tiny_planned(tmp_path):
         assert 0.9 <= row["simulated_mib"][device] / measured <= 1.1, (device, row["simulated_mib"], measured)
     assert best["identical"] is None   # 20 experts a machine do not fit 16 MiB as built: nothing to compare
     assert "| tfmem | sparse | 2 | 40 |" in (tmp_path / "distributed_moe_tiny.md").read_text()
+
+
+def test_conv_kernels_tiny(tmp_path):
+    assert conv_kernels.main(["--tiny", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "conv_kernels_tiny.json").read_text())["rows"]
+    assert [r["op"] for r in rows[:3]] == ["forward", "input gradient", "filter gradient"]
+    assert all(r["measured_ms"] > 0 and r["estimated_ms"] >= r["estimated_without_floor_ms"] > 0 for r in rows)
+    # the 1x1 output's estimate is its filter pass (the floor), the 8x8 one's its flops
+    assert rows[0]["estimated_ms"] > rows[0]["estimated_without_floor_ms"]
+    assert rows[3]["estimated_ms"] == rows[3]["estimated_without_floor_ms"]
+    assert "| 2, 1, 1, 256, 256 | 1x1 | forward |" in (tmp_path / "conv_kernels_tiny.md").read_text()

@@ -1,6 +1,8 @@
 """Estimated op compute time and transfer time, for a named device and link.
 
-A roofline estimate per op: ``max(flops / peak_flops, bytes_touched / memory_bandwidth) + launch overhead``.
+A roofline estimate per op: ``max(flops / peak_flops, bytes_touched / memory_bandwidth) + launch overhead``,
+and for a convolution on a device whose kernels pass over the filter once per image (the testbed's CPU), at
+least that pass.
 It ranks choices (which tensor to swap, how far ahead to prefetch, what recomputation costs); it is not a
 profiler. Figures computed with it are labelled "cost model" in reports.
 
@@ -32,6 +34,8 @@ class DeviceSpec:
     link_latency_s: float = 10e-6
     # Share of the compute cores a copy keeps busy for its link time (0 for a DMA engine).
     transfer_cpu_share: float = 0.0
+    # Bytes/s at which the device's convolution kernels read a filter once per image (0: no such floor).
+    conv_filter_pass_bandwidth: float = 0.0
 
     def transfer_s(self, nbytes: int) -> float:
         """Seconds to move ``nbytes`` over the link."""
@@ -42,7 +46,11 @@ DEVICES: dict[str, DeviceSpec] = {
     # The testbed: CPU cores doing float math, gRPC over loopback as the link, copies keeping the cores busy. Fitted
     # to the 2026-11-24 calibration run (1.62x estimated/measured, 1.03 ms per MiB copied); the latest run
     # (experiments/results/testbed_calibration.md) measured a slower day (0.84x, 1.43 ms per MiB); see docs/RESULTS.md.
-    "testbed": DeviceSpec("testbed (CPU + loopback gRPC)", 4.87e10, 4.87e10, 1.02e9, 20e-6, 100e-6, transfer_cpu_share=1.0),
+    # TF's CPU convolutions pass over the whole filter once per image: a fully-connected layer written as a
+    # convolution (1x1 output) takes 30-40x its flops' time, from 1 to 392 MiB filters alike (2.4-3.2 GB/s per
+    # image: experiments/results/conv_kernels.md), where its MatMul form runs at the roofline.
+    "testbed": DeviceSpec("testbed (CPU + loopback gRPC)", 4.87e10, 4.87e10, 1.02e9, 20e-6, 100e-6, transfer_cpu_share=1.0,
+                          conv_filter_pass_bandwidth=2.5e9),
     "TitanX+PCIe3": DeviceSpec("TitanX (12 GB) + PCIe3 x16", 6e12, 3.36e11, 12e9),
     "V100+PCIe3": DeviceSpec("V100 (16 GB) + PCIe3 x16", 14e12, 9e11, 12e9),
     "H200+PCIe5": DeviceSpec("H200 (141 GB) + PCIe5 x16", 60e12, 4.8e12, 55e9),
@@ -125,7 +133,27 @@ def op_time_s(node: OpNode, graph: GraphIR, device: DeviceSpec = DEFAULT_DEVICE)
         except KeyError:
             pass
     compute = max(op_flops(node, graph) / device.peak_flops, touched / device.memory_bandwidth)
+    if device.conv_filter_pass_bandwidth and node.op in FILTER_PASS_CONVS:
+        compute = max(compute, _filter_passes_bytes(node, graph) / device.conv_filter_pass_bandwidth)
     return device.launch_overhead_s + compute
+
+
+# Dense convolutions and their gradients (a depthwise filter is one channel deep: no such pass).
+FILTER_PASS_CONVS = frozenset({"Conv2D", "_FusedConv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter"})
+
+
+def _filter_passes_bytes(node: OpNode, graph: GraphIR) -> int:
+    """The filter's bytes times the images of the batch: what a convolution reads passing over its filter once
+    per image. The batch is the first dimension of the activations in either layout (NHWC, NCHW)."""
+    if node.op == "Conv2DBackpropFilter":
+        images, filt = node.inputs[0], node.outputs[0] if node.outputs else None
+        filter_bytes = filt.nbytes if filt is not None else None
+    else:
+        images = node.inputs[2] if node.op == "Conv2DBackpropInput" else node.inputs[0]
+        filter_bytes = graph.spec(node.inputs[1]).nbytes if len(node.inputs) > 1 else None
+    shape = graph.spec(images).shape
+    batch = int(shape[0] or 1) if shape else 1
+    return batch * (filter_bytes or 0)
 
 
 # Above this cost an op is worth spreading over the intra-op threads (the step-time estimate's rule). It is
