@@ -123,6 +123,29 @@ def test_a_device_that_cannot_fit_is_named() -> None:
     assert str(caught.value).startswith(f"device {caught.value.device}: budget 1.00 MiB unreachable")
 
 
+def test_a_graph_grappler_rejects_is_planned_without_grappler_on_every_device(monkeypatch) -> None:
+    """Where Grappler rejects the user's graph, the session runs the plan without it (Optimized.config), so every
+    device's plan is simulated without it, also where Grappler would accept the graph an earlier plan left (the
+    160-expert MoE of experiments/distributed_moe: Grappler rejects the model and accepted the graph machines 0
+    and 1's plans left, so machine 2 was planned with rewrites its session would not run)."""
+    from tfmem import optimizer
+    from tfmem.sim.grappler import WORK
+
+    asked: list[int] = []
+
+    def rejects_only_the_users_graph(graph_def: object, fetches: object, config: object = None) -> bool:
+        asked.append(1)
+        return len(asked) == 1   # the first question is about the user's graph
+
+    monkeypatch.setattr(optimizer, "grappler_rejects", rejects_only_the_users_graph)
+    rewrites = WORK["rewrites"]
+    opt = tfmem.optimize(two_machine_graph(), FETCHES, budget=BUDGET, devices=DEVICES)
+    assert opt.config.graph_options.rewrite_options.disable_meta_optimizer
+    for device, report in opt.report.devices.items():
+        assert any("Grappler) fails on this graph" in n for n in report.notes), device
+    assert WORK["rewrites"] == rewrites   # no simulation ran Grappler's rewrites
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"devices": DEVICES, "device": device_name(0)}, "not both"),
     ({"devices": {}}, "non-empty dict"),

@@ -250,16 +250,17 @@ class _How:
     layout_check: bool
 
 
-def _plan(ir: GraphIR, how: _How, device: str | None,
-          host: str | None) -> tuple[GraphIR, config_pb2.ConfigProto, Report]:
+def _plan(ir: GraphIR, how: _How, device: str | None, host: str | None,
+          grappler_off: bool | None = None) -> tuple[GraphIR, config_pb2.ConfigProto, Report]:
     """Plan ``ir`` for one device (and its host): the graph, its session config and the report; raises
-    ``InfeasibleBudgetError`` when nothing fits."""
+    ``InfeasibleBudgetError`` when nothing fits. ``grappler_off``: whether the session runs without Grappler
+    (default: when Grappler rejects ``ir``)."""
     budget_bytes, fetch_list, pipeline = how.budget_bytes, how.fetches, how.pipeline
     all_passes = {p.name for p in resolve_passes("auto")} <= {p.name for p in pipeline}
     max_target = target_bytes_for(budget_bytes) if budget_bytes is not None else None
     notes: list[str] = []
     base, grappler_off = _session_context(ir, fetch_list, how.shapes, device, host, how.check, how.inter_op_threads,
-                                          how.grappler)
+                                          how.grappler, grappler_off)
     faithful = base.grappler
     before = base.simulate(ir)  # the budget does not change the unoptimized graph's peak
     if budget_bytes is not None and how.layout_check:   # keeping the graph rests on the same allocator replay
@@ -304,9 +305,9 @@ def _plan(ir: GraphIR, how: _How, device: str | None,
     reports = leading_reports + list(chosen.reports)
     report = Report(budget_bytes, before, after, reports, search=search.log)
     if grappler_off:
-        report.notes.append("TensorFlow's graph optimizer (Grappler) fails on this graph, so a session runs it as "
-                            "written; run the result with Optimized.config, which turns Grappler off, for identical "
-                            "results")
+        report.notes.append("TensorFlow's graph optimizer (Grappler) fails on this graph (or, across devices, on "
+                            "the user's), so a session runs it as written; run the result with Optimized.config, "
+                            "which turns Grappler off, for identical results")
     report.notes.extend(notes)
     if not faithful and not grappler_off:
         report.notes.append(f"simulated as written, without Grappler's rewrites ({len(ir)} ops; "
@@ -347,8 +348,12 @@ def _plan_across(ir: GraphIR, how: _How,
     afters: dict[str, MemoryProfile] = {}
     for _ in range(ACROSS_ROUNDS):
         for device in pending:
+            # Once the session is to run without Grappler (it rejects the user's graph, or a plan turned it off),
+            # every later plan is simulated so too, though Grappler may accept the graph a plan left.
+            off = rejected_before or any(c.graph_options.rewrite_options.disable_meta_optimizer
+                                         for c in configs.values())
             try:
-                ir, configs[device], reports[device] = _plan(ir, how, device, hosts[device])
+                ir, configs[device], reports[device] = _plan(ir, how, device, hosts[device], True if off else None)
             except InfeasibleBudgetError as e:
                 raise on_device(e, device) from None
         config = merged_config(list(configs.values()))
