@@ -341,10 +341,7 @@ class Replay:
                 self._free(buf)
         for t in self.eg.outputs_of(unit):
             buf = self.buffers[(t, domain)]
-            for other in {self.domain[c] for c in self.eg.consumers(t)} - {domain}:
-                copy = self._alloc(t, self._nbytes(t), other, "copy")
-                copy.uses = self._uses(t, other)
-                self.buffers[(t, other)] = copy
+            self._copy_into(t, {self.domain[c] for c in self.eg.consumers(t)} - {domain})
             if buf.uses <= 0:
                 self._free(buf)
         for scratch in self.temps.pop(unit, ()):
@@ -353,10 +350,14 @@ class Replay:
     def _copies_out(self, unit: str) -> None:
         """What an other device's unit does to the device and host when it ends: their copies of its outputs."""
         for t in self.eg.outputs_of(unit):
-            for domain in {self.domain[c] for c in self.eg.consumers(t)} - {"other"}:
-                copy = self._alloc(t, self._nbytes(t), domain, "copy")
-                copy.uses = self._uses(t, domain)
-                self.buffers[(t, domain)] = copy
+            self._copy_into(t, {self.domain[c] for c in self.eg.consumers(t)} - {"other"})
+
+    def _copy_into(self, tensor: TensorRef, domains: set[str]) -> None:
+        """A copy of ``tensor`` in each of ``domains`` (whose ops read it), made when its producer ends."""
+        for domain in sorted(domains):
+            copy = self._alloc(tensor, self._nbytes(tensor), domain, "copy")
+            copy.uses = self._uses(tensor, domain)
+            self.buffers[(tensor, domain)] = copy
 
     def _record(self, time_s: float, unit: str) -> None:
         device, host = self.allocators["device"].in_use_bytes, self.allocators["host"].in_use_bytes
