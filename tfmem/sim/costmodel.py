@@ -47,8 +47,8 @@ DEVICES: dict[str, DeviceSpec] = {
     # to the 2026-11-24 calibration run (1.62x estimated/measured, 1.03 ms per MiB copied); the latest run
     # (experiments/results/testbed_calibration.md) measured a slower day (0.84x, 1.43 ms per MiB); see docs/RESULTS.md.
     # TF's CPU convolutions pass over the whole filter once per image: a fully-connected layer written as a
-    # convolution (1x1 output) takes 30-40x its flops' time, from 1 to 392 MiB filters alike (2.4-3.2 GB/s per
-    # image: experiments/results/conv_kernels.md), where its MatMul form runs at the roofline.
+    # convolution (1x1 output) took 30-40x its roofline time with 64 to 392 MiB filters alike (2.1-2.9 GB/s per
+    # image: experiments/results/conv_kernels.md); outputs of 7x7 and more stay compute-bound.
     "testbed": DeviceSpec("testbed (CPU + loopback gRPC)", 4.87e10, 4.87e10, 1.02e9, 20e-6, 100e-6, transfer_cpu_share=1.0,
                           conv_filter_pass_bandwidth=2.5e9),
     "TitanX+PCIe3": DeviceSpec("TitanX (12 GB) + PCIe3 x16", 6e12, 3.36e11, 12e9),
