@@ -17,6 +17,7 @@ from tfmem.sim import costmodel
 from tfmem.sim.bfc import BFCAllocator, rounded_bytes
 from tfmem.sim.memsim import simulate
 from tfmem.sim.opmemory import viewed_input
+from tfmem.sim.replay import first_update_copies
 
 v1 = tf.compat.v1
 KIB4 = 4096  # 1024 float32
@@ -267,7 +268,7 @@ def test_first_step_adam_update_copies_a_shared_slot_mid_region():
     # first step's transients, not packed with the other variables; the bytes stay those of the variables.
     adam = examples.mlp(batch=64, dims=(256, 512, 10), optimizer="adam")
     replay = _replayed(adam, 64 << 20)
-    copies = replay.first_update_copies()
+    copies = first_update_copies(replay.eg, replay.sharing)
     assert copies and all(replay.graph[op].op == "ResourceApplyAdam" for op in copies)
     chunks = replay.allocators["device"]._handles
     ptr = {name: chunks[buf.handle].ptr for name, buf in replay.var_storage.items()}
@@ -287,7 +288,7 @@ def test_first_step_adam_update_copies_a_shared_slot_mid_region():
 def test_first_step_copies_every_variable_that_shares_its_initial_constant(optimizer, copies):
     built = examples.mlp(batch=64, dims=(256, 512, 10), optimizer=optimizer)
     replay = _replayed(built, 64 << 20)
-    predicted = {op: len(vs) for op, vs in replay.first_update_copies().items()}
+    predicted = {op: len(vs) for op, vs in first_update_copies(replay.eg, replay.sharing).items()}
     assert predicted == {f"train_op/update_{v}/ResourceApply{optimizer.capitalize()}": n for v, n in copies.items()}
 
 

@@ -18,7 +18,7 @@ from tfmem.ir.shared_init import sharing_groups
 from tfmem.pipeline import PassContext
 from tfmem.sim.analysis import analyse
 from tfmem.sim.costmodel import DEFAULT_DEVICE
-from tfmem.sim.replay import Replay
+from tfmem.sim.replay import Replay, first_update_copies
 from tfmem.testbed.graph import initializer_names
 
 v1 = tf.compat.v1
@@ -74,7 +74,7 @@ def test_the_simulator_sees_no_first_step_copies_after_the_pass():
     assert sharing_groups(load(built.graph)) and not sharing_groups(graph)
     analysis = analyse(graph, list(built.fetches), [], DEFAULT_DEVICE)
     replay = Replay(analysis.eg, Placement(None, None), 64 << 20, analysis.views)
-    assert replay.first_update_copies() == {}
+    assert first_update_copies(replay.eg, replay.sharing) == {}
 
 
 def test_only_initializers_of_updated_float_variables_are_copied():

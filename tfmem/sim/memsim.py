@@ -62,7 +62,7 @@ from tfmem.sim.executor_folding import fold_like_executor
 from tfmem.sim.graphcache import GraphCache
 from tfmem.sim.grappler import runtime_graph_def
 from tfmem.sim.profile import MemoryProfile, declared_variable_bytes
-from tfmem.sim.replay import Replay, bystanders
+from tfmem.sim.replay import Replay, bystanders, fed_domain, first_update_copies
 from tfmem.sim.schedule import Schedule, emulate, fixed
 
 
@@ -171,14 +171,15 @@ def simulate(
     # With a capacity, where the fed tensors land decides what fits, and TF allocates them in the order of the
     # caller's feed dict, which the graph does not say: replay a few orders and report the worst.
     # The initializers that decide which variables share a buffer are pruned from Grappler's rewrite of the step.
-    sharing = None
+    sharing: dict[Hashable, list[str]] = {}   # without a capacity no layout is replayed: nothing shares
     if device_memory is not None:
-        sharing = _SHARING.get(graph, ()) if isinstance(graph, GraphIR) else None
-        if sharing is None:
+        known = _SHARING.get(graph, ()) if isinstance(graph, GraphIR) else None
+        if known is None:
             source = graph if isinstance(graph, GraphIR) else GraphIR.from_graph_def(to_graph_def(graph))
-            sharing = sharing_groups(source)
+            known = sharing_groups(source)
             if isinstance(graph, GraphIR):
-                _SHARING.put(graph, (), sharing)
+                _SHARING.put(graph, (), known)
+        sharing = known
     # Which holder of a shared buffer is updated last, and so keeps it, is the executor's order; the emulated one
     # can differ, and one small chunk moved decides whether a large request finds room: replay both orders and
     # report the worst (tests/test_guarantee.py: a ResNet-20 with momentum).
@@ -192,21 +193,27 @@ def simulate(
     if skipped is None:
         skipped = analysis.bystanders[placement] = bystanders(eg, placement)
 
+    def distinct_copy_orders(sched: Schedule) -> list[str]:
+        # Copy orders that relocate the same variables of this device (a bystander's take no layout) replay the
+        # same (``Replay.relocations``): the first stands for them, as max keeps the first of equals.
+        kept, seen = [], set()
+        for c in copy_orders:
+            moved = first_update_copies(eg, sharing, sched.order if c == "schedule" else None)
+            key = bool(moved), tuple(sorted((u, tuple(sorted(v))) for u, v in moved.items() if u not in skipped))
+            if key not in seen:
+                seen.add(key)
+                kept.append(c)
+        return kept
+
+    fed_in = feed_orders(eg, placement) if device_memory is not None else [None]
+
     def replays() -> Iterator[MemoryProfile]:
         for sc in scheds:
-            for o in feed_orders(eg, placement) if device_memory is not None else [None]:
-                seen = set()
-                for c in copy_orders:
-                    replay = Replay(eg, placement, device_memory, analysis.views, feed_order=o, sharing=sharing,
-                                    copy_order=c, idle_variables=idle, lists=analysis.lists, bystanders=skipped)
-                    # Orders that relocate the same variables of this device (a bystander's take no layout)
-                    # replay the same: the first one stands for them (max keeps the first of equals).
-                    relocated = replay.relocations(sc)
-                    key = (bool(relocated), tuple(sorted((u, tuple(sorted(v))) for u, v in relocated.items()
-                                                         if u not in skipped)))
-                    if key not in seen:
-                        seen.add(key)
-                        yield replay.run(sc)
+            kept = distinct_copy_orders(sc) if len(copy_orders) > 1 else list(copy_orders)
+            for o in fed_in:
+                for c in kept:
+                    yield Replay(eg, placement, device_memory, analysis.views, feed_order=o, sharing=sharing,
+                                 copy_order=c, idle_variables=idle, lists=analysis.lists, bystanders=skipped).run(sc)
 
     profile = max(replays(), key=lambda p: (p.allocation_failures, p.peak_bytes))
     # A fixed order is one thread's schedule: its length is the estimate (and scoring orders stays cheap).
@@ -248,17 +255,11 @@ def feed_orders(eg: ExecutionGraph, placement: Placement | None = None) -> list[
     orders: list[tuple[TensorRef, ...]] = []
     seen: set[tuple[TensorRef, ...]] = set()
     for order in (by_name, by_name[::-1], by_size, by_size[::-1]):
-        here = tuple(t for t in order if placement is None or _fed_domain(eg, placement, t) != "other")
+        here = tuple(t for t in order if placement is None or fed_domain(eg, placement, t) != "other")
         if here not in seen:
             seen.add(here)
             orders.append(tuple(order))
     return orders
-
-
-def _fed_domain(eg: ExecutionGraph, placement: Placement, tensor: TensorRef) -> str:
-    """The domain a fed tensor is allocated in: its first consumer's (``Replay._allocate_fed``)."""
-    consumers = eg.consumers(tensor)
-    return placement.domain(eg.graph[eg.members[consumers[0]][0]].device) if consumers else "device"
 
 
 # Draws of TF's hashed successor orders (``ExecutionGraph.activation_order``) emulated per simulation.

@@ -75,13 +75,13 @@ class Replay:
         self.idle_variables = tuple(idle_variables)   # (name, bytes, device): held all step, run by no op
         self._idle_names = {name for name, _, _ in self.idle_variables}
         # variables that start out holding one buffer (``tfmem.ir.shared_init``; default: from ``eg``'s graph), and
-        # the order their first updates are taken in: the schedule's or the graph's (``first_update_copies``)
+        # the order their first updates are taken in: the schedule's or the graph's (``relocations``)
         self.sharing = sharing_groups(eg.graph) if sharing is None else sharing
         self.copy_order = copy_order
         # the order fed tensors are allocated in (default: by name, a fixed order for a reproducible layout)
         self.feed_order = tuple(feed_order) if feed_order is not None else tuple(sorted(eg.fed, key=str))
         self.views = views or {}   # output -> the input whose buffer it views (Analysis.views)
-        self.domain = {u: placement.domain(self.graph[eg.members[u][0]].device) for u in eg.units}
+        self.domain = {u: unit_domain(eg, placement, u) for u in eg.units}
         # Other devices' buffers (another machine's, planned on its own) take no layout: nothing reads it, and a
         # graph over M machines would spend most of a replay on them.
         self.allocators: dict[str, BFCAllocator | _Unlaid] = {"device": BFCAllocator(), "host": BFCAllocator(),
@@ -161,34 +161,7 @@ class Replay:
         none without a capacity (the layout then decides nothing)."""
         if not self.bounded:
             return {}
-        return self.first_update_copies(sched.order if self.copy_order == "schedule" else None)
-
-    def first_update_copies(self, order: Sequence[str] | None = None) -> dict[str, set[str]]:
-        """Variables that share their initial buffer, by the update op that gives each its own in the first step.
-
-        Variables initialised to one constant hold one buffer after initialisation (``tfmem.ir.shared_init``); the
-        first in-place update of each finds it shared and copies it into a new chunk, allocated mid-step and kept
-        for the session, so every later step runs around it (``tests/test_unshare_initial_values.py`` measures
-        the copies in real sessions; ``tests/test_memsim.py`` checks the ones predicted here).
-        The holder updated last (in ``order``, the schedule's; default: the graph's) finds the buffer its own by
-        then and copies nothing, unless a variable this step does not update still holds it.
-        """
-        position = {u: i for i, u in enumerate(order if order is not None else self.eg.units)}
-        out: dict[str, set[str]] = {}
-        for members in self.sharing.values():
-            here = [v for v in members if v in self.eg.unit_of]
-            first: dict[str, str] = {}   # variable -> the unit of its first in-place update
-            for v in here:
-                updates = [self.eg.unit_of[c] for c in self.graph.consumers.get(TensorRef(v, 0), ())
-                           if c in self.eg.unit_of and updates_in_place(self.graph[c].op)]
-                if updates:
-                    first[v] = min(updates, key=position.__getitem__)
-            copying = sorted(first, key=lambda v: position[first[v]])
-            if len(copying) == len(members):
-                copying = copying[:-1]
-            for v in copying:
-                out.setdefault(first[v], set()).add(v)
-        return out
+        return first_update_copies(self.eg, self.sharing, sched.order if self.copy_order == "schedule" else None)
 
     def _end_step(self) -> None:
         """Free what the step left (fed and fetched tensors) and start the next step's accounting afresh."""
@@ -247,8 +220,7 @@ class Replay:
 
     def _allocate_fed(self) -> None:
         for ref in self.feed_order:
-            consumers = self.eg.consumers(ref)
-            domain = self.domain[consumers[0]] if consumers else "device"
+            domain = fed_domain(self.eg, self.placement, ref)
             buf = self._alloc(ref, self.graph.spec(ref).nbytes or 0, domain, "fed")
             buf.uses = self._uses(ref, domain)
             buf.held = True  # the step's feed table references every fed tensor until the step ends
@@ -396,10 +368,51 @@ class Replay:
         )
 
 
+def first_update_copies(eg: ExecutionGraph, sharing: Mapping[Hashable, list[str]],
+                        order: Sequence[str] | None = None) -> dict[str, set[str]]:
+    """Variables that share their initial buffer, by the update op that gives each its own in the first step.
+
+    Variables initialised to one constant hold one buffer after initialisation (``tfmem.ir.shared_init``); the
+    first in-place update of each finds it shared and copies it into a new chunk, allocated mid-step and kept
+    for the session, so every later step runs around it (``tests/test_unshare_initial_values.py`` measures
+    the copies in real sessions; ``tests/test_memsim.py`` checks the ones predicted here).
+    The holder updated last (in ``order``, a schedule's; default: the graph's) finds the buffer its own by
+    then and copies nothing, unless a variable this step does not update still holds it. ``sharing``:
+    ``tfmem.ir.shared_init.sharing_groups``.
+    """
+    position = {u: i for i, u in enumerate(order if order is not None else eg.units)}
+    out: dict[str, set[str]] = {}
+    for members in sharing.values():
+        here = [v for v in members if v in eg.unit_of]
+        first: dict[str, str] = {}   # variable -> the unit of its first in-place update
+        for v in here:
+            updates = [eg.unit_of[c] for c in eg.graph.consumers.get(TensorRef(v, 0), ())
+                       if c in eg.unit_of and updates_in_place(eg.graph[c].op)]
+            if updates:
+                first[v] = min(updates, key=position.__getitem__)
+        copying = sorted(first, key=lambda v: position[first[v]])
+        if len(copying) == len(members):
+            copying = copying[:-1]
+        for v in copying:
+            out.setdefault(first[v], set()).add(v)
+    return out
+
+
+def unit_domain(eg: ExecutionGraph, placement: Placement, unit: str) -> str:
+    """The memory domain a unit's buffers live in: its (first) op's device's, as ``placement`` classes it."""
+    return placement.domain(eg.graph[eg.members[unit][0]].device)
+
+
+def fed_domain(eg: ExecutionGraph, placement: Placement, tensor: TensorRef) -> str:
+    """The domain a fed tensor is allocated in: its first consumer's (the device when nothing reads it)."""
+    consumers = eg.consumers(tensor)
+    return unit_domain(eg, placement, consumers[0]) if consumers else "device"
+
+
 def bystanders(eg: ExecutionGraph, placement: Placement) -> frozenset[str]:
     """The units of ``eg`` on other devices than ``placement``'s device and host whose replay can be skipped
     but for the copies of their outputs into those two (``Replay._copies_out``): all of them, or none."""
-    return bystanders_of(eg, {u: placement.domain(eg.graph[eg.members[u][0]].device) for u in eg.units})
+    return bystanders_of(eg, {u: unit_domain(eg, placement, u) for u in eg.units})
 
 
 def bystanders_of(eg: ExecutionGraph, domain: Mapping[str, str]) -> frozenset[str]:
