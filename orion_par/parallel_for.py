@@ -19,6 +19,7 @@ from orion_par.body import is_missing, is_scalar_constant, load_body, resolve
 from orion_par.checks import check_sorted, key_range
 from orion_par.codegen import CompiledBody, compile_body, generate_source, injected_globals
 from orion_par.distarray import Accumulator, DistArray, identity
+from orion_par.elastic.policy import Elastic, ElasticLog
 from orion_par.errors import BadBodyError
 from orion_par.helpers import CallGraph, body_graph
 from orion_par.local import BlockData, run_local
@@ -45,6 +46,9 @@ class RunStats:
     # Per accumulator (orion_par.Accumulator, by name), its value after each epoch: a number for a
     # one-element accumulator, else an array.
     accumulated: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
+    # Elastic runs (``run(elastic=...)``): windows, transitions and the serial order matched
+    # (``orion_par.elastic.loop.ElasticRun``); None otherwise.
+    elastic: ElasticLog | None = None
 
     @property
     def returned(self) -> tuple[float, ...]:
@@ -236,7 +240,8 @@ class ParallelFor:
 
     # -- run ---------------------------------------------------------------------------------------
     def run(self, workers: int = 1, epochs: int = 1, backend: str = "local", *,
-            time_partitions: int | None = None, seed: int | None = None, check_bounds: bool = False) -> RunStats:
+            time_partitions: int | None = None, seed: int | None = None, check_bounds: bool = False,
+            elastic: Elastic | None = None) -> RunStats:
         """Run the loop ``epochs`` times over the data with ``workers`` workers.
 
         Parameters
@@ -257,6 +262,10 @@ class ParallelFor:
             writes memory it does not own (wrong values, or the process dies).  With it, such a subscript
             raises ``BadBodyError`` naming the body's line and the record, and the arrays are left as they
             were before the run.  Checked code runs slower.
+        elastic : orion_par.elastic.Elastic, optional
+            Resize the job while it runs (``backend="ray"``): ``workers`` is the starting count, the
+            policy changes it at window boundaries and replaces stragglers; ``RunStats.elastic`` logs every
+            transition, and its ``serial_order()`` is the serial run the result equals.
 
         Returns
         -------
@@ -268,6 +277,9 @@ class ParallelFor:
             raise BadBodyError(f"run(epochs={epochs!r}): epochs must be an int >= 0.")
         captured = self.captured()
         plan = self._current_plan(captured)
+        if elastic is not None:
+            return self._run_elastic(captured, plan, workers, epochs, backend, time_partitions, seed, check_bounds,
+                                     elastic)
         sched, data = self._prepared(plan, workers, time_partitions)
         data.params = self._params(captured, RETURNED in plan.accumulators)
         if self._key_range is None:
@@ -291,6 +303,36 @@ class ParallelFor:
         self.epochs_run += epochs
         return RunStats(backend, str(plan.scheme), workers, epochs, int(sched.perm.size) * epochs, elapsed,
                         tuple(busy), compiled.compiled, tuple(cpu), _per_epoch(epoch_values))
+
+    def _run_elastic(self, captured: dict[str, Any], plan: Plan, workers: int, epochs: int, backend: str,
+                     time_partitions: int | None, seed: int | None, check_bounds: bool, elastic: Any) -> RunStats:
+        from orion_par.elastic.loop import ElasticDriver, check_elastic
+
+        elastic = check_elastic(elastic, backend, plan, workers)
+        sched, data = self._prepared(plan, workers, time_partitions)
+        data.params = self._params(captured, RETURNED in plan.accumulators)
+        if self._key_range is None:
+            self._key_range = key_range(self._keys)
+        checks.check_bounds(plan.accesses, plan.key_names, data.keys, data.params, self._key_range)
+        compiled = self.compiled_body(data.keys, data.values, data.params, plan.accesses, check_bounds,
+                                      plan.miscompiles, captured)
+        space_bytes = sum(int(captured[n].nbytes) for n in plan.space_arrays if n in captured)
+
+        def make(count: int, records: np.ndarray) -> Schedule:
+            if records.size == self._keys.shape[0]:
+                return self._prepared(plan, count, time_partitions)[0]
+            return make_schedule(plan, self._keys[records], count, time_partitions, space_bytes, self.stratum_seed)
+
+        accs = {n: op for n, op in plan.accumulators.items() if n in data.params}
+        _reset(accs, data.params)
+        driver = ElasticDriver(compiled, data, plan, make, self._keys, np.asarray(self.data), elastic, seed)
+        epoch_values: list[dict[str, np.ndarray]] = []
+        t0 = time.perf_counter()
+        busy = driver.run(workers, epochs, self.epochs_run, epoch_values)
+        elapsed = time.perf_counter() - t0
+        self.epochs_run += epochs
+        return RunStats(backend, str(plan.scheme), workers, epochs, int(self._keys.shape[0]) * epochs, elapsed,
+                        tuple(busy), compiled.compiled, (), _per_epoch(epoch_values), driver.log)
 
     def _run_backend(self, backend: str, compiled: CompiledBody, data: BlockData, sched: Schedule, epochs: int,
                      plan: Plan, seed: int | None, cpu: list[float], accs: Mapping[str, str],

@@ -19,6 +19,7 @@ import numpy as np
 
 from orion_par.accumulate import combine
 from orion_par.codegen import CompiledBody, compile_body
+from orion_par.elastic.emulate import Emulation
 from orion_par.local import BlockData
 from orion_par.plan import Plan
 from orion_par.relaxed import merge_into, sync_every
@@ -58,10 +59,12 @@ class BlockWorker:
     """State of one Ray actor: its array copies, element stamps, and the compiled body."""
 
     def __init__(self, spec: dict[str, Any], keys: np.ndarray, values: np.ndarray, params: dict[str, Any],
-                 worker: int) -> None:
+                 worker: int, slowdown: float = 1.0) -> None:
         self.keys, self.values, self.worker = keys, values, worker
         self.written: tuple[str, ...] = spec["written"]
         self.traveling: tuple[str, ...] = spec["traveling"]
+        self.emulation: Emulation | None = spec.get("emulation")
+        self.slowdown = slowdown
         self.reset(params, spec["seed"])
         names = spec["param_names"]
         args = (keys, values, 0, 0, *(self.params[n] for n in names))
@@ -87,6 +90,8 @@ class BlockWorker:
         t0 = time.perf_counter()
         self.compiled.block(self.keys, self.values, start, stop, *(self.params[n] for n in self.compiled.param_names))
         busy = time.perf_counter() - t0
+        if self.emulation is not None:
+            busy += self.emulation.pad(stop - start, busy, self.slowdown)
         out: Changes = {}
         for n in self.written:
             idx = changed_elements(before[n], self.params[n])
@@ -103,10 +108,24 @@ class BlockWorker:
         for n, v in values.items():
             self.params[n][...] = v
 
-    def collect(self) -> Changes:
+    def load(self, keys: np.ndarray, values: np.ndarray, params: dict[str, Any]) -> None:
+        """Take a new segment's records (block order) and start from the driver's arrays (elastic runs)."""
+        self.keys, self.values = keys, values
+        seeded = self.seeded
+        self.reset(params, self.seed)
+        self.seeded = seeded  # one random stream per actor for its whole life
+
+    def set_worker(self, worker: int) -> None:
+        self.worker = worker
+
+    def ping(self) -> int:
+        return self.worker
+
+    def collect(self, since: int = -1) -> Changes:
+        """Per written array, the elements stamped after ``since``: (flat index, stamp, value)."""
         out: Changes = {}
         for n in self.written:
-            idx = np.flatnonzero(self.stamp[n] >= 0)
+            idx = np.flatnonzero(self.stamp[n] > since)
             out[n] = (idx, self.stamp[n][idx], self.params[n].reshape(-1)[idx])
         return out
 

@@ -1,0 +1,415 @@
+"""``parallel_for`` on Ray, elastic: add, remove and replace actors at window boundaries without a restart.
+
+The run is a sequence of *segments*: a schedule over a set of records, run on the current actors.  A
+segment is cut into windows of ``Elastic.window`` schedule steps (wavefront schedules: whole epochs).  At
+the end of every window the driver gathers the elements each actor wrote since the window began (the
+newest stamp wins, as at the end of a plain Ray run) and, with the accumulators' partial values, keeps
+them as the *checkpoint*.  Then the controller may decide a transition: the records of the segment's
+remaining steps become a new segment, scheduled for the new worker count (``make_schedule`` over those
+records in data order), leaving actors are killed, new ones started, a straggler's actor replaced, and
+every actor loads the new segment's records and the checkpoint's arrays.  The next epoch starts a
+full-epoch segment for the current count.
+
+So the result is exactly the serial run of the executed segments' tasks, one after another
+(``ElasticRun.serial_order()``), and a transition that changes nothing changes no value.  An actor
+that dies (during a window or a transition) is replaced and the run continues from the checkpoint: the
+windows are deterministic given their segment, so nothing is lost or applied twice.  Accumulators are
+combined per segment in worker order, then over the epoch's segments in order.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from orion_par.accumulate import combine
+from orion_par.codegen import CompiledBody
+from orion_par.distarray import identity
+from orion_par.elastic.policy import Controller, Decision, Elastic, ElasticError, ElasticLog, Window
+from orion_par.local import BlockData
+from orion_par.plan import Plan
+from orion_par.ray_backend import BlockWorker, Changes, _import_ray, newest
+from orion_par.schedule import Schedule
+
+_MAX_RECOVERIES = 5  # consecutive failed attempts at one window or transition before giving up
+
+
+@dataclass
+class Segment:
+    """A schedule over ``records`` (indices into the dataset, data order), for epoch ``epoch``."""
+
+    epoch: int
+    sched: Schedule
+    records: np.ndarray
+    last_step: int = 0  # steps run so far (a transition may end a segment early)
+
+    @property
+    def block_order(self) -> np.ndarray:
+        out: np.ndarray = self.records[self.sched.perm]
+        return out
+
+    def steps_records(self, start: int, stop: int) -> np.ndarray:
+        """Dataset indices of the tasks at steps ``start`` to ``stop - 1``, in serial (task) order."""
+        parts = [self.records[self.sched.block_records(t.block)] for t in self.sched.tasks if start <= t.step < stop]
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+@dataclass
+class ElasticRun(ElasticLog):
+    """The log of an elastic ``parallel_for`` run, with the serial order its result equals."""
+
+    segments: list[Segment] = field(default_factory=list)
+
+    def serial_order(self) -> np.ndarray:
+        """Dataset indices in the order of the serial run that the elastic run's arrays equal."""
+        parts = [s.steps_records(0, s.last_step) for s in self.segments]
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+    def allocations(self) -> list[tuple[int, int, int]]:
+        """(epoch, workers, records) per executed segment."""
+        return [(s.epoch, s.sched.num_workers, int(s.steps_records(0, s.last_step).size))
+                for s in self.segments]
+
+
+@dataclass
+class _Checkpoint:
+    params: dict[str, np.ndarray]  # written arrays as of the end of the last window
+    partials: list[dict[str, np.ndarray]]  # accumulators' per-slot partial values in the current segment
+    step: int  # next step of the current segment
+    serial: int  # stamps of later tasks are larger
+
+
+class ElasticDriver:
+    """Runs ``epochs`` epochs elastically; see the module doc.  One instance per run."""
+
+    def __init__(self, compiled: CompiledBody, data: BlockData, plan: Plan, make: Callable[[int, np.ndarray], Schedule],
+                 keys: np.ndarray, values: np.ndarray, elastic: Elastic, seed: int | None) -> None:
+        self.ray = _import_ray()
+        self.compiled, self.data, self.plan, self.make = compiled, data, plan, make
+        self.keys, self.values, self.elastic, self.seed, self.hook = keys, values, elastic, seed, elastic.fault
+        self.accs = {n: op for n, op in plan.accumulators.items() if n in data.params}
+        self.written = tuple(n for n in plan.written if n in data.params and n not in plan.accumulators)
+        self.spec = dict(name=compiled.name, source=compiled.source, param_names=compiled.param_names,
+                         injected=compiled.injected, boundscheck=compiled.boundscheck,
+                         python_reason="" if compiled.compiled else compiled.fallback_reason, written=self.written,
+                         traveling=tuple(n for n in self.written if n not in plan.space_arrays), seed=seed,
+                         emulation=elastic.emulation)
+        self.actors: list[Any] = []
+        self.started = 0  # actors started so far: the next one's start number
+        self.log = ElasticRun()
+        self.busy: list[float] = []
+        self.t0 = time.perf_counter()
+        self.started_ray = False
+        self.actor_cls: Any = None
+        self.cap = 1
+        self.tokens: dict[int, Any] = {}
+        self.ready: dict[int, Any] = {}  # slot -> actor started in the background for the pending decision
+        self.pinged: list[Any] = []
+        self.pending: Decision | None = None
+
+    # -- actors -----------------------------------------------------------------------------------
+    def _init_ray(self, cap: int) -> None:
+        if not self.ray.is_initialized():
+            self.ray.init(num_cpus=max(cap, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False,
+                          configure_logging=False)
+            self.started_ray = True
+        self.actor_cls = self.ray.remote(num_cpus=1, max_restarts=0)(BlockWorker)
+
+    def _new_actor(self, slot: int, refs: tuple[Any, Any, Any]) -> Any:
+        slowdown = self.elastic.emulation.slowdown(self.started) if self.elastic.emulation else 1.0
+        self.started += 1
+        return self.actor_cls.remote(self.spec, refs[0], refs[1], refs[2], slot, slowdown)
+
+    def capacity(self) -> int:
+        """Actors the cluster has CPUs for, one CPU each (its total: a killed actor frees its CPU only later)."""
+        return int(float(self.ray.cluster_resources().get("CPU", 1.0)))
+
+    def _alive(self, actor: Any) -> bool:
+        try:
+            self.ray.get(actor.ping.remote())
+            return True
+        except self.ray.exceptions.RayActorError:
+            return False
+
+    def _establish(self, seg: Segment, ckpt: _Checkpoint, workers: int, replace: Sequence[int] = ()) -> None:
+        """Exactly ``workers`` live actors, each holding ``seg``'s records and the checkpoint's state.
+
+        Slots in ``replace`` and new slots take the actors ``_prestart`` started for them, or new ones.
+        """
+        ready, self.ready = self.ready, {}
+        for attempt in range(_MAX_RECOVERIES + 1):
+            try:
+                refs = (self.ray.put(self.keys[seg.block_order]), self.ray.put(self.values[seg.block_order]),
+                        self.ray.put({**self.data.params, **ckpt.params}))
+                for a in self.actors[workers:]:
+                    self.ray.kill(a)
+                del self.actors[workers:]
+                for slot in range(workers):
+                    fresh = ready.pop(slot, None)
+                    if slot < len(self.actors) and (fresh is not None or slot in replace
+                                                    or not self._alive(self.actors[slot])):
+                        self.ray.kill(self.actors[slot])
+                        self.actors[slot] = fresh if fresh is not None else self._new_actor(slot, refs)
+                    elif slot >= len(self.actors):
+                        self.actors.append(fresh if fresh is not None else self._new_actor(slot, refs))
+                replace = ()
+                if self.hook is not None:
+                    self.hook("transition", len(self.log.windows), self.actors)
+                self.ray.get([a.load.remote(refs[0], refs[1], refs[2]) for a in self.actors])
+                self.ray.get([a.set_worker.remote(slot) for slot, a in enumerate(self.actors)])
+                if self.accs:
+                    self.ray.get([a.set_relaxed.remote(p) for a, p in zip(self.actors, ckpt.partials, strict=True)])
+                self.tokens = {}
+                return
+            except self.ray.exceptions.RayActorError:
+                if attempt == _MAX_RECOVERIES:
+                    raise
+                self.log.recoveries += 1
+        for a in ready.values():
+            self.ray.kill(a)
+
+    def _prestart(self, decision: Decision, seg: Segment) -> None:
+        """Start the actors ``decision`` needs in the background, while the current ones keep working."""
+        refs = (self.ray.put(self.keys[seg.block_order]), self.ray.put(self.values[seg.block_order]),
+                self.ray.put(self.data.params))
+        slots = [*decision.replace, *range(len(self.actors), decision.workers)]
+        self.ready = {slot: self._new_actor(slot, refs) for slot in slots}
+        self.pinged = [a.ping.remote() for a in self.ready.values()]
+
+    def _started(self) -> bool:
+        """Whether every pre-started actor is up (an actor that died starting is replaced at the transition)."""
+        done, _ = self.ray.wait(self.pinged, num_returns=len(self.pinged), timeout=0)
+        return len(done) == len(self.pinged)
+
+    # -- the run ----------------------------------------------------------------------------------
+    def run(self, workers: int, epochs: int, first_epoch: int, epoch_values: list[dict[str, np.ndarray]]
+            ) -> list[float]:
+        self.cap = max(workers, int(getattr(self.elastic.policy, "max_workers", workers)))
+        self._init_ray(self.cap)
+        self.controller = Controller(self.elastic)
+        self.controller.log = self.log
+        self.everything = np.arange(self.keys.shape[0], dtype=np.int64)
+        self.identities = {n: np.full_like(self.data.params[n], identity(op, self.data.params[n].dtype))
+                           for n, op in self.accs.items()}
+        ckpt = _Checkpoint({n: np.array(self.data.params[n], copy=True) for n in self.written},
+                           self._fresh_partials(workers), 0, -1)
+        seg = Segment(first_epoch, self.make(workers, self.everything), self.everything)
+        self.busy = [0.0] * workers
+        self.last_epoch = first_epoch + epochs - 1
+        try:
+            self._establish(seg, ckpt, workers)
+            for epoch in range(first_epoch, first_epoch + epochs):
+                if seg.epoch != epoch:  # no transition at the last epoch's end: the same actors go on
+                    ckpt.step = 0
+                    if seg.records is self.everything and seg.sched.num_workers == len(self.actors):
+                        seg = Segment(epoch, seg.sched, self.everything)  # the same records in place
+                    else:
+                        seg = Segment(epoch, self.make(len(self.actors), self.everything), self.everything)
+                        self._establish(seg, ckpt, len(self.actors))
+                seg, ckpt, values = self._epoch(seg, ckpt)
+                for n, op in self.accs.items():
+                    combine(op, [v[n] for v in values], self.data.params[n])
+                if self.accs:
+                    epoch_values.append({n: np.array(self.data.params[n], copy=True) for n in self.accs})
+            for n in self.written:
+                self.data.params[n][...] = ckpt.params[n]
+        finally:
+            self.close()
+        return self.busy
+
+    def _fresh_partials(self, count: int) -> list[dict[str, np.ndarray]]:
+        return [dict(self.identities) for _ in range(count)]
+
+    def _epoch(self, seg: Segment, ckpt: _Checkpoint
+               ) -> tuple[Segment, _Checkpoint, list[dict[str, np.ndarray]]]:
+        """Run ``seg``'s epoch to its end, with the transitions the controller decides; returns the segment the
+        next epoch starts from, the checkpoint, and the epoch's accumulator values per segment."""
+        epoch = seg.epoch
+        self.log.segments.append(seg)
+        values: list[dict[str, np.ndarray]] = []
+        while True:
+            ckpt, window = self._window(seg, ckpt)
+            seg.last_step = ckpt.step
+            at_end = ckpt.step == seg.sched.num_steps
+            decision = self._decide(window, seg, at_end and epoch == self.last_epoch)
+            if decision is None and at_end:
+                break
+            if decision is None:
+                continue
+            t0 = time.perf_counter()
+            if self.accs:  # the segment's accumulators, combined over its actors before they change
+                values.append(self._combine(ckpt.partials))
+                ckpt.partials = self._fresh_partials(decision.workers)
+            if at_end:  # the next epoch's whole segment, for the new count
+                seg = Segment(epoch + 1, self.make(decision.workers, self.everything), self.everything)
+            else:  # the rest of this epoch's records, scheduled for the new count
+                rest = np.sort(seg.steps_records(ckpt.step, seg.sched.num_steps))
+                seg = Segment(epoch, self.make(decision.workers, rest), rest)
+                self.log.segments.append(seg)
+            ckpt.step = 0
+            if self.elastic.restart:
+                self._restart(ckpt)
+            self._establish(seg, ckpt, decision.workers, decision.replace)
+            self.busy += [0.0] * max(0, decision.workers - len(self.busy))
+            self.controller.record(decision, window, t0 - self.t0, time.perf_counter() - t0)
+            if at_end:
+                return seg, ckpt, values
+        if self.accs:
+            values.append(self._combine(ckpt.partials))
+            ckpt.partials = self._fresh_partials(len(self.actors))
+            self.ray.get([a.set_relaxed.remote(self.identities) for a in self.actors])
+        return seg, ckpt, values
+
+    def _decide(self, window: Window, seg: Segment, final: bool) -> Decision | None:
+        """The transition to make now, if any.  New actors are started in the background first: the decision
+        waits (the current actors keep working, window after window) until they are up."""
+        if final:  # after the run's last window there is nothing to resize
+            self.controller.log.windows.append(window)
+            return None
+        if self.pending is not None:
+            self.controller.log.windows.append(window)
+            if not self._started():
+                return None
+            ready, self.pending = self.pending, None
+            return ready
+        decision: Decision | None = self.controller.observe(window)
+        if decision is not None:
+            decision = self._bounded(decision, window)
+        if decision is None or self.elastic.restart or not self.elastic.background:
+            return decision
+        if decision.replace or decision.workers > len(self.actors):
+            self._prestart(decision, seg)
+            if not self._started():
+                self.pending = decision
+                return None
+        return decision
+
+    def _bounded(self, decision: Decision, window: Window) -> Decision | None:
+        # The cluster may not have CPUs for every actor the policy wants: take what there is.
+        want = decision.workers
+        if want > window.workers:
+            want = min(want, self.capacity())
+        if want == window.workers and not decision.replace:
+            return None
+        if want != decision.workers:
+            return Decision(want, decision.replace, f"{decision.reason} (the cluster has CPUs for {want})")
+        return decision
+
+    def _window(self, seg: Segment, ckpt: _Checkpoint) -> tuple[_Checkpoint, Window]:
+        sched = seg.sched
+        width = sched.num_steps if sched.epoch_barrier else self.elastic.window
+        stop = min(ckpt.step + width, sched.num_steps)
+        index = len(self.log.windows)
+        for attempt in range(_MAX_RECOVERIES + 1):
+            try:
+                return self._try_window(seg, ckpt, stop, index)
+            except self.ray.exceptions.RayActorError:
+                if attempt == _MAX_RECOVERIES:
+                    raise
+                self.log.recoveries += 1
+                self._establish(seg, ckpt, len(self.actors))
+        raise AssertionError("unreachable")
+
+    def _try_window(self, seg: Segment, ckpt: _Checkpoint, stop: int, index: int) -> tuple[_Checkpoint, Window]:
+        sched, ray = seg.sched, self.ray
+        t0 = time.perf_counter()
+        if self.hook is not None:
+            self.hook("window", index, self.actors)
+        serial = ckpt.serial
+        timings: list[tuple[int, int, Any]] = []
+        for step in range(ckpt.step, stop):
+            for w in range(sched.num_workers):
+                task = sched.by_worker[w].get(step)
+                if task is None:
+                    continue
+                serial += 1
+                start, end = int(sched.block_start[task.block]), int(sched.block_stop[task.block])
+                state, seconds = self.actors[w].run_task.options(num_returns=2).remote(
+                    serial, start, end, self.tokens.get(task.token))
+                self.tokens[task.token] = state
+                timings.append((w, end - start, seconds))
+        spent = ray.get([t for _, _, t in timings])
+        changes: list[Changes] = ray.get([a.collect.remote(ckpt.serial) for a in self.actors])
+        partials = (ray.get([a.relaxed_copies.remote(tuple(self.accs)) for a in self.actors]) if self.accs
+                    else ckpt.partials)
+        elapsed = time.perf_counter() - t0
+        params = {n: np.array(v, copy=True) for n, v in ckpt.params.items()}
+        for n in self.written:
+            idx, _, val = newest([c[n] for c in changes])
+            params[n].reshape(-1)[idx] = val
+        work = np.zeros(sched.num_workers)
+        secs = np.zeros(sched.num_workers)
+        for (w, n_rec, _), s in zip(timings, spent, strict=True):
+            work[w] += n_rec
+            secs[w] += s
+            self.busy[w] += s
+        per_worker = tuple(float(r / s) if s > 0 else 0.0 for r, s in zip(work, secs, strict=True))
+        progress = None
+        if self.elastic.progress is not None:
+            for n in self.written:  # the user's measure reads the arrays as of this window
+                self.data.params[n][...] = params[n]
+            progress = float(self.elastic.progress())
+        window = Window(index, t0 - self.t0, elapsed, sched.num_workers, float(work.sum()), per_worker, progress)
+        return _Checkpoint(params, [dict(p) for p in partials], stop, serial), window
+
+    def _combine(self, partials: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+        out = {}
+        for n, op in self.accs.items():
+            out[n] = np.empty_like(self.data.params[n])
+            combine(op, [p[n] for p in partials], out[n])
+        return out
+
+    def _restart(self, ckpt: _Checkpoint) -> None:
+        """Checkpoint-and-restart: the state to disk, every actor (and Ray, if this run started it) stopped,
+        started again, the state read back."""
+        folder = tempfile.mkdtemp(prefix="orion_par-restart-")
+        try:
+            path = os.path.join(folder, "state.npz")
+            arrays: dict[str, Any] = {f"p_{n}": v for n, v in ckpt.params.items()}
+            arrays.update({f"a{i}_{n}": v for i, p in enumerate(ckpt.partials) for n, v in p.items()})
+            np.savez(path, **arrays)
+            ours = self.started_ray
+            self.close()
+            if ours:
+                self._init_ray(self.cap)
+            else:
+                self.actor_cls = self.ray.remote(num_cpus=1, max_restarts=0)(BlockWorker)
+            with np.load(path) as saved:
+                ckpt.params = {n: saved[f"p_{n}"] for n in ckpt.params}
+                ckpt.partials = [{n: saved[f"a{i}_{n}"] for n in p} for i, p in enumerate(ckpt.partials)]
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def close(self) -> None:
+        for a in [*self.actors, *self.ready.values()]:
+            self.ray.kill(a)
+        self.actors, self.ready, self.pending = [], {}, None
+        if self.started_ray:
+            self.ray.shutdown()
+            self.started_ray = False
+
+
+def check_elastic(elastic: object, backend: str, plan: Plan, workers: int) -> Elastic:
+    """The ``elastic=`` argument of ``run``, checked."""
+    if not isinstance(elastic, Elastic):
+        raise ElasticError(f"run(elastic={elastic!r}): pass an orion_par.elastic.Elastic, e.g. "
+                           f"Elastic(ScalingEfficiency(max_workers=8)).")
+    if backend != "ray":
+        raise ElasticError(f"run(elastic=..., backend={backend!r}): elastic runs resize Ray actors; use "
+                           f"backend='ray'.")
+    if plan.relaxed:
+        raise ElasticError(f"run(elastic=...): arrays {sorted(plan.relaxed)} are merged additively (Buffers or "
+                           f"data-parallel arrays), which elastic runs do not carry across a resize yet; run "
+                           f"without elastic, or use orion_par.ps's RayPS.run(elastic=...) for data-parallel "
+                           f"training.")
+    if not isinstance(workers, int) or workers < 1:
+        raise ElasticError(f"run(workers={workers!r}, elastic=...): the starting worker count must be an int >= 1.")
+    return elastic
+
