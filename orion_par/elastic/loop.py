@@ -113,6 +113,7 @@ class ElasticDriver:
         self.ready: dict[int, Any] = {}  # slot -> actor started in the background for the pending decision
         self.pinged: list[Any] = []
         self.pending: Decision | None = None
+        self.prestarted = 0.0
 
     # -- actors -----------------------------------------------------------------------------------
     def _init_ray(self, cap: int) -> None:
@@ -181,6 +182,7 @@ class ElasticDriver:
                 self.ray.put(self.data.params))
         slots = [*decision.replace, *range(len(self.actors), decision.workers)]
         self.ready = {slot: self._new_actor(slot, refs) for slot in slots}
+        self.prestarted = time.perf_counter()
         self.pinged = [a.ping.remote() for a in self.ready.values()]
 
     def _started(self) -> bool:
@@ -256,9 +258,10 @@ class ElasticDriver:
             ckpt.step = 0
             if self.elastic.restart:
                 self._restart(ckpt)
+            started = t0 - self.prestarted if self.ready else 0.0
             self._establish(seg, ckpt, decision.workers, decision.replace)
             self.busy += [0.0] * max(0, decision.workers - len(self.busy))
-            self.controller.record(decision, window, t0 - self.t0, time.perf_counter() - t0)
+            self.controller.record(decision, window, t0 - self.t0, time.perf_counter() - t0, started)
             if at_end:
                 return seg, ckpt, values
         if self.accs:

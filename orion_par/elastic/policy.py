@@ -83,15 +83,16 @@ def _stint(history: Sequence[Window]) -> list[Window]:
 class _HillClimb:
     """Grow from the current count while ``better(old, new)``; on the first step that is not, go back and stay.
 
-    A count is measured over ``measure`` windows (the first window after a change is dropped when there are
-    more: it includes new workers' warm-up).  Growth doubles the count, by at most ``max_step`` workers, up
-    to ``max_workers``.
+    A count is measured over ``measure`` windows after ``warmup`` windows (after a change only: a new
+    worker's first window is slower).  Growth doubles the count, by at most ``max_step`` workers, up to
+    ``max_workers``.
     """
 
     max_workers: int = 8
     min_workers: int = 1
     max_step: int = 4
     measure: int = 1
+    warmup: int = 1
     settled: bool = False
     last: tuple[int, float] | None = None  # (workers, score) of the count before the current one
 
@@ -99,9 +100,9 @@ class _HillClimb:
         if not 1 <= self.min_workers <= self.max_workers:
             raise ElasticError(f"{type(self).__name__}: need 1 <= min_workers ({self.min_workers}) <= max_workers "
                                f"({self.max_workers}).")
-        if self.max_step < 1 or self.measure < 1:
+        if self.max_step < 1 or self.measure < 1 or self.warmup < 0:
             raise ElasticError(f"{type(self).__name__}: max_step ({self.max_step}) and measure ({self.measure}) "
-                               f"must be >= 1.")
+                               f"must be >= 1, warmup ({self.warmup}) >= 0.")
 
     def score(self, windows: Sequence[Window]) -> float:
         raise NotImplementedError
@@ -111,11 +112,12 @@ class _HillClimb:
 
     def decide(self, history: Sequence[Window]) -> Decision | None:
         stint = _stint(history)
+        if stint[0].index > 0:
+            stint = stint[self.warmup:]
         if self.settled or len(stint) < self.measure:
             return None
-        counted = stint[1:] if len(stint) > self.measure else stint
         k = stint[-1].workers
-        now = (k, self.score(counted[-self.measure:]))
+        now = (k, self.score(stint[-self.measure:]))
         if self.last is None or self.last[0] == k:
             ok, why = True, "first measurement"
         else:
@@ -304,6 +306,7 @@ class Event:
     reason: str
     idle_s: float  # wall time of the transition itself (no work done)
     throughput_before: float  # the last window's
+    started_s: float = 0.0  # how long the new actors were starting in the background before it
 
 
 @dataclass
@@ -325,10 +328,27 @@ class ElasticLog:
         return FixedSchedule({e.window: e.workers_after for e in self.events},
                              {e.window: e.replaced for e in self.events if e.replaced})
 
-    def worker_seconds(self) -> float:
-        """Worker count times wall time, over windows and transitions (the allocation's cost)."""
-        total = sum(w.workers * w.elapsed_s for w in self.windows)
-        return total + sum(max(e.workers_before, e.workers_after) * e.idle_s for e in self.events)
+    def worker_seconds(self, until_s: float | None = None) -> float:
+        """Workers held times wall time, from the run's start to ``until_s`` (default: its last window).
+
+        The time up to each window's end is charged at that window's count (starting actors and transitions
+        included); actors started in the background are charged from their start.
+        """
+        total, prev = 0.0, 0.0
+        for w in self.windows:
+            end = w.start_s + w.elapsed_s
+            if until_s is not None:
+                end = min(end, until_s)
+            total += w.workers * max(0.0, end - prev)
+            prev = max(prev, end)
+        for e in self.events:
+            fresh = len(e.replaced) + max(0, e.workers_after - e.workers_before)
+            begun = e.at_s - e.started_s
+            if until_s is not None:
+                total += fresh * max(0.0, min(e.at_s, until_s) - begun)
+            else:
+                total += fresh * e.started_s
+        return total
 
     def idle_s(self) -> float:
         return sum(e.idle_s for e in self.events)
@@ -401,8 +421,8 @@ class Controller:
             return None
         return Decision(count, tuple(sorted(set(replace))), "; ".join(reasons))
 
-    def record(self, decision: Decision, window: Window, at_s: float, idle_s: float) -> None:
+    def record(self, decision: Decision, window: Window, at_s: float, idle_s: float, started_s: float = 0.0) -> None:
         kind = "+".join(k for k, on in (("resize", decision.workers != window.workers),
                                         ("replace", bool(decision.replace))) if on)
         self.log.events.append(Event(kind, window.index + 1, at_s, window.workers, decision.workers,
-                                     decision.replace, decision.reason, idle_s, window.throughput))
+                                     decision.replace, decision.reason, idle_s, window.throughput, started_s))

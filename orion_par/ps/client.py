@@ -96,12 +96,16 @@ class PSClient:
     """One worker's view of the parameter server: ``get``, ``inc``, ``clock``.
 
     Built by a transport (``LocalPS.client(w)``, or inside a Ray worker actor); see ``orion_par.ps``.
+    ``num_workers`` is the job's current worker count (programs that split data by worker read it); the
+    transport sets it, and updates it when an elastic job resizes.
     """
 
     def __init__(self, worker: int, specs: Mapping[str, TableSpec], channel: Channel,
-                 options: ClientOptions | None = None, *, clock: int = 0, generation: int = 0) -> None:
+                 options: ClientOptions | None = None, *, clock: int = 0, generation: int = 0,
+                 num_workers: int | None = None) -> None:
         options = options or ClientOptions()
         self.worker, self.specs, self.channel, self.options = worker, dict(specs), channel, options
+        self.num_workers = num_workers
         self.num_shards = channel.num_shards
         self.lock = threading.RLock()
         self.inbox_cond = threading.Condition()

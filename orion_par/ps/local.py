@@ -132,7 +132,8 @@ class LocalPS:
         self.hosts = [_Host(BoundedStalenessServer(self.specs.values(), num_workers, shard=i,
                                                    deterministic=deterministic)) for i in range(num_shards)]
         self.channel = LocalChannel(self)
-        self.clients = [PSClient(w, self.specs, self.channel, options) for w in range(num_workers)]
+        self.clients = [PSClient(w, self.specs, self.channel, options, num_workers=num_workers)
+                        for w in range(num_workers)]
         self.snapshot_every: int | None = None
         self.snapshots: list[tuple[int, float, dict[str, Any]]] = []
         self.sent: list[tuple[float, int]] = []

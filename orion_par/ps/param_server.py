@@ -155,10 +155,13 @@ class BoundedStalenessServer:
 
     def _reset(self, clock: int) -> None:
         self.clocks = ClockTable(self.num_workers, clock)
-        self.views = [_WorkerView({n: RowSet(s) for n, s in self.specs.items()},
-                                  {n: RowSet(s) for n, s in self.specs.items()}) for _ in range(self.num_workers)]
+        self.views = [self._fresh_view() for _ in range(self.num_workers)]
         self.deferred: dict[int, list[_Deferred]] = {}
         self.applied_updates = 0
+
+    def _fresh_view(self) -> _WorkerView:
+        return _WorkerView({n: RowSet(s) for n, s in self.specs.items()},
+                           {n: RowSet(s) for n, s in self.specs.items()})
 
     @property
     def min_clock(self) -> int:
@@ -233,14 +236,45 @@ class BoundedStalenessServer:
         view = self.views[worker]
         return any(view.changed[t].intersects(view.subscribed[t]) for t in self.stores)
 
+    # -- membership -------------------------------------------------------------------------------
+    def boundary(self, what: str) -> int:
+        """The clock every worker is at, or ``PSError`` saying ``what`` must wait for a clock boundary."""
+        clocks = self.clocks.clocks
+        if len(set(clocks)) != 1 or any(self.deferred.values()):
+            raise PSError(f"shard {self.shard}: {what} needs every worker at the same clock with nothing "
+                          f"queued; worker clocks are {clocks}. Call it between clocks, when all workers wait.")
+        return clocks[0]
+
+    def resize(self, num_workers: int) -> None:
+        """Serve ``num_workers`` workers from the current clock on (at a clock boundary only).
+
+        Workers ``< num_workers`` keep their view (their cached rows keep being pushed, so a surviving
+        client never serves a stale row); new ids start with an empty view; the highest ids leave.
+
+        Examples
+        --------
+        >>> srv = BoundedStalenessServer([TableSpec("t", 2, 1)], num_workers=1)
+        >>> srv.tick(0), srv.resize(3), srv.clocks.clocks
+        (True, None, [1, 1, 1])
+        """
+        if num_workers < 1:
+            raise PSError(f"shard {self.shard}: resize to num_workers={num_workers}; need >= 1.")
+        clock = self.boundary("resize")
+        self.views = self.views[:num_workers] + [self._fresh_view() for _ in range(len(self.views), num_workers)]
+        self.num_workers = num_workers
+        self.clocks = ClockTable(num_workers, clock)
+
+    def forget_worker(self, worker: int) -> None:
+        """Slot ``worker`` gets a new client (empty cache, deliveries numbered from 1): start its view afresh."""
+        if not 0 <= worker < self.num_workers:
+            raise PSError(f"shard {self.shard}: no worker {worker} to forget; workers are 0..{self.num_workers - 1}.")
+        self.boundary("forget_worker")
+        self.views[worker] = self._fresh_view()
+
     # -- persistence ------------------------------------------------------------------------------
     def checkpoint(self) -> ShardState:
         """Snapshot the tables; only when every worker is at the same clock and nothing is queued."""
-        clocks = self.clocks.clocks
-        if len(set(clocks)) != 1 or any(self.deferred.values()):
-            raise PSError(f"shard {self.shard}: checkpoint needs every worker at the same clock with nothing "
-                          f"queued; worker clocks are {clocks}. Checkpoint between clocks, when all workers wait.")
-        return ShardState(clocks[0], {n: s.snapshot() for n, s in self.stores.items()})
+        return ShardState(self.boundary("checkpoint"), {n: s.snapshot() for n, s in self.stores.items()})
 
     def restore(self, state: ShardState) -> None:
         """Load ``state``; every worker is back at ``state.clock`` and must drop its cache and oplog."""

@@ -12,17 +12,31 @@ segments.  If a worker actor dies, the driver restores every shard to the last c
 the surviving workers' calls raise ``RolledBack``), starts a new actor for the dead worker, resets every
 client to the checkpoint's clock and runs the segment again -- nothing is lost, and since updates of a
 clock are applied in worker order only once every worker finished it, nothing is applied twice.
+
+Elastic runs (``run(..., elastic=Elastic(...))``): the clocks are cut into windows; after each window the
+``Controller`` may ask for another worker count or for slots to be replaced, which happens at that clock
+boundary: ``replace(w)`` starts a fresh actor in slot ``w`` (the shards forget its old view), ``resize(n)``
+ends the highest slots or starts new ones at the current clock, and survivors keep their caches (the shards
+keep pushing their cached rows).  ``Elastic(restart=True)`` does each transition by checkpoint-and-restart
+instead (tables to disk, every actor and the Ray this object started stopped, all started again): the
+baseline.  In deterministic mode both give the tables of a run with the same allocation sequence, faults
+included.
 """
 
 from __future__ import annotations
 
+import copy
+import numbers
 import os
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from orion_par.elastic.emulate import Emulation
+from orion_par.elastic.policy import Controller, Decision, Elastic, ElasticError, ElasticLog, Window
 from orion_par.ps.bandwidth import BackgroundFlusher
 from orion_par.ps.client import ClientOptions, PSClient
 from orion_par.ps.local import Checkpoint, Program, RunResult, merge_shards
@@ -76,6 +90,12 @@ class ShardImpl:
     def checkpoint(self) -> ShardState:
         return self.server.checkpoint()
 
+    def resize(self, num_workers: int) -> None:
+        self.server.resize(num_workers)
+
+    def forget_worker(self, worker: int) -> None:
+        self.server.forget_worker(worker)
+
     def restore(self, state: ShardState) -> int:
         self.server.restore(state)
         return self.server.generation
@@ -120,13 +140,28 @@ class RayChannel:
             client.receive(delivery)
 
 
+Timing = list[tuple[float, float]]  # per clock: (work units, busy seconds including emulation padding)
+
+
+def work_units(value: Any) -> float:
+    """A program's work in one clock: its return value if that is a number (e.g. records), else 1."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    return 1.0
+
+
 class WorkerImpl:
-    """Body of a worker actor: a ``PSClient`` and the loop that runs the user's program clock by clock."""
+    """Body of a worker actor: a ``PSClient`` and the loop that runs the user's program clock by clock.
+
+    ``emulation`` and ``slowdown``: pad each clock's work to ``emulation``'s time for it, ``slowdown`` times.
+    """
 
     def __init__(self, worker: int, specs: list[TableSpec], shards: Sequence[Any], options: ClientOptions,
-                 clock: int, generation: int) -> None:
+                 clock: int, generation: int, num_workers: int | None = None, emulation: Emulation | None = None,
+                 slowdown: float = 1.0) -> None:
         self.client = PSClient(worker, {s.name: s for s in specs}, RayChannel(shards), options, clock=clock,
-                               generation=generation)
+                               generation=generation, num_workers=num_workers)
+        self.emulation, self.slowdown = emulation, slowdown
 
     def ping(self) -> int:
         return self.client.worker
@@ -134,26 +169,41 @@ class WorkerImpl:
     def reset(self, clock: int, generation: int) -> None:
         self.client.reset(clock, generation)
 
-    def run(self, program: Program, start: int, stop: int) -> tuple[list[Any], WorkerStats]:
+    def set_num_workers(self, num_workers: int) -> None:
+        self.client.num_workers = num_workers
+
+    def emulate(self, emulation: Emulation | None, slowdown: float) -> None:
+        self.emulation, self.slowdown = emulation, slowdown
+
+    def run(self, program: Program, start: int, stop: int) -> tuple[list[Any], WorkerStats, Timing]:
+        """Clocks ``start .. stop - 1``: the program's results, the client's stats, each clock's timing."""
         client = self.client
         if client.clock_now != start:
             raise PSError(f"worker {client.worker} is at clock {client.clock_now}, asked to run from {start}.")
         bucket = client.bucket
         flusher = (BackgroundFlusher(client, bucket, client.options.flush_interval_s).start()
                    if client.options.policy is not None and bucket is not None else None)
-        out = []
+        out, timing = [], []
         try:
             for c in range(start, stop):
-                out.append(program(client, client.worker, c))
+                t, blocked = time.perf_counter(), client.stats.blocked_s
+                value = program(client, client.worker, c)
+                units = work_units(value)
+                # busy time: waiting for slower workers is not this worker's speed
+                busy = time.perf_counter() - t - (client.stats.blocked_s - blocked)
+                if self.emulation is not None:
+                    busy += self.emulation.pad(units, busy, self.slowdown)
+                out.append(value)
+                timing.append((units, busy))
                 client.clock()
             client.finish()
         finally:
             if flusher is not None:
                 flusher.stop()
-        return out, client.stats
+        return out, client.stats, timing
 
 
-Fault = Callable[["RayPS", int], None]  # called after a segment starting at that clock is submitted
+Fault = Callable[["RayPS", int], None]  # called with the RayPS and the current clock (see RayPS.run)
 
 
 class RayPS:
@@ -161,62 +211,163 @@ class RayPS:
 
     Same constructor and ``run`` / ``table`` / ``checkpoint`` / ``restore`` as ``LocalPS``; starts a local
     Ray (2 CPUs, no dashboard) if none is running, and ``close()`` ends the actors and the Ray it started.
-    ``run(..., checkpoint_every=k)`` checkpoints every ``k`` clocks and survives worker actors dying.
+    ``run(..., checkpoint_every=k)`` checkpoints every ``k`` clocks and survives worker actors dying;
+    ``run(..., elastic=Elastic(...))`` resizes and replaces workers at window boundaries (``resize``,
+    ``replace``), and leaves its log in ``elastic_log`` (the latest elastic run's; ``RunResult`` unchanged).
+
+    ``emulation``: every worker actor gets the next *start number* (0, 1, 2, ... over this object's life,
+    replacements and additions included) and pads its work to ``emulation.slowdown(start number)`` times
+    the emulated time (``orion_par.elastic.emulate``).
     """
 
     def __init__(self, tables: Iterable[TableSpec], num_workers: int, *, num_shards: int = 1,
-                 options: ClientOptions | None = None, deterministic: bool = False) -> None:
+                 options: ClientOptions | None = None, deterministic: bool = False,
+                 emulation: Emulation | None = None) -> None:
         self.specs = specs_by_name(tables)
         if num_workers < 1 or num_shards < 1:
             raise PSError(f"RayPS: num_workers={num_workers} and num_shards={num_shards} must be >= 1.")
         self.ray = import_ray()
         self.started_ray = ensure_ray()
         options = options or ClientOptions()
-        self.num_workers, self.options, self.deterministic = num_workers, options, deterministic
-        spec_list = list(self.specs.values())
-        shard_cls = self.ray.remote(num_cpus=0)(ShardImpl)
-        self.shards = [shard_cls.remote(spec_list, num_workers, i, deterministic) for i in range(num_shards)]
-        self.worker_cls = self.ray.remote(num_cpus=0, max_restarts=0)(WorkerImpl)
+        self.num_workers, self.num_shards = num_workers, num_shards
+        self.options, self.deterministic, self.emulation = options, deterministic, emulation
         self.generation = 0
         self.clock = 0
-        self.workers = [self._new_worker(w) for w in range(num_workers)]
         self.restarts = 0
+        self.started = 0  # worker actors started so far: the next one's start number
+        self.start_numbers: list[int] = []  # each slot's actor's start number
+        self.elastic_log: ElasticLog | None = None
+        self._start_actors()
+
+    def _start_actors(self) -> None:
+        self.shard_cls = self.ray.remote(num_cpus=0)(ShardImpl)
+        self.worker_cls = self.ray.remote(num_cpus=0, max_restarts=0)(WorkerImpl)
+        spec_list = list(self.specs.values())
+        self.shards = [self.shard_cls.remote(spec_list, self.num_workers, i, self.deterministic)
+                       for i in range(self.num_shards)]
+        self.workers: list[Any] = []
+        self.start_numbers = []
+        self.workers = [self._new_worker(w) for w in range(self.num_workers)]
+        self._ready(self.workers)
+
+    def _ready(self, actors: Sequence[Any]) -> None:
+        """Wait until new actors run (so their start-up counts where they were started, not in a window)."""
+        for actor in actors:
+            try:
+                self.ray.get(actor.ping.remote())
+            except self.ray.exceptions.RayActorError:
+                pass  # died already: the next segment fails and restarts it from the checkpoint
 
     def _new_worker(self, w: int) -> Any:
+        number, self.started = self.started, self.started + 1
+        if w < len(self.start_numbers):
+            self.start_numbers[w] = number
+        else:
+            self.start_numbers.append(number)
+        slowdown = self.emulation.slowdown(number) if self.emulation is not None else 1.0
         return self.worker_cls.remote(w, list(self.specs.values()), self.shards, self.options, self.clock,
-                                      self.generation)
+                                      self.generation, self.num_workers, self.emulation, slowdown)
 
+    # -- running ----------------------------------------------------------------------------------
     def run(self, program: Program, clocks: int, *, checkpoint_every: int | None = None,
-            fault: Fault | None = None) -> RunResult:
-        """Run ``clocks`` clocks of ``program(client, worker, clock)`` on every worker actor."""
+            fault: Fault | None = None, elastic: Elastic | None = None,
+            fault_in_transition: Fault | None = None) -> RunResult:
+        """Run ``clocks`` clocks of ``program(client, worker, clock)`` on every worker actor.
+
+        Parameters
+        ----------
+        checkpoint_every : int, optional
+            Checkpoint every ``k`` clocks (and after every transition); a worker that dies is restarted
+            and the clocks since the last checkpoint run again.  Needs ``deterministic=True``.
+        fault : callable, optional
+            ``fault(ps, clock)`` right after each segment (the clocks between two checkpoints or window
+            ends) starting at ``clock`` is submitted: tests kill workers from it.
+        elastic : Elastic, optional
+            Cut the run into windows of ``elastic.window`` clocks and resize or replace workers between
+            them as its policy and straggler rule decide; the windows and transitions are logged in
+            ``self.elastic_log``.  ``results[w]`` then holds what slot ``w`` returned, in clock order, for
+            the clocks the slot existed in.
+        fault_in_transition : callable, optional
+            ``fault(ps, clock)`` at the end of each transition, once the new actors are started.
+        """
         if checkpoint_every is not None and not self.deterministic:
             raise PSError("RayPS.run(checkpoint_every=...) needs deterministic=True: only then is a re-run "
                           "segment guaranteed to produce the same updates.")
+        if checkpoint_every is not None and checkpoint_every < 1:
+            raise PSError(f"RayPS.run(checkpoint_every={checkpoint_every}): a segment is at least one clock.")
+        controller = self._controller(elastic, fault_in_transition)
         t0 = time.perf_counter()
         stop_all = self.clock + clocks
+        restarts_before = self.restarts
         ckpt = self.checkpoint() if checkpoint_every else None
         results: list[list[Any]] = [[] for _ in range(self.num_workers)]
         stats: list[WorkerStats] = []
+        window = _WindowTally(0, self.clock, t0, self.num_workers)
         while self.clock < stop_all:
             stop = min(self.clock + (checkpoint_every or clocks), stop_all)
-            refs = [w.run.remote(program, self.clock, stop) for w in self.workers]
-            if fault is not None:
-                fault(self, self.clock)
-            try:
-                done = self.ray.get(refs)
-            except (self.ray.exceptions.RayActorError, RolledBack) as e:
-                if ckpt is None:
-                    raise PSError(f"a worker failed at clock {self.clock} and there is no checkpoint to resume "
-                                  f"from; pass checkpoint_every (deterministic=True).") from e
-                self._recover(ckpt, refs)
-                continue
-            for w, (out, _st) in enumerate(done):
+            if elastic is not None:
+                stop = min(stop, window.start_clock + elastic.window)
+            done = self._segment(program, stop, ckpt, fault)
+            if done is None:
+                continue  # recovered: run the segment again from the checkpoint
+            for w, (out, _st, timing) in enumerate(done):
                 results[w].extend(out)
-            stats = [st for _, st in done]
+                window.add(w, timing)
+            stats = [st for _, st, _ in done]
             self.clock = stop
             if checkpoint_every:
                 ckpt = self.checkpoint()
+            if controller is None or elastic is None or self.clock not in (window.start_clock + elastic.window,
+                                                                           stop_all):
+                continue
+            observed = window.close(time.perf_counter(), t0, elastic)
+            decision = controller.observe(observed)
+            if decision is not None and self.clock < stop_all:
+                if elastic.restart and self.started_ray:  # what Ray handed out dies with it: keep copies
+                    results, stats = copy.deepcopy(results), copy.deepcopy(stats)
+                at = time.perf_counter()
+                self._transition(decision, elastic.restart, fault_in_transition)
+                if ckpt is not None:
+                    ckpt = self.checkpoint()  # the one to recover from (and, after a restart, on the new Ray)
+                controller.record(decision, observed, at - t0, time.perf_counter() - at)
+                results += [[] for _ in range(len(results), self.num_workers)]
+            window = _WindowTally(observed.index + 1, self.clock, time.perf_counter(), self.num_workers)
+        if controller is not None:
+            controller.log.recoveries += self.restarts - restarts_before
         return RunResult(time.perf_counter() - t0, stats, [], results)
+
+    def _controller(self, elastic: Elastic | None, fault_in_transition: Fault | None) -> Controller | None:
+        if elastic is None:
+            if fault_in_transition is not None:
+                raise PSError("RayPS.run(fault_in_transition=...) without elastic=...: there are no transitions.")
+            return None
+        if not isinstance(elastic, Elastic):
+            raise ElasticError(f"RayPS.run(elastic={elastic!r}): pass an orion_par.elastic.Elastic.")
+        if elastic.emulation is not None and elastic.emulation != self.emulation:
+            if self.emulation is not None:
+                raise ElasticError("RayPS(emulation=...) and Elastic(emulation=...) differ; give one of them.")
+            self.emulation = elastic.emulation
+            self.ray.get([a.emulate.remote(self.emulation, self.emulation.slowdown(n))
+                          for a, n in zip(self.workers, self.start_numbers, strict=True)])
+        controller = Controller(elastic)
+        self.elastic_log = controller.log
+        return controller
+
+    def _segment(self, program: Program, stop: int, ckpt: Checkpoint | None, fault: Fault | None
+                 ) -> list[tuple[list[Any], WorkerStats, Timing]] | None:
+        """Run every worker to ``stop``; None if a worker failed and all went back to ``ckpt``."""
+        refs = [w.run.remote(program, self.clock, stop) for w in self.workers]
+        if fault is not None:
+            fault(self, self.clock)
+        try:
+            done: list[tuple[list[Any], WorkerStats, Timing]] = self.ray.get(refs)
+            return done
+        except (self.ray.exceptions.RayActorError, RolledBack) as e:
+            if ckpt is None:
+                raise PSError(f"a worker failed at clock {self.clock} and there is no checkpoint to resume "
+                              f"from; pass checkpoint_every (deterministic=True).") from e
+            self._recover(ckpt, refs)
+            return None
 
     def _recover(self, ckpt: Checkpoint, refs: list[Any]) -> None:
         self.restore(ckpt)  # survivors' next call raises RolledBack, so their run ends
@@ -229,6 +380,81 @@ class RayPS:
                 self.restarts += 1
         self.ray.get([a.reset.remote(ckpt.clock, self.generation) for a in self.workers])
 
+    # -- elastic transitions ----------------------------------------------------------------------
+    def _transition(self, decision: Decision, restart: bool, fault: Fault | None) -> None:
+        if restart:
+            self._restart(decision.workers)
+        else:
+            for w in decision.replace:
+                if w < decision.workers:  # a slot that leaves now needs no new actor
+                    self.replace(w)
+            if decision.workers != self.num_workers:
+                self.resize(decision.workers)
+        if fault is not None:
+            fault(self, self.clock)
+
+    def replace(self, worker: int) -> None:
+        """A fresh actor (empty cache, the next start number) in slot ``worker``; at a clock boundary only."""
+        if not 0 <= worker < self.num_workers:
+            raise PSError(f"RayPS.replace({worker}): slots are 0..{self.num_workers - 1}.")
+        self.ray.kill(self.workers[worker])
+        self.ray.get([s.forget_worker.remote(worker) for s in self.shards])
+        self.workers[worker] = self._new_worker(worker)
+        self._ready(self.workers[worker:worker + 1])
+
+    def resize(self, num_workers: int) -> None:
+        """Go on with ``num_workers`` workers from the current clock (between runs or segments).
+
+        The highest slots leave (their actors finished their clocks and flushed, so they are ended); new
+        slots get new actors at the current clock; every client's ``num_workers`` is updated.
+        """
+        if num_workers < 1:
+            raise PSError(f"RayPS.resize({num_workers}): need at least one worker.")
+        old = self.num_workers
+        self.ray.get([s.resize.remote(num_workers) for s in self.shards])  # PSError unless at a clock boundary
+        for actor in self.workers[num_workers:]:
+            self.ray.kill(actor)
+        del self.workers[num_workers:], self.start_numbers[num_workers:]
+        self.num_workers = num_workers
+        self.workers += [self._new_worker(w) for w in range(old, num_workers)]
+        for actor in self.workers[:min(old, num_workers)]:
+            try:
+                self.ray.get(actor.set_num_workers.remote(num_workers))
+            except self.ray.exceptions.RayActorError:
+                pass  # died: the next segment fails and restarts it from the checkpoint with the new count
+        self._ready(self.workers[old:])
+
+    def _restart(self, num_workers: int) -> None:
+        """Checkpoint-and-restart: tables to disk, every actor (and the Ray we started) stopped, all anew."""
+        ckpt = self.checkpoint()
+        fd, path = tempfile.mkstemp(prefix="orion_par-ps-", suffix=".npz")
+        os.close(fd)
+        try:
+            tables = [merge_shards(spec, [st.tables[name] for st in ckpt.shards]) for name, spec in self.specs.items()]
+            np.savez(path, *[v if isinstance(v, np.ndarray) else np.array(v, dtype=object) for v in tables])
+            clock = ckpt.clock
+            del ckpt, tables
+            self.close()
+            if self.started_ray:
+                ensure_ray()
+            self.num_workers, self.clock = num_workers, clock
+            self.shard_cls = self.ray.remote(num_cpus=0)(ShardImpl)
+            spec_list = list(self.specs.values())
+            self.shards = [self.shard_cls.remote(spec_list, num_workers, i, self.deterministic)
+                           for i in range(self.num_shards)]
+            with np.load(path, allow_pickle=True) as saved:  # our own file: sparse tables are pickled dicts
+                loaded = {name: np.array(saved[f"arr_{i}"]) if spec.kind == "dense" else saved[f"arr_{i}"].item()
+                          for i, (name, spec) in enumerate(self.specs.items())}
+            state = ShardState(clock, loaded)
+            self.generation = self.ray.get([s.restore.remote(state) for s in self.shards])[0]
+            self.worker_cls = self.ray.remote(num_cpus=0, max_restarts=0)(WorkerImpl)
+            self.start_numbers = []
+            self.workers = [self._new_worker(w) for w in range(num_workers)]
+            self._ready(self.workers)
+        finally:
+            os.remove(path)
+
+    # -- tables -----------------------------------------------------------------------------------
     def initialize(self, name: str, values: Any) -> None:
         """Set a table's starting values (between runs)."""
         self.ray.get([s.load_table.remote(name, values) for s in self.shards])
@@ -265,3 +491,22 @@ class RayPS:
         self.workers, self.shards = [], []
         if self.started_ray:
             self.ray.shutdown()
+
+
+class _WindowTally:
+    """One window's work and busy seconds per worker slot, as its segments finish."""
+
+    def __init__(self, index: int, start_clock: int, t: float, workers: int) -> None:
+        self.index, self.start_clock, self.t, self.workers = index, start_clock, t, workers
+        self.units = [0.0] * workers
+        self.seconds = [0.0] * workers
+
+    def add(self, worker: int, timing: Timing) -> None:
+        for units, seconds in timing:
+            self.units[worker] += units
+            self.seconds[worker] += seconds
+
+    def close(self, now: float, t0: float, elastic: Elastic) -> Window:
+        rates = tuple(u / s if s > 0 else 0.0 for u, s in zip(self.units, self.seconds, strict=True))
+        progress = elastic.progress() if elastic.progress is not None else None
+        return Window(self.index, self.t - t0, now - self.t, self.workers, sum(self.units), rates, progress)

@@ -1,0 +1,204 @@
+"""Elastic workers: an autoscaler against fixed allocations, transitions against checkpoint-and-restart,
+and a slow worker replaced or not -- MF with orion_par on Ray, and data-parallel MF on the parameter server.
+
+Worker speed is emulated (``orion_par.elastic.Emulation``): each worker pads its work to a calibrated time
+per rating, so up to 8 workers fit on this 2-core machine; the scaling limits that remain are real (Ray's
+per-task and per-transfer costs on 2 cores, the driver, the window barriers).  One run per setting, from
+the same starting factors:
+
+- fixed allocations of 1, 2, 4 and 8 workers, and ``ScalingEfficiency`` starting from 1 worker: time to
+  the target training RMSE (measured from the run's start, actor start-up included) and worker-seconds up
+  to then;
+- the autoscaler's allocation sequence replayed by checkpoint-and-restart (``Elastic(restart=True)``):
+  idle time per transition, and the arrays compared bit for bit;
+- 4 workers with one 3x-slow worker, with and without ``Stragglers`` replacement.
+
+Run: ``python -m experiments.elastic`` (``--tiny`` for a smoke run in a temp dir; ``--part orion`` or
+``--part ps`` for one half). Written to ``experiments/results/elastic.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from experiments._common import RESULTS, load_average, write
+from experiments._machine import machine_info, versions
+
+FULL = dict(users=12000, items=6000, ratings=1_200_000, rank=8, lr=0.02, reg=0.01, seconds_per_rating=5e-6,
+            epochs=12, time_partitions=16, window=4, target=0.15, counts=(1, 2, 4, 8), threshold=0.5, slow=3.0)
+TINY = dict(users=600, items=300, ratings=40_000, rank=4, lr=0.03, reg=0.01, seconds_per_rating=2e-5,
+            epochs=4, time_partitions=4, window=2, target=0.8, counts=(1, 2), threshold=0.5, slow=3.0)
+
+
+class MFJob:
+    """The MF loop of ``models.mf`` on fixed data and starting factors; ``run`` resets them first."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        from models.mf import init_factors, parallel_sgd, rmse, synthetic_ratings
+
+        self.cfg = cfg
+        self.data = synthetic_ratings(num_users=cfg["users"], num_items=cfg["items"], num_ratings=cfg["ratings"],
+                                      rank=cfg["rank"], seed=0)
+        self.W, self.H = init_factors(cfg["users"], cfg["items"], rank=cfg["rank"], seed=1)
+        self.W0, self.H0 = np.array(self.W, copy=True), np.array(self.H, copy=True)
+        self.sgd = parallel_sgd(self.data.ratings, self.W, self.H, lr=cfg["lr"], reg=cfg["reg"])
+        self.rmse = lambda: rmse(self.data.keys, self.data.values, self.W, self.H)
+
+    def run(self, workers: int, elastic_args: dict[str, Any]) -> tuple[Any, float]:
+        from orion_par.elastic import Elastic, Emulation
+
+        self.W[...], self.H[...] = self.W0, self.H0
+        self.sgd.epochs_run = 0
+        slow = elastic_args.pop("slow", {})
+        elastic = Elastic(window=self.cfg["window"], progress=self.rmse,
+                          emulation=Emulation(self.cfg["seconds_per_rating"], slow), **elastic_args)
+        t0 = time.perf_counter()
+        stats = self.sgd.run(workers=workers, epochs=self.cfg["epochs"], backend="ray",
+                             time_partitions=self.cfg["time_partitions"], elastic=elastic)
+        return stats.elastic, time.perf_counter() - t0
+
+
+def time_to(log: Any, target: float) -> float | None:
+    """Seconds from the run's start to the end of the first window whose RMSE is at most ``target``."""
+    for w in log.windows:
+        if w.progress is not None and w.progress <= target:
+            return float(w.start_s + w.elapsed_s)
+    return None
+
+
+def summary(log: Any, target: float, wall_s: float) -> dict[str, Any]:
+    t = time_to(log, target)
+    return {"time_to_target_s": t, "worker_seconds_to_target": None if t is None else log.worker_seconds(t),
+            "wall_s": wall_s, "final_rmse": log.windows[-1].progress if log.windows else None,
+            "median_throughput": float(np.median([w.throughput for w in log.windows])) if log.windows else None,
+            "final_workers": log.windows[-1].workers if log.windows else None,
+            "events": [{"at_s": e.at_s, "window": e.window, "kind": e.kind, "from": e.workers_before,
+                        "to": e.workers_after, "replaced": list(e.replaced), "reason": e.reason, "idle_s": e.idle_s,
+                        "started_s": e.started_s, "throughput_before": e.throughput_before,
+                        "throughput_after": log.throughput_after(e)} for e in log.events],
+            "curve": [(round(w.start_s + w.elapsed_s, 3), w.workers, round(w.throughput), w.progress)
+                      for w in log.windows]}
+
+
+def orion_part(cfg: dict[str, Any], say: Callable[[str], None]) -> dict[str, Any]:
+    from orion_par.elastic import FixedSchedule, ScalingEfficiency, Stragglers
+
+    job = MFJob(cfg)
+    out: dict[str, Any] = {"fixed": {}, "load_before": load_average()}
+    for k in cfg["counts"]:
+        log, wall = job.run(k, {"policy": FixedSchedule({})})
+        out["fixed"][str(k)] = summary(log, cfg["target"], wall)
+        say(f"orion fixed {k}: {out['fixed'][str(k)]['time_to_target_s']} s to target")
+    top = max(cfg["counts"])
+    log, wall = job.run(1, {"policy": ScalingEfficiency(max_workers=top, threshold=cfg["threshold"])})
+    out["autoscaler"] = summary(log, cfg["target"], wall)
+    elastic_W = np.array(job.W, copy=True)
+    say(f"orion autoscaler: {out['autoscaler']['time_to_target_s']} s to target")
+    replay, wall = job.run(1, {"policy": log.as_schedule(), "restart": True})
+    out["restart_replay"] = summary(replay, cfg["target"], wall)
+    out["restart_replay"]["same_allocations"] = replay.as_schedule() == log.as_schedule()
+    out["restart_replay"]["bitwise_equal_to_elastic"] = bool(np.array_equal(elastic_W, np.asarray(job.W)))
+    say(f"orion restart replay: idle {[round(e.idle_s, 2) for e in replay.events]} s")
+    slow = {1: cfg["slow"]}
+    for name, rule in (("slow_kept", None), ("slow_replaced", Stragglers())):
+        log, wall = job.run(min(4, top), {"policy": FixedSchedule({}), "stragglers": rule, "slow": dict(slow)})
+        out[name] = summary(log, cfg["target"], wall)
+        say(f"orion {name}: {out[name]['time_to_target_s']} s to target")
+    out["load_after"] = load_average()
+    return out
+
+
+def verdicts(part: dict[str, Any]) -> dict[str, Any]:
+    """The issue's bars, computed from one part's rows."""
+    fixed = {int(k): v for k, v in part["fixed"].items()}
+    reached = {k: v["time_to_target_s"] for k, v in fixed.items() if v["time_to_target_s"] is not None}
+    best_k = min(reached, key=lambda k: reached[k]) if reached else None
+    auto = part["autoscaler"]
+    top = max(fixed)
+    idle_elastic = [e["idle_s"] for e in auto["events"]]
+    idle_restart = [e["idle_s"] for e in part["restart_replay"]["events"]]
+    out: dict[str, Any] = {"best_fixed": best_k}
+    if best_k is not None and auto["time_to_target_s"] is not None:
+        out["autoscaler_vs_best"] = auto["time_to_target_s"] / reached[best_k]
+        out["within_10pct_of_best"] = out["autoscaler_vs_best"] <= 1.10
+    if auto["worker_seconds_to_target"] is not None and fixed[top]["worker_seconds_to_target"] is not None:
+        out["worker_seconds_vs_largest"] = auto["worker_seconds_to_target"] / fixed[top]["worker_seconds_to_target"]
+    if idle_elastic and idle_restart:
+        out["mean_idle_elastic_s"] = float(np.mean(idle_elastic))
+        out["mean_idle_restart_s"] = float(np.mean(idle_restart))
+        out["idle_ratio"] = out["mean_idle_elastic_s"] / out["mean_idle_restart_s"]
+    kept, replaced = part["slow_kept"]["time_to_target_s"], part["slow_replaced"]["time_to_target_s"]
+    out["straggler_replaced"] = any(e["replaced"] for e in part["slow_replaced"]["events"])
+    if kept is not None and replaced is not None:
+        out["straggler_speedup"] = kept / replaced
+    return out
+
+
+def _fmt(x: Any, spec: str = ".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def markdown(rec: dict[str, Any]) -> str:
+    lines = ["# Elastic workers", "", f"`{rec['command']}` ({rec['date']}); machine: {rec['machine']}.", ""]
+    for name, part in rec["parts"].items():
+        v = part["verdicts"]
+        lines += [f"## {name}", "", f"Target training RMSE {rec['config']['target']}; load average before "
+                  f"{part['load_before']}, after {part['load_after']}.", "",
+                  "| allocation | time to target (s) | worker-seconds to target | median throughput (/s) | "
+                  "final workers |", "| --- | --- | --- | --- | --- |"]
+        rows = [(f"fixed {k}", r) for k, r in part["fixed"].items()]
+        rows += [("autoscaler from 1", part["autoscaler"]), ("autoscaler replayed by restart", part["restart_replay"]),
+                 ("4 with a 3x-slow worker", part["slow_kept"]), ("... slow worker replaced", part["slow_replaced"])]
+        for label, r in rows:
+            lines.append(f"| {label} | {_fmt(r['time_to_target_s'])} | {_fmt(r['worker_seconds_to_target'], '.1f')} | "
+                         f"{_fmt(r['median_throughput'], '.0f')} | {r['final_workers']} |")
+        lines += ["", "Transitions of the autoscaler (elastic), and of its replay by checkpoint-and-restart:", ""]
+        for label, r in (("elastic", part["autoscaler"]), ("restart", part["restart_replay"]),
+                         ("straggler", part["slow_replaced"])):
+            for e in r["events"]:
+                lines.append(f"- {label}, {e['at_s']:.2f} s: {e['kind']} {e['from']} -> {e['to']} "
+                             f"{'(replaced ' + str(e['replaced']) + ') ' if e['replaced'] else ''}idle "
+                             f"{e['idle_s'] * 1e3:.0f} ms (new actors started {e['started_s']:.2f} s before); "
+                             f"{e['reason']}")
+        lines += ["", "Verdicts: " + ", ".join(f"{k} = {_fmt(x, '.3f') if isinstance(x, float) else x}"
+                                               for k, x in v.items()), ""]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tiny", action="store_true", help="seconds-long smoke run, written to a temp dir")
+    ap.add_argument("--part", choices=("orion", "ps", "all"), default="all")
+    ap.add_argument("--out", type=Path, default=None, help="results folder (default experiments/results)")
+    args = ap.parse_args(argv)
+    cfg = dict(TINY if args.tiny else FULL)
+    out = args.out or (Path(tempfile.mkdtemp(prefix="elastic-")) if args.tiny else RESULTS)
+    import ray
+
+    ray.init(num_cpus=max(cfg["counts"]), include_dashboard=False, log_to_driver=False, configure_logging=False)
+    parts: dict[str, Any] = {}
+    try:
+        if args.part in ("orion", "all"):
+            parts["orion_par (MF, 2D DSGD)"] = orion_part(cfg, lambda m: print(m, file=sys.stderr, flush=True))
+    finally:
+        ray.shutdown()
+    for part in parts.values():
+        part["verdicts"] = verdicts(part)
+    rec = {"command": " ".join(["python -m experiments.elastic", *(argv if argv is not None else sys.argv[1:])]),
+           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine_info(),
+           "versions": versions(), "config": cfg, "parts": parts}
+    json_path, _ = write("elastic", rec, markdown(rec), out)
+    print(json_path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
