@@ -32,10 +32,12 @@ import numpy as np
 from experiments._common import RESULTS, load_average, write
 from experiments._machine import machine_info, versions
 
-FULL = dict(users=12000, items=6000, ratings=1_200_000, rank=8, lr=0.02, reg=0.01, seconds_per_rating=5e-6,
-            epochs=12, time_partitions=16, window=4, target=0.15, counts=(1, 2, 4, 8), threshold=0.5, slow=3.0)
+FULL = dict(users=12000, items=6000, ratings=1_200_000, rank=8, lr=0.02, reg=0.01, seconds_per_rating=2e-5,
+            epochs=8, time_partitions=16, window=4, target=0.6, counts=(1, 2, 4, 8), threshold=0.5, slow=3.0,
+            ps_batches=24, ps_lr=0.02, ps_window=4)
 TINY = dict(users=600, items=300, ratings=40_000, rank=4, lr=0.03, reg=0.01, seconds_per_rating=2e-5,
-            epochs=4, time_partitions=4, window=2, target=0.8, counts=(1, 2), threshold=0.5, slow=3.0)
+            epochs=4, time_partitions=4, window=2, target=0.8, counts=(1, 2), threshold=0.5, slow=3.0,
+            ps_batches=6, ps_lr=0.03, ps_window=2)
 
 
 class MFJob:
@@ -52,7 +54,12 @@ class MFJob:
         self.sgd = parallel_sgd(self.data.ratings, self.W, self.H, lr=cfg["lr"], reg=cfg["reg"])
         self.rmse = lambda: rmse(self.data.keys, self.data.values, self.W, self.H)
 
-    def run(self, workers: int, elastic_args: dict[str, Any]) -> tuple[Any, float]:
+    def state(self) -> list[np.ndarray]:
+        return [np.array(self.W, copy=True), np.array(self.H, copy=True)]
+
+    def run(self, workers: int, elastic_args: dict[str, Any]) -> tuple[Any, float, float]:
+        """The run's log, its wall time, and its set-up time before the log's clock (none: the driver's clock
+        starts before it starts Ray and the actors)."""
         from orion_par.elastic import Elastic, Emulation
 
         self.W[...], self.H[...] = self.W0, self.H0
@@ -63,7 +70,7 @@ class MFJob:
         t0 = time.perf_counter()
         stats = self.sgd.run(workers=workers, epochs=self.cfg["epochs"], backend="ray",
                              time_partitions=self.cfg["time_partitions"], elastic=elastic)
-        return stats.elastic, time.perf_counter() - t0
+        return stats.elastic, time.perf_counter() - t0, 0.0
 
 
 def time_to(log: Any, target: float) -> float | None:
@@ -74,9 +81,11 @@ def time_to(log: Any, target: float) -> float | None:
     return None
 
 
-def summary(log: Any, target: float, wall_s: float) -> dict[str, Any]:
+def summary(log: Any, target: float, wall_s: float, setup_s: float = 0.0, setup_workers: int = 0) -> dict[str, Any]:
+    """``setup_s``: seconds before the log's clock started (``setup_workers`` actors starting), added in."""
     t = time_to(log, target)
-    return {"time_to_target_s": t, "worker_seconds_to_target": None if t is None else log.worker_seconds(t),
+    held = None if t is None else log.worker_seconds(t) + setup_s * setup_workers
+    return {"time_to_target_s": None if t is None else t + setup_s, "worker_seconds_to_target": held,
             "wall_s": wall_s, "final_rmse": log.windows[-1].progress if log.windows else None,
             "median_throughput": float(np.median([w.throughput for w in log.windows])) if log.windows else None,
             "final_workers": log.windows[-1].workers if log.windows else None,
@@ -84,36 +93,126 @@ def summary(log: Any, target: float, wall_s: float) -> dict[str, Any]:
                         "to": e.workers_after, "replaced": list(e.replaced), "reason": e.reason, "idle_s": e.idle_s,
                         "started_s": e.started_s, "throughput_before": e.throughput_before,
                         "throughput_after": log.throughput_after(e)} for e in log.events],
-            "curve": [(round(w.start_s + w.elapsed_s, 3), w.workers, round(w.throughput), w.progress)
+            "setup_s": setup_s,
+            "curve": [(round(setup_s + w.start_s + w.elapsed_s, 3), w.workers, round(w.throughput), w.progress)
                       for w in log.windows]}
 
 
 def orion_part(cfg: dict[str, Any], say: Callable[[str], None]) -> dict[str, Any]:
+    return compare(MFJob(cfg), cfg, "orion", say)
+
+
+def compare(job: Any, cfg: dict[str, Any], name: str, say: Callable[[str], None]) -> dict[str, Any]:
+    """Fixed allocations, the autoscaler, its replay by checkpoint-and-restart, a slow worker kept or replaced."""
     from orion_par.elastic import FixedSchedule, ScalingEfficiency, Stragglers
 
-    job = MFJob(cfg)
     out: dict[str, Any] = {"fixed": {}, "load_before": load_average()}
     for k in cfg["counts"]:
-        log, wall = job.run(k, {"policy": FixedSchedule({})})
-        out["fixed"][str(k)] = summary(log, cfg["target"], wall)
-        say(f"orion fixed {k}: {out['fixed'][str(k)]['time_to_target_s']} s to target")
+        log, wall, setup = job.run(k, {"policy": FixedSchedule({})})
+        out["fixed"][str(k)] = summary(log, cfg["target"], wall, setup, k)
+        say(f"{name} fixed {k}: {out['fixed'][str(k)]['time_to_target_s']} s to target")
     top = max(cfg["counts"])
-    log, wall = job.run(1, {"policy": ScalingEfficiency(max_workers=top, threshold=cfg["threshold"])})
-    out["autoscaler"] = summary(log, cfg["target"], wall)
-    elastic_W = np.array(job.W, copy=True)
-    say(f"orion autoscaler: {out['autoscaler']['time_to_target_s']} s to target")
-    replay, wall = job.run(1, {"policy": log.as_schedule(), "restart": True})
-    out["restart_replay"] = summary(replay, cfg["target"], wall)
+    log, wall, setup = job.run(1, {"policy": ScalingEfficiency(max_workers=top, threshold=cfg["threshold"])})
+    out["autoscaler"] = summary(log, cfg["target"], wall, setup, 1)
+    elastic_state = job.state()
+    say(f"{name} autoscaler: {out['autoscaler']['time_to_target_s']} s to target")
+    replay, wall, setup = job.run(1, {"policy": log.as_schedule(), "restart": True})
+    out["restart_replay"] = summary(replay, cfg["target"], wall, setup, 1)
     out["restart_replay"]["same_allocations"] = replay.as_schedule() == log.as_schedule()
-    out["restart_replay"]["bitwise_equal_to_elastic"] = bool(np.array_equal(elastic_W, np.asarray(job.W)))
-    say(f"orion restart replay: idle {[round(e.idle_s, 2) for e in replay.events]} s")
-    slow = {1: cfg["slow"]}
-    for name, rule in (("slow_kept", None), ("slow_replaced", Stragglers())):
-        log, wall = job.run(min(4, top), {"policy": FixedSchedule({}), "stragglers": rule, "slow": dict(slow)})
-        out[name] = summary(log, cfg["target"], wall)
-        say(f"orion {name}: {out[name]['time_to_target_s']} s to target")
+    out["restart_replay"]["bitwise_equal_to_elastic"] = all(
+        np.array_equal(a, b) for a, b in zip(elastic_state, job.state(), strict=True))
+    say(f"{name} restart replay: idle {[round(e.idle_s, 2) for e in replay.events]} s")
+    k = min(4, top)
+    for label, rule in (("slow_kept", None), ("slow_replaced", Stragglers())):
+        log, wall, setup = job.run(k, {"policy": FixedSchedule({}), "stragglers": rule, "slow": {1: cfg["slow"]}})
+        out[label] = summary(log, cfg["target"], wall, setup, k)
+        say(f"{name} {label}: {out[label]['time_to_target_s']} s to target")
     out["load_after"] = load_average()
     return out
+
+
+class ElasticMFProgram:
+    """One clock of data-parallel SGD for MF on the parameter server (tables ``W`` and ``H``).
+
+    Clock ``c`` works on mini-batch ``c % batches`` of the ratings; worker ``w`` of ``n`` (``client.num_workers``,
+    so the split follows every resize) takes the batch's ratings ``w, w + n, ...``, reads their rows, runs the
+    serial SGD loop on them and sends the changes.  Returns the ratings it processed (its work, for the
+    throughput and the emulated compute time).
+    """
+
+    def __init__(self, keys: np.ndarray, values: np.ndarray, batches: int, lr: float, reg: float) -> None:
+        perm = np.random.default_rng(3).permutation(keys.shape[0])
+        self.keys, self.values = keys[perm], values[perm]
+        self.bounds = np.linspace(0, keys.shape[0], batches + 1).astype(np.int64)
+        self.batches, self.lr, self.reg = batches, lr, reg
+
+    def __call__(self, client: Any, worker: int, clock: int) -> int:
+        from models.mf import sgd_serial_numba
+
+        b = clock % self.batches
+        lo, hi = int(self.bounds[b]), int(self.bounds[b + 1])
+        keys, vals = self.keys[lo + worker:hi:client.num_workers], self.values[lo + worker:hi:client.num_workers]
+        users, u_local = np.unique(keys[:, 0], return_inverse=True)
+        items, i_local = np.unique(keys[:, 1], return_inverse=True)
+        W, H = client.get("W", users), client.get("H", items)
+        W0, H0 = W.copy(), H.copy()
+        local = np.ascontiguousarray(np.stack([u_local, i_local], axis=1).astype(np.int64))
+        sgd_serial_numba(local, np.ascontiguousarray(vals), W, H, self.lr, self.reg)
+        client.inc("W", users, W - W0)
+        client.inc("H", items, H - H0)
+        return int(keys.shape[0])
+
+
+class PSJob:
+    """Data-parallel MF on ``RayPS`` (BSP, deterministic: the tables are reproducible)."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        from models.mf import init_factors, rmse, synthetic_ratings
+
+        self.cfg = cfg
+        data = synthetic_ratings(num_users=cfg["users"], num_items=cfg["items"], num_ratings=cfg["ratings"],
+                                 rank=cfg["rank"], seed=0)
+        self.keys, self.values = data.keys, data.values
+        W, H = init_factors(cfg["users"], cfg["items"], rank=cfg["rank"], seed=1)
+        self.W0, self.H0 = np.array(W), np.array(H)
+        self.program = ElasticMFProgram(self.keys, self.values, cfg["ps_batches"], cfg["ps_lr"], cfg["reg"])
+        self.rmse = rmse
+        self.tables: dict[str, np.ndarray] = {}
+
+    def state(self) -> list[np.ndarray]:
+        return [self.tables["W"], self.tables["H"]]
+
+    def run(self, workers: int, elastic_args: dict[str, Any]) -> tuple[Any, float, float]:
+        """The run's log, its wall time, and the set-up (Ray, actors, tables) before ``RayPS.run``'s clock."""
+        from orion_par.elastic import Elastic, Emulation
+        from orion_par.ps import TableSpec
+        from orion_par.ps.ray_transport import RayPS
+
+        cfg = self.cfg
+        specs = [TableSpec("W", cfg["users"], cfg["rank"], staleness=0),
+                 TableSpec("H", cfg["items"], cfg["rank"], staleness=0)]
+        slow = elastic_args.pop("slow", {})
+        t0 = time.perf_counter()
+        ps = RayPS(specs, workers, deterministic=True, emulation=Emulation(cfg["seconds_per_rating"], slow))
+        try:
+            ps.initialize("W", self.W0)
+            ps.initialize("H", self.H0)
+
+            def progress() -> float:
+                return self.rmse(self.keys, self.values, ps.table("W"), ps.table("H"))
+
+            elastic = Elastic(window=cfg["ps_window"], progress=progress, **elastic_args)
+            setup = time.perf_counter() - t0
+            ps.run(self.program, cfg["epochs"] * cfg["ps_batches"], elastic=elastic)
+            self.tables = {"W": ps.table("W"), "H": ps.table("H")}
+            log = ps.elastic_log
+        finally:
+            ps.close()
+        return log, time.perf_counter() - t0, setup
+
+
+def ps_part(cfg: dict[str, Any], say: Callable[[str], None]) -> dict[str, Any]:
+    return compare(PSJob(cfg), cfg, "ps", say)
 
 
 def verdicts(part: dict[str, Any]) -> dict[str, Any]:
@@ -179,17 +278,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--part", choices=("orion", "ps", "all"), default="all")
     ap.add_argument("--out", type=Path, default=None, help="results folder (default experiments/results)")
     args = ap.parse_args(argv)
-    cfg = dict(TINY if args.tiny else FULL)
+    cfg: dict[str, Any] = dict(TINY if args.tiny else FULL)
     out = args.out or (Path(tempfile.mkdtemp(prefix="elastic-")) if args.tiny else RESULTS)
-    import ray
-
-    ray.init(num_cpus=max(cfg["counts"]), include_dashboard=False, log_to_driver=False, configure_logging=False)
+    # Every run starts its own Ray and stops it (so checkpoint-and-restart restarts Ray too, as a job would).
     parts: dict[str, Any] = {}
-    try:
-        if args.part in ("orion", "all"):
-            parts["orion_par (MF, 2D DSGD)"] = orion_part(cfg, lambda m: print(m, file=sys.stderr, flush=True))
-    finally:
-        ray.shutdown()
+    if args.part in ("orion", "all"):
+        parts["orion_par (MF, 2D DSGD)"] = orion_part(cfg, lambda m: print(m, file=sys.stderr, flush=True))
+    if args.part in ("ps", "all"):
+        parts["parameter server (data-parallel MF, BSP)"] = ps_part(cfg, lambda m: print(m, file=sys.stderr,
+                                                                                             flush=True))
     for part in parts.values():
         part["verdicts"] = verdicts(part)
     rec = {"command": " ".join(["python -m experiments.elastic", *(argv if argv is not None else sys.argv[1:])]),

@@ -108,15 +108,15 @@ class BlockWorker:
         for n, v in values.items():
             self.params[n][...] = v
 
-    def load(self, keys: np.ndarray, values: np.ndarray, params: dict[str, Any]) -> None:
-        """Take a new segment's records (block order) and start from the driver's arrays (elastic runs)."""
-        self.keys, self.values = keys, values
+    def load(self, keys: np.ndarray, values: np.ndarray, params: dict[str, Any], worker: int,
+             partials: Mapping[str, np.ndarray]) -> None:
+        """Elastic runs: become slot ``worker``, take a segment's records (block order), start from the driver's
+        arrays, and from ``partials`` for the accumulators."""
+        self.keys, self.values, self.worker = keys, values, worker
         seeded = self.seeded
         self.reset(params, self.seed)
         self.seeded = seeded  # one random stream per actor for its whole life
-
-    def set_worker(self, worker: int) -> None:
-        self.worker = worker
+        self.set_relaxed(partials)
 
     def ping(self) -> int:
         return self.worker

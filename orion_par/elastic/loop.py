@@ -110,6 +110,8 @@ class ElasticDriver:
         self.actor_cls: Any = None
         self.cap = 1
         self.tokens: dict[int, Any] = {}
+        self.whole_refs: dict[int, tuple[Any, Any]] = {}
+        self.everything = np.zeros(0, np.int64)
         self.ready: dict[int, Any] = {}  # slot -> actor started in the background for the pending decision
         self.pinged: list[Any] = []
         self.pending: Decision | None = None
@@ -139,47 +141,60 @@ class ElasticDriver:
         except self.ray.exceptions.RayActorError:
             return False
 
-    def _establish(self, seg: Segment, ckpt: _Checkpoint, workers: int, replace: Sequence[int] = ()) -> None:
+    def _records(self, seg: Segment) -> tuple[Any, Any]:
+        """Object refs of ``seg``'s keys and values in block order (a whole epoch's are kept per count)."""
+        whole = seg.records is self.everything
+        key = seg.sched.num_workers
+        if whole and key in self.whole_refs:
+            return self.whole_refs[key]
+        refs = (self.ray.put(self.keys[seg.block_order]), self.ray.put(self.values[seg.block_order]))
+        if whole:
+            self.whole_refs[key] = refs
+        return refs
+
+    def _establish(self, seg: Segment, ckpt: _Checkpoint, workers: int, replace: Sequence[int] = (),
+                   fresh: dict[int, Any] | None = None) -> None:
         """Exactly ``workers`` live actors, each holding ``seg``'s records and the checkpoint's state.
 
-        Slots in ``replace`` and new slots take the actors ``_prestart`` started for them, or new ones.
+        Slots in ``replace`` get new actors: ``fresh``'s (started in the background) where given; so do new
+        slots.  A dead actor is found when its load fails, and replaced on the next attempt.
         """
-        ready, self.ready = self.ready, {}
-        for attempt in range(_MAX_RECOVERIES + 1):
-            try:
-                refs = (self.ray.put(self.keys[seg.block_order]), self.ray.put(self.values[seg.block_order]),
-                        self.ray.put({**self.data.params, **ckpt.params}))
-                for a in self.actors[workers:]:
-                    self.ray.kill(a)
-                del self.actors[workers:]
-                for slot in range(workers):
-                    fresh = ready.pop(slot, None)
-                    if slot < len(self.actors) and (fresh is not None or slot in replace
-                                                    or not self._alive(self.actors[slot])):
-                        self.ray.kill(self.actors[slot])
-                        self.actors[slot] = fresh if fresh is not None else self._new_actor(slot, refs)
-                    elif slot >= len(self.actors):
-                        self.actors.append(fresh if fresh is not None else self._new_actor(slot, refs))
-                replace = ()
-                if self.hook is not None:
-                    self.hook("transition", len(self.log.windows), self.actors)
-                self.ray.get([a.load.remote(refs[0], refs[1], refs[2]) for a in self.actors])
-                self.ray.get([a.set_worker.remote(slot) for slot, a in enumerate(self.actors)])
-                if self.accs:
-                    self.ray.get([a.set_relaxed.remote(p) for a, p in zip(self.actors, ckpt.partials, strict=True)])
-                self.tokens = {}
-                return
-            except self.ray.exceptions.RayActorError:
-                if attempt == _MAX_RECOVERIES:
-                    raise
-                self.log.recoveries += 1
-        for a in ready.values():
-            self.ray.kill(a)
+        fresh = dict(fresh or {})
+        try:
+            for attempt in range(_MAX_RECOVERIES + 1):
+                try:
+                    keys, values = self._records(seg)
+                    params = self.ray.put({**self.data.params, **ckpt.params})
+                    for a in self.actors[workers:]:
+                        self.ray.kill(a)
+                    del self.actors[workers:]
+                    for slot in range(workers):
+                        dead = attempt > 0 and slot < len(self.actors) and not self._alive(self.actors[slot])
+                        if slot < len(self.actors) and (slot in fresh or slot in replace or dead):
+                            self.ray.kill(self.actors[slot])
+                            self.actors[slot] = fresh.pop(slot, None) or self._new_actor(slot, (keys, values, params))
+                        elif slot >= len(self.actors):
+                            self.actors.append(fresh.pop(slot, None) or self._new_actor(slot, (keys, values, params)))
+                    replace = ()
+                    if self.hook is not None:
+                        self.hook("transition", len(self.log.windows), self.actors)
+                    partials = ckpt.partials if self.accs else [{} for _ in self.actors]
+                    self.ray.get([a.load.remote(keys, values, params, slot, p)
+                                  for slot, (a, p) in enumerate(zip(self.actors, partials, strict=True))])
+                    self.tokens = {}
+                    return
+                except self.ray.exceptions.RayActorError:
+                    if attempt == _MAX_RECOVERIES:
+                        raise
+                    self.log.recoveries += 1
+        finally:
+            for a in fresh.values():  # started for slots that went away meanwhile
+                self.ray.kill(a)
 
     def _prestart(self, decision: Decision, seg: Segment) -> None:
         """Start the actors ``decision`` needs in the background, while the current ones keep working."""
-        refs = (self.ray.put(self.keys[seg.block_order]), self.ray.put(self.values[seg.block_order]),
-                self.ray.put(self.data.params))
+        keys, values = self._records(seg)
+        refs = (keys, values, self.ray.put(self.data.params))
         slots = [*decision.replace, *range(len(self.actors), decision.workers)]
         self.ready = {slot: self._new_actor(slot, refs) for slot in slots}
         self.prestarted = time.perf_counter()
@@ -259,7 +274,8 @@ class ElasticDriver:
             if self.elastic.restart:
                 self._restart(ckpt)
             started = t0 - self.prestarted if self.ready else 0.0
-            self._establish(seg, ckpt, decision.workers, decision.replace)
+            fresh, self.ready = self.ready, {}
+            self._establish(seg, ckpt, decision.workers, decision.replace, fresh)
             self.busy += [0.0] * max(0, decision.workers - len(self.busy))
             self.controller.record(decision, window, t0 - self.t0, time.perf_counter() - t0, started)
             if at_end:
@@ -380,6 +396,7 @@ class ElasticDriver:
             np.savez(path, **arrays)
             ours = self.started_ray
             self.close()
+            self.whole_refs = {}  # the object store goes with Ray
             if ours:
                 self._init_ray(self.cap)
             else:

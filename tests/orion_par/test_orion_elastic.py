@@ -81,6 +81,7 @@ def _serial(fn, arrays, start, order):
     return [a.copy() for a in arrays]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("build, scheme", [(_mf, "2d"), (_counts, "1d")])
 def test_resizing_mid_epoch_equals_serial_order_and_checkpoint_restart(ray_cluster, build, scheme):
     fn, arrays = build()
