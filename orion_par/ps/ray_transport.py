@@ -237,6 +237,10 @@ class RayPS:
         self.started = 0  # worker actors started so far: the next one's start number
         self.start_numbers: list[int] = []  # each slot's actor's start number
         self.elastic_log: ElasticLog | None = None
+        self.ready: dict[int, tuple[Any, int]] = {}  # slot -> (actor started in the background, start number)
+        self.pending: Decision | None = None  # the decision waiting for them
+        self.pinged: list[Any] = []
+        self.prestarted = 0.0
         self._start_actors()
 
     def _start_actors(self) -> None:
@@ -258,15 +262,24 @@ class RayPS:
             except self.ray.exceptions.RayActorError:
                 pass  # died already: the next segment fails and restarts it from the checkpoint
 
-    def _new_worker(self, w: int) -> Any:
-        number, self.started = self.started, self.started + 1
+    def _new_worker(self, w: int, fresh: tuple[Any, int] | None = None) -> Any:
+        """A worker actor for slot ``w``: ``fresh`` (an actor started in the background and its start number,
+        brought to the current clock) or a new one."""
+        actor, number = fresh if fresh is not None else self._start_worker(w)
         if w < len(self.start_numbers):
             self.start_numbers[w] = number
         else:
             self.start_numbers.append(number)
+        if fresh is not None:
+            self.ray.get([actor.reset.remote(self.clock, self.generation),
+                          actor.set_num_workers.remote(self.num_workers)])
+        return actor
+
+    def _start_worker(self, w: int) -> tuple[Any, int]:
+        number, self.started = self.started, self.started + 1
         slowdown = self.emulation.slowdown(number) if self.emulation is not None else 1.0
         return self.worker_cls.remote(w, list(self.specs.values()), self.shards, self.options, self.clock,
-                                      self.generation, self.num_workers, self.emulation, slowdown)
+                                      self.generation, self.num_workers, self.emulation, slowdown), number
 
     # -- running ----------------------------------------------------------------------------------
     def run(self, program: Program, clocks: int, *, checkpoint_every: int | None = None,
@@ -321,20 +334,52 @@ class RayPS:
                                                                            stop_all):
                 continue
             observed = window.close(time.perf_counter(), t0, elastic)
-            decision = controller.observe(observed)
-            if decision is not None and self.clock < stop_all:
+            decision = self._decide(controller, observed, elastic, self.clock >= stop_all)
+            if decision is not None:
                 if elastic.restart and self.started_ray:  # what Ray handed out dies with it: keep copies
                     results, stats = copy.deepcopy(results), copy.deepcopy(stats)
                 at = time.perf_counter()
+                started = at - self.prestarted if self.ready else 0.0
                 self._transition(decision, elastic.restart, fault_in_transition)
                 if ckpt is not None:
                     ckpt = self.checkpoint()  # the one to recover from (and, after a restart, on the new Ray)
-                controller.record(decision, observed, at - t0, time.perf_counter() - at)
+                controller.record(decision, observed, at - t0, time.perf_counter() - at, started)
                 results += [[] for _ in range(len(results), self.num_workers)]
             window = _WindowTally(observed.index + 1, self.clock, time.perf_counter(), self.num_workers)
         if controller is not None:
             controller.log.recoveries += self.restarts - restarts_before
+        self._drop_ready()
         return RunResult(time.perf_counter() - t0, stats, [], results)
+
+    def _decide(self, controller: Controller, window: Window, elastic: Elastic, final: bool) -> Decision | None:
+        """The transition to make now, if any.  New actors (additions, replacements) start in the background
+        first: the decision waits, the current workers going on window after window, until they are up."""
+        if final:  # after the run's last window there is nothing to resize
+            controller.log.windows.append(window)
+            return None
+        if self.pending is not None:
+            controller.log.windows.append(window)
+            done, _ = self.ray.wait(self.pinged, num_returns=len(self.pinged), timeout=0)
+            if len(done) < len(self.pinged):
+                return None
+            ready, self.pending = self.pending, None
+            return ready
+        decision = controller.observe(window)
+        if decision is None or elastic.restart or not elastic.background:
+            return decision
+        slots = [w for w in decision.replace if w < decision.workers] + list(range(self.num_workers, decision.workers))
+        if not slots:
+            return decision
+        self.ready = {w: self._start_worker(w) for w in slots}
+        self.prestarted = time.perf_counter()
+        self.pinged = [a.ping.remote() for a, _ in self.ready.values()]
+        self.pending = decision
+        return None
+
+    def _drop_ready(self) -> None:
+        for actor, _ in self.ready.values():
+            self.ray.kill(actor)
+        self.ready, self.pending, self.pinged = {}, None, []
 
     def _controller(self, elastic: Elastic | None, fault_in_transition: Fault | None) -> Controller | None:
         if elastic is None:
@@ -399,7 +444,7 @@ class RayPS:
             raise PSError(f"RayPS.replace({worker}): slots are 0..{self.num_workers - 1}.")
         self.ray.kill(self.workers[worker])
         self.ray.get([s.forget_worker.remote(worker) for s in self.shards])
-        self.workers[worker] = self._new_worker(worker)
+        self.workers[worker] = self._new_worker(worker, self.ready.pop(worker, None))
         self._ready(self.workers[worker:worker + 1])
 
     def resize(self, num_workers: int) -> None:
@@ -416,7 +461,7 @@ class RayPS:
             self.ray.kill(actor)
         del self.workers[num_workers:], self.start_numbers[num_workers:]
         self.num_workers = num_workers
-        self.workers += [self._new_worker(w) for w in range(old, num_workers)]
+        self.workers += [self._new_worker(w, self.ready.pop(w, None)) for w in range(old, num_workers)]
         for actor in self.workers[:min(old, num_workers)]:
             try:
                 self.ray.get(actor.set_num_workers.remote(num_workers))
@@ -486,6 +531,7 @@ class RayPS:
 
     def close(self) -> None:
         """End the actors, and Ray itself if this object started it."""
+        self._drop_ready()
         for a in [*self.workers, *self.shards]:
             self.ray.kill(a)
         self.workers, self.shards = [], []

@@ -101,7 +101,7 @@ SCHEDULE = [1, 3, 2, 4]  # workers per window of 2 clocks
 
 
 def schedule_elastic(**kw):
-    return Elastic(FixedSchedule({i: n for i, n in enumerate(SCHEDULE) if i}), window=2, **kw)
+    return Elastic(FixedSchedule({i: n for i, n in enumerate(SCHEDULE) if i}), window=2, background=False, **kw)
 
 
 def chained_local(specs, program, counts, window, start):
@@ -119,7 +119,7 @@ def elastic_run(ray_ps, counts, **kw):
     """``mf_program`` with ``counts[i]`` workers in window ``i`` (2 clocks each): the final table and the log."""
     ps = ray_ps(MF, counts[0], num_shards=2, deterministic=True)
     ps.initialize("w", W0)
-    elastic = Elastic(FixedSchedule({i: n for i, n in enumerate(counts) if i}), window=2,
+    elastic = Elastic(FixedSchedule({i: n for i, n in enumerate(counts) if i}), window=2, background=False,
                       progress=lambda: float(np.linalg.norm(ps.table("w"))), **kw)
     result = ps.run(mf_program, 2 * len(counts), elastic=elastic)
     assert [w.workers for w in ps.elastic_log.windows] == counts
@@ -161,10 +161,28 @@ def count_program(client, worker, clock):
     return None
 
 
+def test_background_starts_delay_transitions_and_are_replayed_exactly(ray_ps):
+    """Growing with actors started in the background: the transition waits for them (the current workers go on),
+    idles less, and the allocation it made, replayed by checkpoint-and-restart, gives the same table."""
+    ps = ray_ps(MF, 1, num_shards=2, deterministic=True, emulation=Emulation(0.004))
+    ps.initialize("w", W0)
+    ps.run(mf_program, 16, elastic=Elastic(FixedSchedule({1: 3}), window=2))
+    log, table = ps.elastic_log, ps.table("w")
+    (event,) = log.events
+    assert event.workers_after == 3 and event.window >= 1 and event.started_s > 0
+    ps2 = ray_ps(MF, 1, num_shards=2, deterministic=True)
+    ps2.initialize("w", W0)
+    ps2.run(mf_program, 16, elastic=Elastic(log.as_schedule(), window=2, restart=True))
+    assert [w.workers for w in ps2.elastic_log.windows] == [w.workers for w in log.windows]
+    np.testing.assert_array_equal(ps2.table("w"), table)
+    assert ps2.elastic_log.events[0].idle_s > event.idle_s
+
+
 def test_staleness_one_resizes_lose_and_double_nothing(ray_ps):
     counts = [2, 4, 1, 3]
     ps = ray_ps([TableSpec("c", 4, 1, staleness=1)], counts[0], num_shards=2)
-    ps.run(count_program, 8, elastic=Elastic(FixedSchedule({i: n for i, n in enumerate(counts)}), window=2))
+    ps.run(count_program, 8, elastic=Elastic(FixedSchedule({i: n for i, n in enumerate(counts)}), window=2,
+                                                 background=False))
     assert [w.workers for w in ps.elastic_log.windows] == counts
     want = np.zeros((4, 1))
     for n in counts:
@@ -179,7 +197,7 @@ def test_straggler_is_replaced_by_a_worker_at_normal_speed(ray_ps):
     emulation = Emulation(seconds_per_unit=0.005, slow={1: 3.0})  # 12 records: 60 ms a clock, 180 for slot 1
     ps = ray_ps(MF, 2, num_shards=2, deterministic=True, emulation=emulation)
     ps.initialize("w", W0)
-    elastic = Elastic(FixedSchedule(), window=2, stragglers=Stragglers(fraction=0.5, patience=2))
+    elastic = Elastic(FixedSchedule(), window=2, stragglers=Stragglers(fraction=0.5, patience=2), background=False)
     ps.run(mf_program, 8, elastic=elastic)
     log = ps.elastic_log
     assert [(e.window, e.kind, e.replaced) for e in log.events] == [(2, "replace", (1,))]
