@@ -32,7 +32,7 @@ import numpy as np
 from experiments._common import RESULTS, load_average, write
 from experiments._machine import machine_info, versions
 
-FULL = dict(users=12000, items=6000, ratings=1_200_000, rank=8, lr=0.02, reg=0.01, seconds_per_rating=2e-5,
+FULL = dict(users=12000, items=6000, ratings=1_200_000, rank=8, lr=0.02, reg=0.01, seconds_per_rating=4e-5,
             epochs=8, time_partitions=16, window=4, target=0.6, counts=(1, 2, 4, 8), threshold=0.5, slow=3.0,
             ps_batches=24, ps_lr=0.02, ps_window=4)
 TINY = dict(users=600, items=300, ratings=40_000, rank=4, lr=0.03, reg=0.01, seconds_per_rating=2e-5,
@@ -57,20 +57,29 @@ class MFJob:
     def state(self) -> list[np.ndarray]:
         return [np.array(self.W, copy=True), np.array(self.H, copy=True)]
 
-    def run(self, workers: int, elastic_args: dict[str, Any]) -> tuple[Any, float, float]:
+    def run(self, workers: int, elastic_args: dict[str, Any], limit_s: float | None = None
+            ) -> tuple[Any, float, float]:
         """The run's log, its wall time, and its set-up time before the log's clock (none: the driver's clock
-        starts before it starts Ray and the actors)."""
+        starts before it starts Ray and the actors).  It ends at the target or after ``limit_s``."""
         from orion_par.elastic import Elastic, Emulation
 
         self.W[...], self.H[...] = self.W0, self.H0
         self.sgd.epochs_run = 0
         slow = elastic_args.pop("slow", {})
-        elastic = Elastic(window=self.cfg["window"], progress=self.rmse,
+        elastic = Elastic(window=self.cfg["window"], progress=self.rmse, stop=stopper(self.cfg["target"], limit_s),
                           emulation=Emulation(self.cfg["seconds_per_rating"], slow), **elastic_args)
         t0 = time.perf_counter()
         stats = self.sgd.run(workers=workers, epochs=self.cfg["epochs"], backend="ray",
                              time_partitions=self.cfg["time_partitions"], elastic=elastic)
         return stats.elastic, time.perf_counter() - t0, 0.0
+
+
+def stopper(target: float, limit_s: float | None) -> Callable[[Any], bool]:
+    """End a run at the target RMSE, or once ``limit_s`` seconds (of the log's clock) have passed."""
+    def stop(window: Any) -> bool:
+        over = limit_s is not None and window.start_s + window.elapsed_s > limit_s
+        return over or (window.progress is not None and window.progress <= target)
+    return stop
 
 
 def time_to(log: Any, target: float) -> float | None:
@@ -94,6 +103,8 @@ def summary(log: Any, target: float, wall_s: float, setup_s: float = 0.0, setup_
                         "started_s": e.started_s, "throughput_before": e.throughput_before,
                         "throughput_after": log.throughput_after(e)} for e in log.events],
             "setup_s": setup_s,
+            "not_reached_by_s": (setup_s + log.windows[-1].start_s + log.windows[-1].elapsed_s
+                                 if t is None and log.windows else None),
             "curve": [(round(setup_s + w.start_s + w.elapsed_s, 3), w.workers, round(w.throughput), w.progress)
                       for w in log.windows]}
 
@@ -107,13 +118,18 @@ def compare(job: Any, cfg: dict[str, Any], name: str, say: Callable[[str], None]
     from orion_par.elastic import FixedSchedule, ScalingEfficiency, Stragglers
 
     out: dict[str, Any] = {"fixed": {}, "load_before": load_average()}
-    for k in cfg["counts"]:
-        log, wall, setup = job.run(k, {"policy": FixedSchedule({})})
+    best: float | None = None
+    for k in sorted(cfg["counts"], reverse=True):  # largest first: a run 1.5x slower than the best so far stops
+        log, wall, setup = job.run(k, {"policy": FixedSchedule({})}, None if best is None else 1.5 * best)
         out["fixed"][str(k)] = summary(log, cfg["target"], wall, setup, k)
-        say(f"{name} fixed {k}: {out['fixed'][str(k)]['time_to_target_s']} s to target")
+        reached = out["fixed"][str(k)]["time_to_target_s"]
+        best = reached if best is None or (reached is not None and reached < best) else best
+        say(f"{name} fixed {k}: {reached} s to target")
     top = max(cfg["counts"])
-    log, wall, setup = job.run(1, {"policy": ScalingEfficiency(max_workers=top, threshold=cfg["threshold"])})
+    policy = ScalingEfficiency(max_workers=top, threshold=cfg["threshold"], warmup=2, measure=2)
+    log, wall, setup = job.run(1, {"policy": policy})
     out["autoscaler"] = summary(log, cfg["target"], wall, setup, 1)
+    out["autoscaler"]["spares"] = log.spares
     elastic_state = job.state()
     say(f"{name} autoscaler: {out['autoscaler']['time_to_target_s']} s to target")
     replay, wall, setup = job.run(1, {"policy": log.as_schedule(), "restart": True})
@@ -123,10 +139,14 @@ def compare(job: Any, cfg: dict[str, Any], name: str, say: Callable[[str], None]
         np.array_equal(a, b) for a, b in zip(elastic_state, job.state(), strict=True))
     say(f"{name} restart replay: idle {[round(e.idle_s, 2) for e in replay.events]} s")
     k = min(4, top)
-    for label, rule in (("slow_kept", None), ("slow_replaced", Stragglers())):
-        log, wall, setup = job.run(k, {"policy": FixedSchedule({}), "stragglers": rule, "slow": {1: cfg["slow"]}})
+    limit = None
+    for label, rule in (("slow_replaced", Stragglers()), ("slow_kept", None)):
+        log, wall, setup = job.run(k, {"policy": FixedSchedule({}), "stragglers": rule, "slow": {1: cfg["slow"]}},
+                                   limit)
         out[label] = summary(log, cfg["target"], wall, setup, k)
-        say(f"{name} {label}: {out[label]['time_to_target_s']} s to target")
+        reached = out[label]["time_to_target_s"]
+        limit = None if reached is None else 2.5 * reached  # the slow run is cut at 2.5x the replaced one's time
+        say(f"{name} {label}: {reached} s to target")
     out["load_after"] = load_average()
     return out
 
@@ -182,8 +202,10 @@ class PSJob:
     def state(self) -> list[np.ndarray]:
         return [self.tables["W"], self.tables["H"]]
 
-    def run(self, workers: int, elastic_args: dict[str, Any]) -> tuple[Any, float, float]:
-        """The run's log, its wall time, and the set-up (Ray, actors, tables) before ``RayPS.run``'s clock."""
+    def run(self, workers: int, elastic_args: dict[str, Any], limit_s: float | None = None
+            ) -> tuple[Any, float, float]:
+        """The run's log, its wall time, and the set-up (Ray, actors, tables) before ``RayPS.run``'s clock.
+        It ends at the target or after ``limit_s``."""
         from orion_par.elastic import Elastic, Emulation
         from orion_par.ps import TableSpec
         from orion_par.ps.ray_transport import RayPS
@@ -201,8 +223,9 @@ class PSJob:
             def progress() -> float:
                 return self.rmse(self.keys, self.values, ps.table("W"), ps.table("H"))
 
-            elastic = Elastic(window=cfg["ps_window"], progress=progress, **elastic_args)
             setup = time.perf_counter() - t0
+            elastic = Elastic(window=cfg["ps_window"], progress=progress,
+                              stop=stopper(cfg["target"], None if limit_s is None else limit_s - setup), **elastic_args)
             ps.run(self.program, cfg["epochs"] * cfg["ps_batches"], elastic=elastic)
             self.tables = {"W": ps.table("W"), "H": ps.table("H")}
             log = ps.elastic_log
@@ -238,6 +261,8 @@ def verdicts(part: dict[str, Any]) -> dict[str, Any]:
     out["straggler_replaced"] = any(e["replaced"] for e in part["slow_replaced"]["events"])
     if kept is not None and replaced is not None:
         out["straggler_speedup"] = kept / replaced
+    elif replaced is not None:  # the slow run was cut at 2.5x the replaced one's time without reaching the target
+        out["straggler_speedup_at_least"] = part["slow_kept"]["not_reached_by_s"] / replaced
     return out
 
 
@@ -257,7 +282,9 @@ def markdown(rec: dict[str, Any]) -> str:
         rows += [("autoscaler from 1", part["autoscaler"]), ("autoscaler replayed by restart", part["restart_replay"]),
                  ("4 with a 3x-slow worker", part["slow_kept"]), ("... slow worker replaced", part["slow_replaced"])]
         for label, r in rows:
-            lines.append(f"| {label} | {_fmt(r['time_to_target_s'])} | {_fmt(r['worker_seconds_to_target'], '.1f')} | "
+            reached = _fmt(r["time_to_target_s"]) if r["time_to_target_s"] is not None else (
+                f"not by {r['not_reached_by_s']:.1f}" if r["not_reached_by_s"] is not None else "-")
+            lines.append(f"| {label} | {reached} | {_fmt(r['worker_seconds_to_target'], '.1f')} | "
                          f"{_fmt(r['median_throughput'], '.0f')} | {r['final_workers']} |")
         lines += ["", "Transitions of the autoscaler (elastic), and of its replay by checkpoint-and-restart:", ""]
         for label, r in (("elastic", part["autoscaler"]), ("restart", part["restart_replay"]),

@@ -330,8 +330,9 @@ class ParallelFor:
         t0 = time.perf_counter()
         busy = driver.run(workers, epochs, self.epochs_run, epoch_values)
         elapsed = time.perf_counter() - t0
-        self.epochs_run += epochs
-        return RunStats(backend, str(plan.scheme), workers, epochs, int(self._keys.shape[0]) * epochs, elapsed,
+        self.epochs_run += driver.epochs_started  # fewer than ``epochs`` if Elastic.stop ended it early
+        records = int(sum(w.work for w in driver.log.windows))
+        return RunStats(backend, str(plan.scheme), workers, driver.epochs_started, records, elapsed,
                         tuple(busy), compiled.compiled, (), _per_epoch(epoch_values), driver.log)
 
     def _run_backend(self, backend: str, compiled: CompiledBody, data: BlockData, sched: Schedule, epochs: int,

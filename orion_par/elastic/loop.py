@@ -116,6 +116,9 @@ class ElasticDriver:
         self.pinged: list[Any] = []
         self.pending: Decision | None = None
         self.prestarted = 0.0
+        self.spares: dict[int, Any] = {}  # slot -> actor started for the policy's next count (``_speculate``)
+        self.spare_t = 0.0
+        self.epochs_started = 0
 
     # -- actors -----------------------------------------------------------------------------------
     def _init_ray(self, cap: int) -> None:
@@ -192,13 +195,36 @@ class ElasticDriver:
                 self.ray.kill(a)
 
     def _prestart(self, decision: Decision, seg: Segment) -> None:
-        """Start the actors ``decision`` needs in the background, while the current ones keep working."""
+        """Start the actors ``decision`` needs in the background, while the current ones keep working (taking
+        the spares ``_speculate`` started where it can)."""
         keys, values = self._records(seg)
         refs = (keys, values, self.ray.put(self.data.params))
         slots = [*decision.replace, *range(len(self.actors), decision.workers)]
-        self.ready = {slot: self._new_actor(slot, refs) for slot in slots}
-        self.prestarted = time.perf_counter()
+        additions = [s for s in slots if s >= len(self.actors) and s in self.spares]
+        self.prestarted = self.spare_t if additions else time.perf_counter()
+        self.ready = {slot: self.spares.pop(slot) if slot in additions else self._new_actor(slot, refs)
+                      for slot in slots}
+        self._drop_spares()
         self.pinged = [a.ping.remote() for a in self.ready.values()]
+
+    def _speculate(self, seg: Segment) -> None:
+        """After growing, start the actors of the policy's next count, so that trying it costs no start-up."""
+        next_count = getattr(self.elastic.policy, "next_count", None)
+        nxt = next_count(len(self.actors)) if next_count is not None and self.elastic.speculate else None
+        if nxt is None or nxt <= len(self.actors) or self.elastic.restart or not self.elastic.background:
+            return
+        keys, values = self._records(seg)
+        refs = (keys, values, self.ray.put(self.data.params))
+        self.spares = {slot: self._new_actor(slot, refs) for slot in range(len(self.actors), min(nxt, self.capacity()))}
+        self.spare_t = time.perf_counter()
+
+    def _drop_spares(self) -> None:
+        if self.spares:
+            now = time.perf_counter()
+            self.log.spares.append((self.spare_t - self.t0, now - self.t0, len(self.spares)))
+            for a in self.spares.values():
+                self.ray.kill(a)
+            self.spares = {}
 
     def _started(self) -> bool:
         """Whether every pre-started actor is up (an actor that died starting is replaced at the transition)."""
@@ -231,10 +257,13 @@ class ElasticDriver:
                         seg = Segment(epoch, self.make(len(self.actors), self.everything), self.everything)
                         self._establish(seg, ckpt, len(self.actors))
                 seg, ckpt, values = self._epoch(seg, ckpt)
+                self.epochs_started += 1
                 for n, op in self.accs.items():
                     combine(op, [v[n] for v in values], self.data.params[n])
                 if self.accs:
                     epoch_values.append({n: np.array(self.data.params[n], copy=True) for n in self.accs})
+                if self.log.stopped:
+                    break
             for n in self.written:
                 self.data.params[n][...] = ckpt.params[n]
         finally:
@@ -254,6 +283,10 @@ class ElasticDriver:
         while True:
             ckpt, window = self._window(seg, ckpt)
             seg.last_step = ckpt.step
+            if self.elastic.stop is not None and self.elastic.stop(window):
+                self.log.stopped = True
+                self.log.windows.append(window)
+                break
             at_end = ckpt.step == seg.sched.num_steps
             decision = self._decide(window, seg, at_end and epoch == self.last_epoch)
             if decision is None and at_end:
@@ -278,6 +311,8 @@ class ElasticDriver:
             self._establish(seg, ckpt, decision.workers, decision.replace, fresh)
             self.busy += [0.0] * max(0, decision.workers - len(self.busy))
             self.controller.record(decision, window, t0 - self.t0, time.perf_counter() - t0, started)
+            if decision.workers > window.workers:
+                self._speculate(seg)
             if at_end:
                 return seg, ckpt, values
         if self.accs:
@@ -301,6 +336,10 @@ class ElasticDriver:
         decision: Decision | None = self.controller.observe(window)
         if decision is not None:
             decision = self._bounded(decision, window)
+        next_count = getattr(self.elastic.policy, "next_count", None)
+        if self.spares and (decision is not None and decision.workers <= len(self.actors)
+                            or next_count is not None and next_count(len(self.actors)) is None):
+            self._drop_spares()  # the policy will not grow now
         if decision is None or self.elastic.restart or not self.elastic.background:
             return decision
         if decision.replace or decision.workers > len(self.actors):
@@ -408,6 +447,7 @@ class ElasticDriver:
             shutil.rmtree(folder, ignore_errors=True)
 
     def close(self) -> None:
+        self._drop_spares()
         for a in [*self.actors, *self.ready.values()]:
             self.ray.kill(a)
         self.actors, self.ready, self.pending = [], {}, None

@@ -104,6 +104,11 @@ class _HillClimb:
             raise ElasticError(f"{type(self).__name__}: max_step ({self.max_step}) and measure ({self.measure}) "
                                f"must be >= 1, warmup ({self.warmup}) >= 0.")
 
+    def next_count(self, workers: int) -> int | None:
+        """The count it would try next if ``workers`` pays (None once settled): drivers start those actors early."""
+        grow = min(workers + self.max_step, 2 * workers, self.max_workers)
+        return None if self.settled or grow <= workers else grow
+
     def score(self, windows: Sequence[Window]) -> float:
         raise NotImplementedError
 
@@ -273,6 +278,13 @@ class Elastic:
         transitions happen exactly at the windows the policy chose.
     emulation : Emulation, optional
         Pad each worker's work to emulated compute times (experiments on a small machine; ``emulate``).
+    speculate : bool
+        While a grown count is measured, start in the background the actors the policy would add next
+        (``next_count``): if it asks for them they are up already, if not they are stopped; their time is
+        counted in ``ElasticLog.worker_seconds``.
+    stop : callable, optional
+        ``stop(window) -> bool``: end the run after the first window for which it is true (a target reached,
+        a time limit); the arrays are those of that window's end.
     fault : callable, optional
         Fault injection: called as ``fault(point, window, actors)`` at each window's start (``"window"``) and
         inside each transition once the new actors exist (``"transition"``); tests kill actors there.
@@ -285,6 +297,8 @@ class Elastic:
     restart: bool = False
     background: bool = True
     emulation: Emulation | None = None
+    speculate: bool = True
+    stop: Callable[[Window], bool] | None = None
     fault: Callable[[str, int, Sequence[Any]], None] | None = None
 
     def __post_init__(self) -> None:
@@ -316,6 +330,8 @@ class ElasticLog:
     windows: list[Window] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     recoveries: int = 0  # failed workers restarted from the last window's checkpoint
+    spares: list[tuple[float, float, int]] = field(default_factory=list)  # (from, to, actors) started, never used
+    stopped: bool = False  # ended early by Elastic.stop
 
     def throughput_after(self, event: Event) -> float | None:
         """Throughput of the first window after ``event`` (None if the run ended first)."""
@@ -341,6 +357,9 @@ class ElasticLog:
                 end = min(end, until_s)
             total += w.workers * max(0.0, end - prev)
             prev = max(prev, end)
+        for start, stop, count in self.spares:
+            end = stop if until_s is None else min(stop, until_s)
+            total += count * max(0.0, end - start)
         for e in self.events:
             fresh = len(e.replaced) + max(0, e.workers_after - e.workers_before)
             begun = e.at_s - e.started_s

@@ -241,6 +241,9 @@ class RayPS:
         self.pending: Decision | None = None  # the decision waiting for them
         self.pinged: list[Any] = []
         self.prestarted = 0.0
+        self.spares: dict[int, tuple[Any, int]] = {}  # slot -> workers started for the policy's next count
+        self.spare_t = self.run_t0 = 0.0
+        self.spare_log: ElasticLog | None = None
         self._start_actors()
 
     def _start_actors(self) -> None:
@@ -309,7 +312,7 @@ class RayPS:
         if checkpoint_every is not None and checkpoint_every < 1:
             raise PSError(f"RayPS.run(checkpoint_every={checkpoint_every}): a segment is at least one clock.")
         controller = self._controller(elastic, fault_in_transition)
-        t0 = time.perf_counter()
+        t0 = self.run_t0 = time.perf_counter()
         stop_all = self.clock + clocks
         restarts_before = self.restarts
         ckpt = self.checkpoint() if checkpoint_every else None
@@ -334,6 +337,10 @@ class RayPS:
                                                                            stop_all):
                 continue
             observed = window.close(time.perf_counter(), t0, elastic)
+            if elastic.stop is not None and elastic.stop(observed):
+                controller.log.windows.append(observed)
+                controller.log.stopped = True
+                break
             decision = self._decide(controller, observed, elastic, self.clock >= stop_all)
             if decision is not None:
                 if elastic.restart and self.started_ray:  # what Ray handed out dies with it: keep copies
@@ -344,6 +351,8 @@ class RayPS:
                 if ckpt is not None:
                     ckpt = self.checkpoint()  # the one to recover from (and, after a restart, on the new Ray)
                 controller.record(decision, observed, at - t0, time.perf_counter() - at, started)
+                if decision.workers > observed.workers:
+                    self._speculate(elastic, controller.log)
                 results += [[] for _ in range(len(results), self.num_workers)]
             window = _WindowTally(observed.index + 1, self.clock, time.perf_counter(), self.num_workers)
         if controller is not None:
@@ -365,18 +374,45 @@ class RayPS:
             ready, self.pending = self.pending, None
             return ready
         decision = controller.observe(window)
+        next_count = getattr(elastic.policy, "next_count", None)
+        if self.spares and (decision is not None and decision.workers <= self.num_workers
+                            or next_count is not None and next_count(self.num_workers) is None):
+            self._drop_spares(controller.log)  # the policy will not grow now
         if decision is None or elastic.restart or not elastic.background:
             return decision
         slots = [w for w in decision.replace if w < decision.workers] + list(range(self.num_workers, decision.workers))
         if not slots:
             return decision
-        self.ready = {w: self._start_worker(w) for w in slots}
-        self.prestarted = time.perf_counter()
+        additions = [w for w in slots if w in self.spares]
+        self.prestarted = self.spare_t if additions else time.perf_counter()
+        self.ready = {w: self.spares.pop(w) if w in additions else self._start_worker(w) for w in slots}
+        self._drop_spares(controller.log)
         self.pinged = [a.ping.remote() for a, _ in self.ready.values()]
         self.pending = decision
         return None
 
+    def _speculate(self, elastic: Elastic, log: ElasticLog) -> None:
+        """After growing, start the workers of the policy's next count (``Elastic.speculate``)."""
+        next_count = getattr(elastic.policy, "next_count", None)
+        nxt = next_count(self.num_workers) if next_count is not None and elastic.speculate else None
+        if nxt is None or nxt <= self.num_workers or elastic.restart or not elastic.background:
+            return
+        self.spares = {w: self._start_worker(w) for w in range(self.num_workers, nxt)}
+        self.spare_t = time.perf_counter()
+        self.spare_log = log
+
+    def _drop_spares(self, log: ElasticLog | None = None) -> None:
+        if self.spares:
+            now = time.perf_counter()
+            log = log or self.spare_log
+            if log is not None:
+                log.spares.append((self.spare_t - self.run_t0, now - self.run_t0, len(self.spares)))
+            for actor, _ in self.spares.values():
+                self.ray.kill(actor)
+            self.spares = {}
+
     def _drop_ready(self) -> None:
+        self._drop_spares()
         for actor, _ in self.ready.values():
             self.ray.kill(actor)
         self.ready, self.pending, self.pinged = {}, None, []
