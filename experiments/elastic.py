@@ -14,7 +14,7 @@ the same starting factors:
 - 4 workers with one 3x-slow worker, with and without ``Stragglers`` replacement.
 
 Run: ``python -m experiments.elastic`` (``--tiny`` for a smoke run in a temp dir; ``--part orion`` or
-``--part ps`` for one half). Written to ``experiments/results/elastic.{json,md}``.
+``--part ps`` for one half). Written to ``experiments/results/elastic.{json,md,png}``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from experiments._common import RESULTS, load_average, write
 from experiments._machine import machine_info, versions
 
 FULL = dict(users=12000, items=6000, ratings=1_200_000, rank=8, lr=0.02, reg=0.01, seconds_per_rating=4e-5,
-            epochs=8, time_partitions=16, window=4, target=0.6, counts=(1, 2, 4, 8), threshold=0.5, slow=3.0,
+            epochs=8, time_partitions=16, window=4, target=0.6, counts=(1, 2, 4, 8), threshold=0.3, slow=3.0,
             ps_batches=24, ps_lr=0.02, ps_window=4)
 TINY = dict(users=600, items=300, ratings=40_000, rank=4, lr=0.03, reg=0.01, seconds_per_rating=2e-5,
             epochs=4, time_partitions=4, window=2, target=0.8, counts=(1, 2), threshold=0.5, slow=3.0,
@@ -119,14 +119,14 @@ def compare(job: Any, cfg: dict[str, Any], name: str, say: Callable[[str], None]
 
     out: dict[str, Any] = {"fixed": {}, "load_before": load_average()}
     best: float | None = None
-    for k in sorted(cfg["counts"], reverse=True):  # largest first: a run 1.5x slower than the best so far stops
-        log, wall, setup = job.run(k, {"policy": FixedSchedule({})}, None if best is None else 1.5 * best)
+    for k in sorted(cfg["counts"], reverse=True):  # largest first: a run 2x slower than the best so far stops
+        log, wall, setup = job.run(k, {"policy": FixedSchedule({})}, None if best is None else 2.0 * best)
         out["fixed"][str(k)] = summary(log, cfg["target"], wall, setup, k)
         reached = out["fixed"][str(k)]["time_to_target_s"]
         best = reached if best is None or (reached is not None and reached < best) else best
         say(f"{name} fixed {k}: {reached} s to target")
     top = max(cfg["counts"])
-    policy = ScalingEfficiency(max_workers=top, threshold=cfg["threshold"], warmup=2, measure=2)
+    policy = ScalingEfficiency(max_workers=top, threshold=cfg["threshold"], warmup=1, measure=2)
     log, wall, setup = job.run(1, {"policy": policy})
     out["autoscaler"] = summary(log, cfg["target"], wall, setup, 1)
     out["autoscaler"]["spares"] = log.spares
@@ -145,7 +145,7 @@ def compare(job: Any, cfg: dict[str, Any], name: str, say: Callable[[str], None]
                                    limit)
         out[label] = summary(log, cfg["target"], wall, setup, k)
         reached = out[label]["time_to_target_s"]
-        limit = None if reached is None else 2.5 * reached  # the slow run is cut at 2.5x the replaced one's time
+        limit = None if reached is None else 2.0 * reached  # the slow run is cut at 2x the replaced one's time
         say(f"{name} {label}: {reached} s to target")
     out["load_after"] = load_average()
     return out
@@ -261,7 +261,7 @@ def verdicts(part: dict[str, Any]) -> dict[str, Any]:
     out["straggler_replaced"] = any(e["replaced"] for e in part["slow_replaced"]["events"])
     if kept is not None and replaced is not None:
         out["straggler_speedup"] = kept / replaced
-    elif replaced is not None:  # the slow run was cut at 2.5x the replaced one's time without reaching the target
+    elif replaced is not None:  # the slow run was cut at 2x the replaced one's time without reaching the target
         out["straggler_speedup_at_least"] = part["slow_kept"]["not_reached_by_s"] / replaced
     return out
 
@@ -299,6 +299,38 @@ def markdown(rec: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plot(rec: dict[str, Any], path: Path) -> None:
+    """Per part: RMSE over time for every allocation, and the autoscaler's workers and throughput over time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    parts = rec["parts"]
+    fig, axes = plt.subplots(2, len(parts), figsize=(6 * len(parts), 6.5), squeeze=False)
+    for col, (name, part) in enumerate(parts.items()):
+        top, bottom = axes[0][col], axes[1][col]
+        runs = [(f"fixed {k}", r) for k, r in part["fixed"].items()] + [("autoscaler", part["autoscaler"])]
+        for label, r in runs:
+            t = [c[0] for c in r["curve"]]
+            top.plot(t, [c[3] for c in r["curve"]], label=label, lw=2.2 if label == "autoscaler" else 1.2)
+        top.axhline(rec["config"]["target"], color="grey", ls=":", lw=0.8)
+        top.set(title=name, xlabel="seconds", ylabel="training RMSE")
+        top.legend(fontsize=8)
+        curve = part["autoscaler"]["curve"]
+        t = [c[0] for c in curve]
+        bottom.step(t, [c[1] for c in curve], where="pre", color="C0")
+        bottom.set(xlabel="seconds", ylabel="autoscaler's workers")
+        twin = bottom.twinx()
+        twin.plot(t, [c[2] for c in curve], ".", ms=3, color="C1")
+        twin.set_ylabel("ratings / s", color="C1")
+        for e in part["autoscaler"]["events"]:
+            bottom.axvline(e["at_s"] + part["autoscaler"]["setup_s"], color="grey", lw=0.6, ls=":")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="seconds-long smoke run, written to a temp dir")
@@ -320,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine_info(),
            "versions": versions(), "config": cfg, "parts": parts}
     json_path, _ = write("elastic", rec, markdown(rec), out)
+    plot(rec, out / "elastic.png")
     print(json_path)
     return 0
 

@@ -5,10 +5,10 @@ segment is cut into windows of ``Elastic.window`` schedule steps (wavefront sche
 the end of every window the driver gathers the elements each actor wrote since the window began (the
 newest stamp wins, as at the end of a plain Ray run) and, with the accumulators' partial values, keeps
 them as the *checkpoint*.  Then the controller may decide a transition: the records of the segment's
-remaining steps become a new segment, scheduled for the new worker count (``make_schedule`` over those
-records in data order), leaving actors are killed, new ones started, a straggler's actor replaced, and
-every actor loads the new segment's records and the checkpoint's arrays.  The next epoch starts a
-full-epoch segment for the current count.
+remaining steps become a new segment, the new worker count's whole-epoch schedule restricted to them
+(``Schedule.restricted``: no partitioning in the transition), leaving actors are killed, new ones started,
+a straggler's actor replaced, and every actor loads the new segment's records and the checkpoint's
+arrays.  The next epoch starts a whole-epoch segment for the current count.
 
 So the result is exactly the serial run of the executed segments' tasks, one after another
 (``ElasticRun.serial_order()``), and a transition that changes nothing changes no value.  An actor
@@ -25,6 +25,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -39,6 +40,7 @@ from orion_par.ray_backend import BlockWorker, Changes, _import_ray, newest
 from orion_par.schedule import Schedule
 
 _MAX_RECOVERIES = 5  # consecutive failed attempts at one window or transition before giving up
+_START_TIMEOUT_S = 300.0  # actors that cannot be placed (no free CPU) would otherwise be waited for forever
 
 
 @dataclass
@@ -49,6 +51,21 @@ class Segment:
     sched: Schedule
     records: np.ndarray
     last_step: int = 0  # steps run so far (a transition may end a segment early)
+    whole: bool = True  # the epoch's whole schedule for its count (else: restricted to the epoch's rest)
+
+    @cached_property
+    def step_sizes(self) -> np.ndarray:
+        """Records per schedule step (a restricted schedule has empty steps: records already processed)."""
+        sizes = self.sched.block_stop - self.sched.block_start
+        out = np.zeros(self.sched.num_steps, np.int64)
+        for t in self.sched.tasks:
+            out[t.step] += sizes[t.block]
+        return out
+
+    def next_work(self, step: int) -> int:
+        """The first step at or after ``step`` with records (``num_steps`` if none)."""
+        busy = np.flatnonzero(self.step_sizes[step:])
+        return step + int(busy[0]) if busy.size else self.sched.num_steps
 
     @property
     def block_order(self) -> np.ndarray:
@@ -119,11 +136,13 @@ class ElasticDriver:
         self.spares: dict[int, Any] = {}  # slot -> actor started for the policy's next count (``_speculate``)
         self.spare_t = 0.0
         self.epochs_started = 0
+        self.prepare: int | None = None  # a worker count whose whole-epoch schedule to compute ahead
 
     # -- actors -----------------------------------------------------------------------------------
     def _init_ray(self, cap: int) -> None:
         if not self.ray.is_initialized():
-            self.ray.init(num_cpus=max(cap, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False,
+            # Room for the actors started in the background beside the running ones (additions, replacements).
+            self.ray.init(num_cpus=max(2 * cap, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False,
                           configure_logging=False)
             self.started_ray = True
         self.actor_cls = self.ray.remote(num_cpus=1, max_restarts=0)(BlockWorker)
@@ -133,8 +152,13 @@ class ElasticDriver:
         self.started += 1
         return self.actor_cls.remote(self.spec, refs[0], refs[1], refs[2], slot, slowdown)
 
+    def _free_cpus(self) -> int:
+        return int(float(self.ray.available_resources().get("CPU", 0.0)))
+
     def capacity(self) -> int:
         """Actors the cluster has CPUs for, one CPU each (its total: a killed actor frees its CPU only later)."""
+        if self.started_ray:  # the Ray this run started has twice the CPUs it needs, for background starts
+            return self.cap
         return int(float(self.ray.cluster_resources().get("CPU", 1.0)))
 
     def _alive(self, actor: Any) -> bool:
@@ -146,7 +170,7 @@ class ElasticDriver:
 
     def _records(self, seg: Segment) -> tuple[Any, Any]:
         """Object refs of ``seg``'s keys and values in block order (a whole epoch's are kept per count)."""
-        whole = seg.records is self.everything
+        whole = seg.whole
         key = seg.sched.num_workers
         if whole and key in self.whole_refs:
             return self.whole_refs[key]
@@ -182,8 +206,15 @@ class ElasticDriver:
                     if self.hook is not None:
                         self.hook("transition", len(self.log.windows), self.actors)
                     partials = ckpt.partials if self.accs else [{} for _ in self.actors]
-                    self.ray.get([a.load.remote(keys, values, params, slot, p)
-                                  for slot, (a, p) in enumerate(zip(self.actors, partials, strict=True))])
+                    loads = [a.load.remote(keys, values, params, slot, p)
+                             for slot, (a, p) in enumerate(zip(self.actors, partials, strict=True))]
+                    try:
+                        self.ray.get(loads, timeout=_START_TIMEOUT_S)
+                    except self.ray.exceptions.GetTimeoutError as e:
+                        raise ElasticError(
+                            f"elastic run: {workers} actors did not start within {_START_TIMEOUT_S:.0f} s; the Ray "
+                            f"cluster has {self.ray.cluster_resources().get('CPU', 0)} CPUs and each actor takes one: "
+                            f"start Ray with more (ray.init(num_cpus=...)) or lower the policy's max_workers.") from e
                     self.tokens = {}
                     return
                 except self.ray.exceptions.RayActorError:
@@ -206,6 +237,7 @@ class ElasticDriver:
                       for slot in slots}
         self._drop_spares()
         self.pinged = [a.ping.remote() for a in self.ready.values()]
+        self.prepare = decision.workers
 
     def _speculate(self, seg: Segment) -> None:
         """After growing, start the actors of the policy's next count, so that trying it costs no start-up."""
@@ -215,8 +247,10 @@ class ElasticDriver:
             return
         keys, values = self._records(seg)
         refs = (keys, values, self.ray.put(self.data.params))
-        self.spares = {slot: self._new_actor(slot, refs) for slot in range(len(self.actors), min(nxt, self.capacity()))}
+        last = min(nxt, self.capacity(), len(self.actors) + self._free_cpus())
+        self.spares = {slot: self._new_actor(slot, refs) for slot in range(len(self.actors), last)}
         self.spare_t = time.perf_counter()
+        self.prepare = last
 
     def _drop_spares(self) -> None:
         if self.spares:
@@ -251,7 +285,7 @@ class ElasticDriver:
             for epoch in range(first_epoch, first_epoch + epochs):
                 if seg.epoch != epoch:  # no transition at the last epoch's end: the same actors go on
                     ckpt.step = 0
-                    if seg.records is self.everything and seg.sched.num_workers == len(self.actors):
+                    if seg.whole and seg.sched.num_workers == len(self.actors):
                         seg = Segment(epoch, seg.sched, self.everything)  # the same records in place
                     else:
                         seg = Segment(epoch, self.make(len(self.actors), self.everything), self.everything)
@@ -281,6 +315,10 @@ class ElasticDriver:
         self.log.segments.append(seg)
         values: list[dict[str, np.ndarray]] = []
         while True:
+            ckpt.step = seg.next_work(ckpt.step)
+            if ckpt.step == seg.sched.num_steps:  # only empty steps left
+                seg.last_step = ckpt.step
+                break
             ckpt, window = self._window(seg, ckpt)
             seg.last_step = ckpt.step
             if self.elastic.stop is not None and self.elastic.stop(window):
@@ -300,8 +338,10 @@ class ElasticDriver:
             if at_end:  # the next epoch's whole segment, for the new count
                 seg = Segment(epoch + 1, self.make(decision.workers, self.everything), self.everything)
             else:  # the rest of this epoch's records, scheduled for the new count
-                rest = np.sort(seg.steps_records(ckpt.step, seg.sched.num_steps))
-                seg = Segment(epoch, self.make(decision.workers, rest), rest)
+                keep = np.zeros(self.keys.shape[0], bool)
+                keep[seg.steps_records(ckpt.step, seg.sched.num_steps)] = True
+                whole = self.make(decision.workers, self.everything)
+                seg = Segment(epoch, whole.restricted(keep), self.everything, whole=False)
                 self.log.segments.append(seg)
             ckpt.step = 0
             if self.elastic.restart:
@@ -342,7 +382,9 @@ class ElasticDriver:
             self._drop_spares()  # the policy will not grow now
         if decision is None or self.elastic.restart or not self.elastic.background:
             return decision
-        if decision.replace or decision.workers > len(self.actors):
+        needed = len(decision.replace) + max(0, decision.workers - len(self.actors) - len(self.spares))
+        if (decision.replace or decision.workers > len(self.actors)) and needed <= self._free_cpus():
+            # (without a free CPU for each new actor, they start in the transition, after the old ones stop)
             self._prestart(decision, seg)
             if not self._started():
                 self.pending = decision
@@ -363,7 +405,8 @@ class ElasticDriver:
     def _window(self, seg: Segment, ckpt: _Checkpoint) -> tuple[_Checkpoint, Window]:
         sched = seg.sched
         width = sched.num_steps if sched.epoch_barrier else self.elastic.window
-        stop = min(ckpt.step + width, sched.num_steps)
+        busy = np.flatnonzero(seg.step_sizes[ckpt.step:]) + ckpt.step  # a window is ``width`` steps with records
+        stop = int(busy[width - 1]) + 1 if busy.size > width else sched.num_steps
         index = len(self.log.windows)
         for attempt in range(_MAX_RECOVERIES + 1):
             try:
@@ -385,14 +428,17 @@ class ElasticDriver:
         for step in range(ckpt.step, stop):
             for w in range(sched.num_workers):
                 task = sched.by_worker[w].get(step)
-                if task is None:
-                    continue
+                if task is None or sched.block_stop[task.block] == sched.block_start[task.block]:
+                    continue  # (an empty block: the token's state waits for its next user as it is)
                 serial += 1
                 start, end = int(sched.block_start[task.block]), int(sched.block_stop[task.block])
                 state, seconds = self.actors[w].run_task.options(num_returns=2).remote(
                     serial, start, end, self.tokens.get(task.token))
                 self.tokens[task.token] = state
                 timings.append((w, end - start, seconds))
+        if self.prepare is not None:  # while the actors work: the schedule a coming transition will need
+            self.make(self.prepare, self.everything)
+            self.prepare = None
         spent = ray.get([t for _, _, t in timings])
         changes: list[Changes] = ray.get([a.collect.remote(ckpt.serial) for a in self.actors])
         partials = (ray.get([a.relaxed_copies.remote(tuple(self.accs)) for a in self.actors]) if self.accs
@@ -408,7 +454,7 @@ class ElasticDriver:
             work[w] += n_rec
             secs[w] += s
             self.busy[w] += s
-        per_worker = tuple(float(r / s) if s > 0 else 0.0 for r, s in zip(work, secs, strict=True))
+        per_worker = tuple(float(r / s) if r > 0 and s > 0 else float("nan") for r, s in zip(work, secs, strict=True))
         progress = None
         if self.elastic.progress is not None:
             for n in self.written:  # the user's measure reads the arrays as of this window

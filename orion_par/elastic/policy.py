@@ -37,7 +37,8 @@ class Window:
     """What one measurement window did.
 
     ``work`` is in the executor's unit (records for ``parallel_for``, the program's reported work for the
-    parameter server); ``per_worker`` is each worker slot's throughput (work per busy second) in the window;
+    parameter server); ``per_worker`` is each worker slot's throughput (work per busy second) in the window
+    (NaN for a slot that had no work in it);
     ``progress`` is the user's measure after the window (``Elastic.progress``), or None.
     """
 
@@ -237,11 +238,12 @@ class Stragglers:
         """Slots to replace after ``window``, and why."""
         self.forget([s for s in self.ema if s >= window.workers])
         for s, r in enumerate(window.per_worker):
-            self.ema[s] = r if s not in self.ema else self.alpha * r + (1 - self.alpha) * self.ema[s]
+            if np.isfinite(r):  # a slot without work in this window keeps its average
+                self.ema[s] = r if s not in self.ema else self.alpha * r + (1 - self.alpha) * self.ema[s]
         out, why = [], []
         for s in range(window.workers):
             others = [self.ema[o] for o in range(window.workers) if o != s and o in self.ema]
-            if not others or s not in self.ema:
+            if not others or s not in self.ema or not np.isfinite(window.per_worker[s]):
                 continue
             line = self.fraction * float(np.median(others))
             self.below[s] = self.below.get(s, 0) + 1 if self.ema[s] < line else 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from experiments import lda_convergence, mf_convergence, mf_scaling
 
@@ -80,3 +81,20 @@ def test_lda_throughput_only_tiny(tmp_path):
     t = res["throughput"][0]
     assert len(t["orion_par_2w"]["times_s"]) == 2 and len(t["loadavg_1min"]) == 3
     assert "within_2x_of_tomotopy" in res["checks"]
+
+
+@pytest.mark.slow
+def test_elastic_tiny(tmp_path):
+    from experiments import elastic
+
+    assert elastic.main(["--tiny", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "elastic.json").read_text())
+    assert len(res["parts"]) == 2  # orion_par and the parameter server
+    for part in res["parts"].values():
+        assert set(part["fixed"]) == {"1", "2"}
+        assert part["autoscaler"]["events"], "the autoscaler never resized"
+        replay = part["restart_replay"]
+        assert replay["same_allocations"] and replay["bitwise_equal_to_elastic"]
+        assert all(e["idle_s"] > 0 for e in replay["events"])
+        assert "idle_ratio" in part["verdicts"]
+    assert (tmp_path / "elastic.md").read_text().startswith("# Elastic workers")
