@@ -200,6 +200,11 @@ class FixedSchedule:
     workers: Mapping[int, int] = field(default_factory=dict)
     replace: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
 
+    @property
+    def max_workers(self) -> int:
+        """The largest count it asks for (0 if none): drivers size their Ray for it."""
+        return max(self.workers.values(), default=0)
+
     def decide(self, history: Sequence[Window]) -> Decision | None:
         nxt = len(history)
         keys = [i for i in self.workers if i <= nxt]

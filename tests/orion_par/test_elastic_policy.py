@@ -90,6 +90,7 @@ def test_fixed_schedule_and_controller_combine_counts_and_replacements():
     assert ctl.observe(_w(0, 2, 1.0)) == Decision(2, (0,), "fixed schedule at window 1")
     assert ctl.observe(_w(1, 2, 1.0)).workers == 3
     assert ctl.observe(_w(2, 3, 1.0)) is None
+    assert FixedSchedule({2: 3, 5: 1}).max_workers == 3  # a driver that starts Ray sizes it for 3
 
 
 def test_log_counts_worker_seconds_and_replays_as_a_schedule():
