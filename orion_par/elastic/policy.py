@@ -94,8 +94,8 @@ class _HillClimb:
     max_step: int = 4
     measure: int = 1
     warmup: int = 1
-    settled: bool = False
-    last: tuple[int, float] | None = None  # (workers, score) of the count before the current one
+    settled: bool = field(default=False, init=False)
+    last: tuple[int, float] | None = field(default=None, init=False)  # (workers, score) of the previous count
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_workers <= self.max_workers:
@@ -158,13 +158,12 @@ class ScalingEfficiency(_HillClimb):
 class UtilityCost(_HillClimb):
     """Grow while utility gained per second less ``cost_per_worker_s`` per worker improves.
 
-    ``utility(progress) -> float`` values the user's progress measure (``Window.progress``; the work done
-    so far when there is none), higher is better.
+    ``utility(progress) -> float`` values the user's progress measure (``Window.progress``, from
+    ``Elastic(progress=...)``, which it needs), higher is better: for a loss, e.g. ``lambda loss: -loss``.
     """
 
     utility: Callable[[float], float] = float
     cost_per_worker_s: float = 0.0
-    done: float = 0.0  # work before the current window, for runs without a progress measure
 
     def score(self, windows: Sequence[Window]) -> float:
         rates = []
@@ -179,7 +178,7 @@ class UtilityCost(_HillClimb):
         gain = (self.utility(rates[-1]) - self.utility(before)) / seconds if seconds > 0 else 0.0
         return gain - self.cost_per_worker_s * last.workers
 
-    _before: dict[int, float] = field(default_factory=dict)
+    _before: dict[int, float] = field(default_factory=dict, init=False, repr=False)
 
     def decide(self, history: Sequence[Window]) -> Decision | None:
         # Utility gained in a window needs the progress before it: the previous window's.
@@ -226,8 +225,8 @@ class Stragglers:
     fraction: float = 0.5
     patience: int = 2
     alpha: float = 0.5
-    ema: dict[int, float] = field(default_factory=dict)
-    below: dict[int, int] = field(default_factory=dict)
+    ema: dict[int, float] = field(default_factory=dict, init=False)
+    below: dict[int, int] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         if not 0 < self.fraction < 1 or self.patience < 1 or not 0 < self.alpha <= 1:
