@@ -280,13 +280,7 @@ class ParallelFor:
         if elastic is not None:
             return self._run_elastic(captured, plan, workers, epochs, backend, time_partitions, seed, check_bounds,
                                      elastic)
-        sched, data = self._prepared(plan, workers, time_partitions)
-        data.params = self._params(captured, RETURNED in plan.accumulators)
-        if self._key_range is None:
-            self._key_range = key_range(self._keys)
-        checks.check_bounds(plan.accesses, plan.key_names, data.keys, data.params, self._key_range)
-        compiled = self.compiled_body(data.keys, data.values, data.params, plan.accesses, check_bounds,
-                                      plan.miscompiles, captured)
+        sched, data, compiled = self._ready_to_run(captured, plan, workers, time_partitions, check_bounds)
         snapshot = bounds.snapshot(data.params) if check_bounds else None
         cpu: list[float] = []
         accs = {n: op for n, op in plan.accumulators.items() if n in data.params}
@@ -304,11 +298,9 @@ class ParallelFor:
         return RunStats(backend, str(plan.scheme), workers, epochs, int(sched.perm.size) * epochs, elapsed,
                         tuple(busy), compiled.compiled, tuple(cpu), _per_epoch(epoch_values))
 
-    def _run_elastic(self, captured: dict[str, Any], plan: Plan, workers: int, epochs: int, backend: str,
-                     time_partitions: int | None, seed: int | None, check_bounds: bool, elastic: Any) -> RunStats:
-        from orion_par.elastic.loop import ElasticDriver, check_elastic
-
-        elastic = check_elastic(elastic, backend, plan, workers)
+    def _ready_to_run(self, captured: dict[str, Any], plan: Plan, workers: int, time_partitions: int | None,
+                      check_bounds: bool) -> tuple[Schedule, BlockData, CompiledBody]:
+        """The schedule, the block data with this run's parameters (subscripts checked) and the compiled body."""
         sched, data = self._prepared(plan, workers, time_partitions)
         data.params = self._params(captured, RETURNED in plan.accumulators)
         if self._key_range is None:
@@ -316,12 +308,17 @@ class ParallelFor:
         checks.check_bounds(plan.accesses, plan.key_names, data.keys, data.params, self._key_range)
         compiled = self.compiled_body(data.keys, data.values, data.params, plan.accesses, check_bounds,
                                       plan.miscompiles, captured)
-        space_bytes = sum(int(captured[n].nbytes) for n in plan.space_arrays if n in captured)
+        return sched, data, compiled
 
-        def make(count: int, records: np.ndarray) -> Schedule:
-            if records.size == self._keys.shape[0]:
-                return self._prepared(plan, count, time_partitions)[0]
-            return make_schedule(plan, self._keys[records], count, time_partitions, space_bytes, self.stratum_seed)
+    def _run_elastic(self, captured: dict[str, Any], plan: Plan, workers: int, epochs: int, backend: str,
+                     time_partitions: int | None, seed: int | None, check_bounds: bool, elastic: Any) -> RunStats:
+        from orion_par.elastic.loop import ElasticDriver, check_elastic
+
+        elastic = check_elastic(elastic, backend, plan, workers)
+        _, data, compiled = self._ready_to_run(captured, plan, workers, time_partitions, check_bounds)
+
+        def make(count: int) -> Schedule:  # a count's whole-epoch schedule (cached, like plain runs')
+            return self._prepared(plan, count, time_partitions)[0]
 
         accs = {n: op for n, op in plan.accumulators.items() if n in data.params}
         _reset(accs, data.params)

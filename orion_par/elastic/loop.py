@@ -106,7 +106,7 @@ class _Checkpoint:
 class ElasticDriver:
     """Runs ``epochs`` epochs elastically; see the module doc.  One instance per run."""
 
-    def __init__(self, compiled: CompiledBody, data: BlockData, plan: Plan, make: Callable[[int, np.ndarray], Schedule],
+    def __init__(self, compiled: CompiledBody, data: BlockData, plan: Plan, make: Callable[[int], Schedule],
                  keys: np.ndarray, values: np.ndarray, elastic: Elastic, seed: int | None) -> None:
         self.ray = _import_ray()
         self.compiled, self.data, self.plan, self.make = compiled, data, plan, make
@@ -277,7 +277,7 @@ class ElasticDriver:
                            for n, op in self.accs.items()}
         ckpt = _Checkpoint({n: np.array(self.data.params[n], copy=True) for n in self.written},
                            self._fresh_partials(workers), 0, -1)
-        seg = Segment(first_epoch, self.make(workers, self.everything), self.everything)
+        seg = Segment(first_epoch, self.make(workers), self.everything)
         self.busy = [0.0] * workers
         self.last_epoch = first_epoch + epochs - 1
         try:
@@ -288,7 +288,7 @@ class ElasticDriver:
                     if seg.whole and seg.sched.num_workers == len(self.actors):
                         seg = Segment(epoch, seg.sched, self.everything)  # the same records in place
                     else:
-                        seg = Segment(epoch, self.make(len(self.actors), self.everything), self.everything)
+                        seg = Segment(epoch, self.make(len(self.actors)), self.everything)
                         self._establish(seg, ckpt, len(self.actors))
                 seg, ckpt, values = self._epoch(seg, ckpt)
                 self.epochs_started += 1
@@ -336,11 +336,11 @@ class ElasticDriver:
                 values.append(self._combine(ckpt.partials))
                 ckpt.partials = self._fresh_partials(decision.workers)
             if at_end:  # the next epoch's whole segment, for the new count
-                seg = Segment(epoch + 1, self.make(decision.workers, self.everything), self.everything)
+                seg = Segment(epoch + 1, self.make(decision.workers), self.everything)
             else:  # the rest of this epoch's records, scheduled for the new count
                 keep = np.zeros(self.keys.shape[0], bool)
                 keep[seg.steps_records(ckpt.step, seg.sched.num_steps)] = True
-                whole = self.make(decision.workers, self.everything)
+                whole = self.make(decision.workers)
                 seg = Segment(epoch, whole.restricted(keep), self.everything, whole=False)
                 self.log.segments.append(seg)
             ckpt.step = 0
@@ -437,7 +437,7 @@ class ElasticDriver:
                 self.tokens[task.token] = state
                 timings.append((w, end - start, seconds))
         if self.prepare is not None:  # while the actors work: the schedule a coming transition will need
-            self.make(self.prepare, self.everything)
+            self.make(self.prepare)
             self.prepare = None
         spent = ray.get([t for _, _, t in timings])
         changes: list[Changes] = ray.get([a.collect.remote(ckpt.serial) for a in self.actors])
