@@ -3,12 +3,13 @@ and a slow worker replaced or not -- MF with orion_par on Ray, and data-parallel
 
 Worker speed is emulated (``orion_par.elastic.Emulation``): each worker pads its work to a calibrated time
 per rating, so up to 8 workers fit on this 2-core machine; the scaling limits that remain are real (Ray's
-per-task and per-transfer costs on 2 cores, the driver, the window barriers).  One run per setting, from
-the same starting factors:
+per-task and per-transfer costs on 2 cores, the driver, the window barriers, actors starting on the same
+2 cores).  All runs start from the same factors:
 
-- fixed allocations of 1, 2, 4 and 8 workers, and ``ScalingEfficiency`` starting from 1 worker: time to
-  the target training RMSE (measured from the run's start, actor start-up included) and worker-seconds up
-  to then;
+- fixed allocations of 1, 2, 4 and 8 workers (one run each, largest first), and ``ScalingEfficiency``
+  starting from 1 worker: time to the target training RMSE (measured from the run's start, actor
+  start-up included) and worker-seconds up to then; the autoscaler and the best fixed allocation are run
+  ``repeats`` times, interleaved, and compared by their medians (one run varies by a few seconds here);
 - the autoscaler's allocation sequence replayed by checkpoint-and-restart (``Elastic(restart=True)``):
   idle time per transition, and the arrays compared bit for bit;
 - 4 workers with one 3x-slow worker, with and without ``Stragglers`` replacement.
@@ -32,12 +33,15 @@ import numpy as np
 from experiments._common import RESULTS, load_average, write
 from experiments._machine import machine_info, versions
 
+# ps_window_per_worker: parameter-server clocks per window per worker (at least 1): a clock's work is split
+# among the workers, so windows stay about as long at every count (one worker: 1 clock of 2 s, not 4).
+# measure=1 window per count (after a warm-up window): windows at one count vary by ~2% (results' curves).
 FULL = dict(users=12000, items=6000, ratings=1_200_000, rank=8, lr=0.02, reg=0.01, seconds_per_rating=4e-5,
-            epochs=8, time_partitions=16, window=4, target=0.6, counts=(1, 2, 4, 8), threshold=0.3, slow=3.0,
-            ps_batches=24, ps_lr=0.02, ps_window=4)
+            epochs=8, time_partitions=16, window=4, target=0.6, counts=(1, 2, 4, 8), threshold=0.3, warmup=1,
+            measure=1, slow=3.0, ps_batches=24, ps_lr=0.02, ps_window_per_worker=0.5, repeats=3)
 TINY = dict(users=600, items=300, ratings=40_000, rank=4, lr=0.03, reg=0.01, seconds_per_rating=2e-5,
-            epochs=4, time_partitions=4, window=2, target=0.8, counts=(1, 2), threshold=0.5, slow=3.0,
-            ps_batches=6, ps_lr=0.03, ps_window=2)
+            epochs=4, time_partitions=4, window=2, target=0.8, counts=(1, 2), threshold=0.5, warmup=1,
+            measure=1, slow=3.0, ps_batches=6, ps_lr=0.03, ps_window_per_worker=0.5, repeats=1)
 
 
 class MFJob:
@@ -126,29 +130,56 @@ def compare(job: Any, cfg: dict[str, Any], name: str, say: Callable[[str], None]
         best = reached if best is None or (reached is not None and reached < best) else best
         say(f"{name} fixed {k}: {reached} s to target")
     top = max(cfg["counts"])
-    policy = ScalingEfficiency(max_workers=top, threshold=cfg["threshold"], warmup=1, measure=2)
-    log, wall, setup = job.run(1, {"policy": policy})
-    out["autoscaler"] = summary(log, cfg["target"], wall, setup, 1)
-    out["autoscaler"]["spares"] = log.spares
+
+    def autoscale() -> tuple[Any, dict[str, Any]]:
+        policy = ScalingEfficiency(max_workers=top, threshold=cfg["threshold"], warmup=cfg["warmup"],
+                                   measure=cfg["measure"])
+        log, wall, setup = job.run(1, {"policy": policy})
+        row = summary(log, cfg["target"], wall, setup, 1)
+        row["spares"] = log.spares
+        say(f"{name} autoscaler: {row['time_to_target_s']} s to target")
+        return log, row
+
+    log, out["autoscaler"] = autoscale()
     elastic_state = job.state()
-    say(f"{name} autoscaler: {out['autoscaler']['time_to_target_s']} s to target")
     replay, wall, setup = job.run(1, {"policy": log.as_schedule(), "restart": True})
     out["restart_replay"] = summary(replay, cfg["target"], wall, setup, 1)
     out["restart_replay"]["same_allocations"] = replay.as_schedule() == log.as_schedule()
     out["restart_replay"]["bitwise_equal_to_elastic"] = all(
         np.array_equal(a, b) for a, b in zip(elastic_state, job.state(), strict=True))
     say(f"{name} restart replay: idle {[round(e.idle_s, 2) for e in replay.events]} s")
+    # Repeats, interleaved: the autoscaler and the best fixed allocation (its first run is the sweep's).
+    reached = {k: r["time_to_target_s"] for k, r in out["fixed"].items() if r["time_to_target_s"] is not None}
+    best_k = min(reached, key=lambda k: reached[k]) if reached else None
+    runs: dict[str, list[dict[str, Any]]] = {"autoscaler": [out["autoscaler"]]}
+    if best_k is not None:
+        runs[f"fixed {best_k}"] = [out["fixed"][best_k]]
+    for _ in range(cfg["repeats"] - 1):
+        runs["autoscaler"].append(autoscale()[1])
+        if best_k is not None:
+            log, wall, setup = job.run(int(best_k), {"policy": FixedSchedule({})})
+            runs[f"fixed {best_k}"].append(summary(log, cfg["target"], wall, setup, int(best_k)))
+            say(f"{name} fixed {best_k} again: {runs[f'fixed {best_k}'][-1]['time_to_target_s']} s to target")
+    out["repeats"] = {label: [{"time_to_target_s": r["time_to_target_s"],
+                               "worker_seconds_to_target": r["worker_seconds_to_target"]} for r in rows]
+                      for label, rows in runs.items()}
     k = min(4, top)
     limit = None
     for label, rule in (("slow_replaced", Stragglers()), ("slow_kept", None)):
         log, wall, setup = job.run(k, {"policy": FixedSchedule({}), "stragglers": rule, "slow": {1: cfg["slow"]}},
                                    limit)
         out[label] = summary(log, cfg["target"], wall, setup, k)
-        reached = out[label]["time_to_target_s"]
-        limit = None if reached is None else 2.0 * reached  # the slow run is cut at 2x the replaced one's time
-        say(f"{name} {label}: {reached} s to target")
+        reached_s = out[label]["time_to_target_s"]
+        limit = None if reached_s is None else 2.0 * reached_s  # the slow run is cut at 2x the replaced one's time
+        say(f"{name} {label}: {reached_s} s to target")
     out["load_after"] = load_average()
     return out
+
+
+def median_of(rows: list[dict[str, Any]], key: str) -> float | None:
+    """The median of ``key`` over repeated runs (None if any run did not reach the target)."""
+    vals = [r[key] for r in rows]
+    return None if any(v is None for v in vals) else float(np.median(vals))
 
 
 class ElasticMFProgram:
@@ -224,7 +255,8 @@ class PSJob:
                 return self.rmse(self.keys, self.values, ps.table("W"), ps.table("H"))
 
             setup = time.perf_counter() - t0
-            elastic = Elastic(window=cfg["ps_window"], progress=progress,
+            per_worker = cfg["ps_window_per_worker"]
+            elastic = Elastic(window=lambda workers: max(1, int(workers * per_worker)), progress=progress,
                               stop=stopper(cfg["target"], None if limit_s is None else limit_s - setup), **elastic_args)
             ps.run(self.program, cfg["epochs"] * cfg["ps_batches"], elastic=elastic)
             self.tables = {"W": ps.table("W"), "H": ps.table("H")}
@@ -247,12 +279,18 @@ def verdicts(part: dict[str, Any]) -> dict[str, Any]:
     top = max(fixed)
     idle_elastic = [e["idle_s"] for e in auto["events"]]
     idle_restart = [e["idle_s"] for e in part["restart_replay"]["events"]]
-    out: dict[str, Any] = {"best_fixed": best_k}
-    if best_k is not None and auto["time_to_target_s"] is not None:
-        out["autoscaler_vs_best"] = auto["time_to_target_s"] / reached[best_k]
+    repeats = part["repeats"]
+    out: dict[str, Any] = {"best_fixed": best_k, "runs_per_median": len(repeats["autoscaler"])}
+    auto_t = median_of(repeats["autoscaler"], "time_to_target_s")
+    best_t = median_of(repeats[f"fixed {best_k}"], "time_to_target_s") if best_k is not None else None
+    if auto_t is not None and best_t is not None:
+        out["autoscaler_vs_best"] = auto_t / best_t  # medians of the interleaved repeats
         out["within_10pct_of_best"] = out["autoscaler_vs_best"] <= 1.10
-    if auto["worker_seconds_to_target"] is not None and fixed[top]["worker_seconds_to_target"] is not None:
-        out["worker_seconds_vs_largest"] = auto["worker_seconds_to_target"] / fixed[top]["worker_seconds_to_target"]
+    top_rows = repeats.get(f"fixed {top}", [fixed[top]])
+    auto_ws, top_ws = (median_of(repeats["autoscaler"], "worker_seconds_to_target"),
+                       median_of(top_rows, "worker_seconds_to_target"))
+    if auto_ws is not None and top_ws is not None:
+        out["worker_seconds_vs_largest"] = auto_ws / top_ws
     if idle_elastic and idle_restart:
         out["mean_idle_elastic_s"] = float(np.mean(idle_elastic))
         out["mean_idle_restart_s"] = float(np.mean(idle_restart))
@@ -286,7 +324,13 @@ def markdown(rec: dict[str, Any]) -> str:
                 f"not by {r['not_reached_by_s']:.1f}" if r["not_reached_by_s"] is not None else "-")
             lines.append(f"| {label} | {reached} | {_fmt(r['worker_seconds_to_target'], '.1f')} | "
                          f"{_fmt(r['median_throughput'], '.0f')} | {r['final_workers']} |")
-        lines += ["", "Transitions of the autoscaler (elastic), and of its replay by checkpoint-and-restart:", ""]
+        lines += ["", "Repeated, interleaved (time to target, s; median):", ""]
+        for label, rows in part["repeats"].items():
+            times = ", ".join(_fmt(r["time_to_target_s"]) for r in rows)
+            lines.append(f"- {label}: {times}; median {_fmt(median_of(rows, 'time_to_target_s'))} s, "
+                         f"worker-seconds {_fmt(median_of(rows, 'worker_seconds_to_target'), '.1f')}")
+        lines += ["", "Transitions of the (first) autoscaler run (elastic), and of its replay by checkpoint-and-restart:",
+                  ""]
         for label, r in (("elastic", part["autoscaler"]), ("restart", part["restart_replay"]),
                          ("straggler", part["slow_replaced"])):
             for e in r["events"]:

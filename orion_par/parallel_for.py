@@ -317,8 +317,13 @@ class ParallelFor:
         elastic = check_elastic(elastic, backend, plan, workers)
         _, data, compiled = self._ready_to_run(captured, plan, workers, time_partitions, check_bounds)
 
-        def make(count: int) -> Schedule:  # a count's whole-epoch schedule (cached, like plain runs')
-            return self._prepared(plan, count, time_partitions)[0]
+        space_bytes = sum(int(captured[n].nbytes) for n in plan.space_arrays if n in captured)
+
+        def make(count: int, records: np.ndarray | None = None) -> Schedule:
+            """A count's whole-epoch schedule (cached, like plain runs'), or one over ``records`` only."""
+            if records is None:
+                return self._prepared(plan, count, time_partitions)[0]
+            return make_schedule(plan, self._keys[records], count, time_partitions, space_bytes, self.stratum_seed)
 
         accs = {n: op for n, op in plan.accumulators.items() if n in data.params}
         _reset(accs, data.params)

@@ -28,7 +28,7 @@ plans with relaxed arrays (merged at a barrier every few steps) keep whole block
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
@@ -145,26 +145,6 @@ class Schedule:
         """
         one = np.concatenate([self.block_records(t.block) for t in self.tasks] or [np.zeros(0, np.int64)])
         return np.tile(one, epochs)
-
-    def restricted(self, keep: np.ndarray) -> Schedule:
-        """The same tasks over only the records where ``keep`` (a mask over ``perm``'s indices) is true.
-
-        A subset of a conflict-free block is conflict-free, so this is still a valid schedule of those records:
-        elastic runs continue an epoch this way on a new worker count without partitioning again.
-
-        >>> import numpy as np
-        >>> s = Schedule(ParallelScheme.ONE_D, 1, 2, np.array([2, 0, 1]), np.array([0, 2]), np.array([2, 3]),
-        ...              (Task(0, 0, 0, 0), Task(0, 1, 1, 1)), False)
-        >>> r = s.restricted(np.array([True, False, True]))
-        >>> r.perm.tolist(), r.block_start.tolist(), r.block_stop.tolist()
-        ([2, 0], [0, 2], [2, 2])
-        """
-        sizes = (self.block_stop - self.block_start).astype(np.int64)
-        block = np.repeat(np.arange(sizes.size), sizes)
-        kept = keep[self.perm]
-        counts = np.bincount(block[kept], minlength=sizes.size).astype(np.int64)
-        stop = np.cumsum(counts)
-        return replace(self, perm=self.perm[kept], block_start=stop - counts, block_stop=stop)
 
     def worker_sizes(self) -> np.ndarray:
         """Records each worker processes per epoch."""

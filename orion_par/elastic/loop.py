@@ -4,11 +4,13 @@ The run is a sequence of *segments*: a schedule over a set of records, run on th
 segment is cut into windows of ``Elastic.window`` schedule steps (wavefront schedules: whole epochs).  At
 the end of every window the driver gathers the elements each actor wrote since the window began (the
 newest stamp wins, as at the end of a plain Ray run) and, with the accumulators' partial values, keeps
-them as the *checkpoint*.  Then the controller may decide a transition: the records of the segment's
-remaining steps become a new segment, the new worker count's whole-epoch schedule restricted to them
-(``Schedule.restricted``: no partitioning in the transition), leaving actors are killed, new ones started,
-a straggler's actor replaced, and every actor loads the new segment's records and the checkpoint's
-arrays.  The next epoch starts a whole-epoch segment for the current count.
+them as the *checkpoint*.  Then the controller may decide a transition: leaving actors are killed, new
+ones started, a straggler's actor replaced, and every actor loads the segment's records and the
+checkpoint's arrays.  A new count mid-epoch makes the records of the segment's remaining steps a new
+segment, partitioned afresh for that count (a whole-epoch schedule restricted to them would leave its
+steps unbalanced: their blocks were half done by the old count); with background starts the partitioning
+is computed during the window before the transition, while the actors work.  A replacement keeps the
+segment.  The next epoch starts a whole-epoch segment for the current count.
 
 So the result is exactly the serial run of the executed segments' tasks, one after another
 (``ElasticRun.serial_order()``), and a transition that changes nothing changes no value.  An actor
@@ -51,11 +53,11 @@ class Segment:
     sched: Schedule
     records: np.ndarray
     last_step: int = 0  # steps run so far (a transition may end a segment early)
-    whole: bool = True  # the epoch's whole schedule for its count (else: restricted to the epoch's rest)
+    whole: bool = True  # the epoch's whole schedule for its count (else: the epoch's rest, partitioned for it)
 
     @cached_property
     def step_sizes(self) -> np.ndarray:
-        """Records per schedule step (a restricted schedule has empty steps: records already processed)."""
+        """Records per schedule step (a partition of few records may leave steps empty)."""
         sizes = self.sched.block_stop - self.sched.block_start
         out = np.zeros(self.sched.num_steps, np.int64)
         for t in self.sched.tasks:
@@ -106,7 +108,8 @@ class _Checkpoint:
 class ElasticDriver:
     """Runs ``epochs`` epochs elastically; see the module doc.  One instance per run."""
 
-    def __init__(self, compiled: CompiledBody, data: BlockData, plan: Plan, make: Callable[[int], Schedule],
+    def __init__(self, compiled: CompiledBody, data: BlockData, plan: Plan,
+                 make: Callable[[int, np.ndarray | None], Schedule],
                  keys: np.ndarray, values: np.ndarray, elastic: Elastic, seed: int | None) -> None:
         self.ray = _import_ray()
         self.compiled, self.data, self.plan, self.make = compiled, data, plan, make
@@ -137,6 +140,8 @@ class ElasticDriver:
         self.spare_t = 0.0
         self.epochs_started = 0
         self.prepare: int | None = None  # a worker count whose whole-epoch schedule to compute ahead
+        self.rest_for: int | None = None  # a count to partition the epoch's rest for, during the next window
+        self.rest: tuple[Segment, int, Segment] | None = None  # (segment, step, its rest for rest_for)
 
     # -- actors -----------------------------------------------------------------------------------
     def _init_ray(self, cap: int) -> None:
@@ -240,7 +245,8 @@ class ElasticDriver:
         self.prepare = decision.workers
 
     def _speculate(self, seg: Segment) -> None:
-        """After growing, start the actors of the policy's next count, so that trying it costs no start-up."""
+        """At the start and after growing, start the actors of the policy's next count, so that trying it costs
+        no start-up."""
         next_count = getattr(self.elastic.policy, "next_count", None)
         nxt = next_count(len(self.actors)) if next_count is not None and self.elastic.speculate else None
         if nxt is None or nxt <= len(self.actors) or self.elastic.restart or not self.elastic.background:
@@ -251,8 +257,11 @@ class ElasticDriver:
         self.spares = {slot: self._new_actor(slot, refs) for slot in range(len(self.actors), last)}
         self.spare_t = time.perf_counter()
         self.prepare = last
+        if self.spares:  # and partition each window's rest for them: if the policy asks, the transition is at once
+            self.rest_for = last
 
     def _drop_spares(self) -> None:
+        self.rest_for = None
         if self.spares:
             now = time.perf_counter()
             self.log.spares.append((self.spare_t - self.t0, now - self.t0, len(self.spares)))
@@ -277,18 +286,19 @@ class ElasticDriver:
                            for n, op in self.accs.items()}
         ckpt = _Checkpoint({n: np.array(self.data.params[n], copy=True) for n in self.written},
                            self._fresh_partials(workers), 0, -1)
-        seg = Segment(first_epoch, self.make(workers), self.everything)
+        seg = Segment(first_epoch, self.make(workers, None), self.everything)
         self.busy = [0.0] * workers
         self.last_epoch = first_epoch + epochs - 1
         try:
             self._establish(seg, ckpt, workers)
+            self._speculate(seg)
             for epoch in range(first_epoch, first_epoch + epochs):
                 if seg.epoch != epoch:  # no transition at the last epoch's end: the same actors go on
                     ckpt.step = 0
                     if seg.whole and seg.sched.num_workers == len(self.actors):
                         seg = Segment(epoch, seg.sched, self.everything)  # the same records in place
                     else:
-                        seg = Segment(epoch, self.make(len(self.actors)), self.everything)
+                        seg = Segment(epoch, self.make(len(self.actors), None), self.everything)
                         self._establish(seg, ckpt, len(self.actors))
                 seg, ckpt, values = self._epoch(seg, ckpt)
                 self.epochs_started += 1
@@ -326,7 +336,7 @@ class ElasticDriver:
                 self.log.windows.append(window)
                 break
             at_end = ckpt.step == seg.sched.num_steps
-            decision = self._decide(window, seg, at_end and epoch == self.last_epoch)
+            decision = self._decide(window, seg, ckpt.step, at_end, at_end and epoch == self.last_epoch)
             if decision is None and at_end:
                 break
             if decision is None:
@@ -336,14 +346,13 @@ class ElasticDriver:
                 values.append(self._combine(ckpt.partials))
                 ckpt.partials = self._fresh_partials(decision.workers)
             if at_end:  # the next epoch's whole segment, for the new count
-                seg = Segment(epoch + 1, self.make(decision.workers), self.everything)
-            else:  # the rest of this epoch's records, scheduled for the new count
-                keep = np.zeros(self.keys.shape[0], bool)
-                keep[seg.steps_records(ckpt.step, seg.sched.num_steps)] = True
-                whole = self.make(decision.workers)
-                seg = Segment(epoch, whole.restricted(keep), self.everything, whole=False)
+                seg = Segment(epoch + 1, self.make(decision.workers, None), self.everything)
+                ckpt.step = 0
+            elif decision.workers != seg.sched.num_workers:  # the rest of this epoch, partitioned for the new count
+                seg = self._take_rest(seg, ckpt.step, decision.workers)
                 self.log.segments.append(seg)
-            ckpt.step = 0
+                ckpt.step = 0
+            # (a replacement alone: the segment goes on, the new actor taking over its slot's blocks)
             if self.elastic.restart:
                 self._restart(ckpt)
             started = t0 - self.prestarted if self.ready else 0.0
@@ -361,35 +370,52 @@ class ElasticDriver:
             self.ray.get([a.set_relaxed.remote(self.identities) for a in self.actors])
         return seg, ckpt, values
 
-    def _decide(self, window: Window, seg: Segment, final: bool) -> Decision | None:
-        """The transition to make now, if any.  New actors are started in the background first: the decision
-        waits (the current actors keep working, window after window) until they are up."""
+    def _decide(self, window: Window, seg: Segment, step: int, at_end: bool, final: bool) -> Decision | None:
+        """The transition to make now, if any.  With background starts, the decision waits (the current actors
+        keep working, window after window) until its new actors are up and, for a new count mid-epoch, the
+        epoch's rest is partitioned for it (during the window after the decision)."""
         if final:  # after the run's last window there is nothing to resize
             self.controller.log.windows.append(window)
             return None
-        if self.pending is not None:
+        if self.pending is None:
+            decision: Decision | None = self.controller.observe(window)
+            if decision is not None:
+                decision = self._bounded(decision, window)
+            next_count = getattr(self.elastic.policy, "next_count", None)
+            if self.spares and (decision is not None and decision.workers <= len(self.actors)
+                                or next_count is not None and next_count(len(self.actors)) is None):
+                self._drop_spares()  # the policy will not grow now
+            if decision is None or self.elastic.restart or not self.elastic.background:
+                return decision
+            needed = len(decision.replace) + max(0, decision.workers - len(self.actors) - len(self.spares))
+            if (decision.replace or decision.workers > len(self.actors)) and needed <= self._free_cpus():
+                # (without a free CPU for each new actor, they start in the transition, after the old ones stop)
+                self._prestart(decision, seg)
+            self.pending = decision
+        else:
             self.controller.log.windows.append(window)
-            if not self._started():
-                return None
-            ready, self.pending = self.pending, None
-            return ready
-        decision: Decision | None = self.controller.observe(window)
-        if decision is not None:
-            decision = self._bounded(decision, window)
-        next_count = getattr(self.elastic.policy, "next_count", None)
-        if self.spares and (decision is not None and decision.workers <= len(self.actors)
-                            or next_count is not None and next_count(len(self.actors)) is None):
-            self._drop_spares()  # the policy will not grow now
-        if decision is None or self.elastic.restart or not self.elastic.background:
-            return decision
-        needed = len(decision.replace) + max(0, decision.workers - len(self.actors) - len(self.spares))
-        if (decision.replace or decision.workers > len(self.actors)) and needed <= self._free_cpus():
-            # (without a free CPU for each new actor, they start in the transition, after the old ones stop)
-            self._prestart(decision, seg)
-            if not self._started():
-                self.pending = decision
-                return None
+        decision = self.pending
+        rest_ready = True
+        if not at_end and decision.workers != len(self.actors):
+            self.rest_for = decision.workers  # each window partitions its rest for it, until the transition
+            rest_ready = (self.rest is not None and self.rest[0] is seg and self.rest[1] == step
+                          and self.rest[2].sched.num_workers == decision.workers)
+        if not rest_ready or self.pinged and not self._started():
+            return None
+        self.pending, self.pinged = None, []
         return decision
+
+    def _rest(self, seg: Segment, step: int, count: int) -> Segment:
+        """The records of ``seg``'s steps from ``step`` on (data order), partitioned for ``count`` workers."""
+        records = np.sort(seg.steps_records(step, seg.sched.num_steps))
+        return Segment(seg.epoch, self.make(count, records), records, whole=False)
+
+    def _take_rest(self, seg: Segment, step: int, count: int) -> Segment:
+        """The rest computed during the last window if it fits, else computed now (inside the transition)."""
+        ready, self.rest, self.rest_for = self.rest, None, None
+        if ready is not None and ready[0] is seg and ready[1] == step and ready[2].sched.num_workers == count:
+            return ready[2]
+        return self._rest(seg, step, count)
 
     def _bounded(self, decision: Decision, window: Window) -> Decision | None:
         # The cluster may not have CPUs for every actor the policy wants: take what there is.
@@ -404,7 +430,7 @@ class ElasticDriver:
 
     def _window(self, seg: Segment, ckpt: _Checkpoint) -> tuple[_Checkpoint, Window]:
         sched = seg.sched
-        width = sched.num_steps if sched.epoch_barrier else self.elastic.window
+        width = sched.num_steps if sched.epoch_barrier else self.elastic.window_for(sched.num_workers)
         busy = np.flatnonzero(seg.step_sizes[ckpt.step:]) + ckpt.step  # a window is ``width`` steps with records
         stop = int(busy[width - 1]) + 1 if busy.size > width else sched.num_steps
         index = len(self.log.windows)
@@ -436,8 +462,11 @@ class ElasticDriver:
                     serial, start, end, self.tokens.get(task.token))
                 self.tokens[task.token] = state
                 timings.append((w, end - start, seconds))
-        if self.prepare is not None:  # while the actors work: the schedule a coming transition will need
-            self.make(self.prepare)
+        # While the actors work: the partitioning a coming transition will need.
+        if self.rest_for is not None and stop < sched.num_steps:
+            self.rest = (seg, stop, self._rest(seg, stop, self.rest_for))
+        elif self.prepare is not None:
+            self.make(self.prepare, None)
             self.prepare = None
         spent = ray.get([t for _, _, t in timings])
         changes: list[Changes] = ray.get([a.collect.remote(ckpt.serial) for a in self.actors])

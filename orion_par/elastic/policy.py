@@ -267,9 +267,11 @@ class Elastic:
     ----------
     policy : Policy
         ``ScalingEfficiency()``, ``UtilityCost(...)``, ``FixedSchedule(...)`` or your own.
-    window : int
-        Schedule steps (``parallel_for``) or clocks (parameter server) per measurement window; transitions
-        happen only at window boundaries.
+    window : int or callable
+        Schedule steps (``parallel_for``) or clocks (parameter server) per measurement window, or a function
+        of the worker count giving them (``window_for``); transitions happen only at window boundaries.  On
+        the parameter server a clock's work is split among the workers, so one worker's clocks are the
+        longest: e.g. ``lambda workers: max(1, workers // 2)`` keeps windows about as long at every count.
     stragglers : Stragglers, optional
         Replace slow workers (None: never).
     progress : callable, optional
@@ -297,7 +299,7 @@ class Elastic:
     """
 
     policy: Policy
-    window: int = 4
+    window: int | Callable[[int], int] = 4
     stragglers: Stragglers | None = None
     progress: Callable[[], float] | None = None
     restart: bool = False
@@ -308,9 +310,18 @@ class Elastic:
     fault: Callable[[str, int, Sequence[Any]], None] | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.window, int) or self.window < 1:
-            raise ElasticError(f"Elastic(window={self.window!r}): a window is a whole number >= 1 of schedule steps "
-                               f"(parallel_for) or clocks (parameter server).")
+        if not callable(self.window):
+            self.window_for(1)
+
+    def window_for(self, workers: int) -> int:
+        """Steps or clocks per window while ``workers`` workers run."""
+        width = self.window(workers) if callable(self.window) else self.window
+        if isinstance(width, bool) or not isinstance(width, (int, np.integer)) or width < 1:
+            shown = f"{self.window!r}" if not callable(self.window) else f"<function> giving {width!r} at {workers}"
+            raise ElasticError(f"Elastic(window={shown}): a window is a whole number >= 1 of schedule steps "
+                               f"(parallel_for) or clocks (parameter server), or a function of the worker count "
+                               f"returning one.")
+        return int(width)
 
 
 @dataclass(frozen=True)

@@ -319,10 +319,12 @@ class RayPS:
         results: list[list[Any]] = [[] for _ in range(self.num_workers)]
         stats: list[WorkerStats] = []
         window = _WindowTally(0, self.clock, t0, self.num_workers)
+        if controller is not None and elastic is not None:
+            self._speculate(elastic, controller.log)
         while self.clock < stop_all:
             stop = min(self.clock + (checkpoint_every or clocks), stop_all)
             if elastic is not None:
-                stop = min(stop, window.start_clock + elastic.window)
+                stop = min(stop, window.start_clock + elastic.window_for(window.workers))
             done = self._segment(program, stop, ckpt, fault)
             if done is None:
                 continue  # recovered: run the segment again from the checkpoint
@@ -333,8 +335,8 @@ class RayPS:
             self.clock = stop
             if checkpoint_every:
                 ckpt = self.checkpoint()
-            if controller is None or elastic is None or self.clock not in (window.start_clock + elastic.window,
-                                                                           stop_all):
+            if controller is None or elastic is None or self.clock not in (
+                    window.start_clock + elastic.window_for(window.workers), stop_all):
                 continue
             observed = window.close(time.perf_counter(), t0, elastic)
             if elastic.stop is not None and elastic.stop(observed):
@@ -392,7 +394,7 @@ class RayPS:
         return None
 
     def _speculate(self, elastic: Elastic, log: ElasticLog) -> None:
-        """After growing, start the workers of the policy's next count (``Elastic.speculate``)."""
+        """At the start and after growing, start the workers of the policy's next count (``Elastic.speculate``)."""
         next_count = getattr(elastic.policy, "next_count", None)
         nxt = next_count(self.num_workers) if next_count is not None and elastic.speculate else None
         if nxt is None or nxt <= self.num_workers or elastic.restart or not elastic.background:

@@ -110,3 +110,13 @@ def test_bad_configurations_are_refused_with_the_fix():
         Stragglers(fraction=1.5)
     with pytest.raises(ElasticError, match="asked for 0 workers"):
         Controller(Elastic(FixedSchedule({1: 0}))).observe(_w(0, 1, 1.0))
+    with pytest.raises(ElasticError, match=r"window=0\): a window is a whole number >= 1"):
+        Elastic(FixedSchedule({}), window=0)
+    with pytest.raises(ElasticError, match="giving 0 at 1"):
+        Elastic(FixedSchedule({}), window=lambda workers: workers // 2).window_for(1)
+
+
+def test_windows_can_follow_the_worker_count():
+    elastic = Elastic(FixedSchedule({}), window=lambda workers: max(1, workers // 2))
+    assert [elastic.window_for(k) for k in (1, 2, 4, 8)] == [1, 1, 2, 4]
+    assert Elastic(FixedSchedule({}), window=3).window_for(8) == 3

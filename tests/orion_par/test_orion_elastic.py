@@ -137,6 +137,26 @@ def test_autoscaler_with_background_starts_is_replayed_exactly_by_checkpoint_res
         assert np.array_equal(a, b)
 
 
+def test_a_new_count_mid_epoch_partitions_the_rest_of_the_epoch_for_it(ray_cluster):
+    """Growing 2 -> 4 mid-epoch with background starts: the transition waits a window (the rest is partitioned
+    then), the rest's blocks are balanced over the 4 workers, and the result is the serial order's."""
+    fn, arrays = _mf(n=12000, users=120, items=50)
+    start = [a.copy() for a in arrays]
+    elastic = Elastic(FixedSchedule({2: 4}), window=1, emulation=Emulation(seconds_per_unit=1e-3))
+    stats, got = _elastic_run(fn, arrays, start, elastic, 2, 1, time_partitions=16)  # 16 steps of 0.375 s
+    log = stats.elastic
+    (event,) = log.events
+    assert event.workers_after == 4 and event.window >= 3  # decided after window 1, partitioned during window 2
+    first, rest = log.segments
+    done = first.steps_records(0, first.last_step)
+    assert np.array_equal(np.sort(np.concatenate([done, rest.records])), np.arange(12000))
+    assert rest.sched.num_workers == 4 and rest.records.size == rest.sched.perm.size
+    sizes = rest.sched.worker_sizes()
+    assert sizes.max() <= 1.25 * sizes.mean()  # (the whole-epoch schedule's blocks would be partly done)
+    for a, b in zip(got, _serial(fn, arrays, start, log.serial_order()), strict=True):
+        assert np.array_equal(a, b)
+
+
 def test_killing_a_worker_during_a_resize_changes_nothing(ray_cluster):
     fn, arrays = _mf()
     start = [a.copy() for a in arrays]

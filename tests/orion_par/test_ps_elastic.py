@@ -105,13 +105,15 @@ def schedule_elastic(**kw):
 
 
 def chained_local(specs, program, counts, window, start):
-    """One fresh LocalPS per window, each from the previous one's tables at the same clock."""
+    """One fresh LocalPS per window (``window`` clocks, or ``window[i]`` for the i-th), each from the previous
+    one's tables at the same clock."""
     tables, clock = start, 0
-    for n in counts:
+    for i, n in enumerate(counts):
+        clocks = window[i] if isinstance(window, list) else window
         ps = LocalPS(specs, n, num_shards=2, deterministic=True)
         ps.restore(Checkpoint(clock, [ShardState(clock, tables) for _ in range(2)]))
-        ps.run(program, window)
-        tables, clock = ps.tables(), clock + window
+        ps.run(program, clocks)
+        tables, clock = ps.tables(), clock + clocks
     return tables
 
 
@@ -176,6 +178,19 @@ def test_background_starts_delay_transitions_and_are_replayed_exactly(ray_ps):
     assert [w.workers for w in ps2.elastic_log.windows] == [w.workers for w in log.windows]
     np.testing.assert_array_equal(ps2.table("w"), table)
     assert ps2.elastic_log.events[0].idle_s > event.idle_s
+
+
+def test_windows_sized_by_the_worker_count(ray_ps):
+    """``window=lambda workers: ...``: one clock per window at one worker, two at two (a clock's work is split
+    among the workers, so the windows stay about as long)."""
+    ps = ray_ps(MF, 1, num_shards=2, deterministic=True)
+    ps.initialize("w", W0)
+    ps.run(mf_program, 5, elastic=Elastic(FixedSchedule({1: 2}), window=lambda workers: workers, background=False))
+    log = ps.elastic_log
+    assert [(w.workers, w.work) for w in log.windows] == [(1, 24), (2, 48), (2, 48)]  # 24 records per clock
+    assert [e.window for e in log.events] == [1] and ps.clock == 5
+    chained = chained_local(MF, mf_program, [1, 2], [1, 4], {"w": W0})
+    np.testing.assert_array_equal(ps.table("w"), chained["w"])
 
 
 def test_staleness_one_resizes_lose_and_double_nothing(ray_ps):
