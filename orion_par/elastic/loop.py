@@ -353,6 +353,7 @@ class ElasticDriver:
                 self.log.segments.append(seg)
                 ckpt.step = 0
             # (a replacement alone: the segment goes on, the new actor taking over its slot's blocks)
+            self.rest, self.rest_for = None, None
             if self.elastic.restart:
                 self._restart(ckpt)
             started = t0 - self.prestarted if self.ready else 0.0
@@ -412,7 +413,7 @@ class ElasticDriver:
 
     def _take_rest(self, seg: Segment, step: int, count: int) -> Segment:
         """The rest computed during the last window if it fits, else computed now (inside the transition)."""
-        ready, self.rest, self.rest_for = self.rest, None, None
+        ready = self.rest
         if ready is not None and ready[0] is seg and ready[1] == step and ready[2].sched.num_workers == count:
             return ready[2]
         return self._rest(seg, step, count)
