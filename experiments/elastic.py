@@ -9,7 +9,9 @@ per-task and per-transfer costs on 2 cores, the driver, the window barriers, act
 - fixed allocations of 1, 2, 4 and 8 workers (one run each, largest first), and ``ScalingEfficiency``
   starting from 1 worker: time to the target training RMSE (measured from the run's start, actor
   start-up included) and worker-seconds up to then; the autoscaler and the best fixed allocation are run
-  ``repeats`` times, interleaved, and compared by their medians (one run varies by a few seconds here);
+  ``repeats`` times, interleaved, and compared by their medians (one run varies by a few seconds here).
+  Times are also reported at the other RMSEs of ``targets`` (a shorter job, from the same runs): the
+  autoscaler's exploration costs about the same seconds in any job, so its share falls as jobs get longer;
 - the autoscaler's allocation sequence replayed by checkpoint-and-restart (``Elastic(restart=True)``):
   idle time per transition, and the arrays compared bit for bit;
 - 4 workers with one 3x-slow worker, with and without ``Stragglers`` replacement.
@@ -24,7 +26,7 @@ import argparse
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +39,11 @@ from experiments._machine import machine_info, versions
 # among the workers, so windows stay about as long at every count (one worker: 1 clock of 2 s, not 4).
 # measure=1 window per count (after a warm-up window): windows at one count vary by ~2% (results' curves).
 FULL = dict(users=12000, items=6000, ratings=1_200_000, rank=8, lr=0.02, reg=0.01, seconds_per_rating=4e-5,
-            epochs=8, time_partitions=16, window=4, target=0.6, counts=(1, 2, 4, 8), threshold=0.3, warmup=1,
+            epochs=16, time_partitions=16, window=4, targets=(0.5, 0.6), counts=(1, 2, 4, 8), threshold=0.3,
+            warmup=1,
             measure=1, slow=3.0, ps_batches=24, ps_lr=0.02, ps_window_per_worker=0.5, repeats=3)
 TINY = dict(users=600, items=300, ratings=40_000, rank=4, lr=0.03, reg=0.01, seconds_per_rating=2e-5,
-            epochs=4, time_partitions=4, window=2, target=0.8, counts=(1, 2), threshold=0.5, warmup=1,
+            epochs=4, time_partitions=4, window=2, targets=(0.8, 0.9), counts=(1, 2), threshold=0.5, warmup=1,
             measure=1, slow=3.0, ps_batches=6, ps_lr=0.03, ps_window_per_worker=0.5, repeats=1)
 
 
@@ -70,7 +73,7 @@ class MFJob:
         self.W[...], self.H[...] = self.W0, self.H0
         self.sgd.epochs_run = 0
         slow = elastic_args.pop("slow", {})
-        elastic = Elastic(window=self.cfg["window"], progress=self.rmse, stop=stopper(self.cfg["target"], limit_s),
+        elastic = Elastic(window=self.cfg["window"], progress=self.rmse, stop=stopper(self.cfg["targets"][0], limit_s),
                           emulation=Emulation(self.cfg["seconds_per_rating"], slow), **elastic_args)
         t0 = time.perf_counter()
         stats = self.sgd.run(workers=workers, epochs=self.cfg["epochs"], backend="ray",
@@ -94,11 +97,18 @@ def time_to(log: Any, target: float) -> float | None:
     return None
 
 
-def summary(log: Any, target: float, wall_s: float, setup_s: float = 0.0, setup_workers: int = 0) -> dict[str, Any]:
-    """``setup_s``: seconds before the log's clock started (``setup_workers`` actors starting), added in."""
-    t = time_to(log, target)
-    held = None if t is None else log.worker_seconds(t) + setup_s * setup_workers
-    return {"time_to_target_s": None if t is None else t + setup_s, "worker_seconds_to_target": held,
+def summary(log: Any, targets: Sequence[float], wall_s: float, setup_s: float = 0.0, setup_workers: int = 0
+            ) -> dict[str, Any]:
+    """Time and worker-seconds to the first of ``targets`` (and, in ``at``, to each of them).  ``setup_s``:
+    seconds before the log's clock started (``setup_workers`` actors starting), added in."""
+    at: dict[str, dict[str, float | None]] = {}
+    for target in targets:
+        t = time_to(log, target)
+        at[str(target)] = {"time_to_target_s": None if t is None else t + setup_s,
+                           "worker_seconds_to_target": None if t is None
+                           else log.worker_seconds(t) + setup_s * setup_workers}
+    first = at[str(targets[0])]
+    return {**first, "at": at,
             "wall_s": wall_s, "final_rmse": log.windows[-1].progress if log.windows else None,
             "median_throughput": float(np.median([w.throughput for w in log.windows])) if log.windows else None,
             "final_workers": log.windows[-1].workers if log.windows else None,
@@ -108,7 +118,7 @@ def summary(log: Any, target: float, wall_s: float, setup_s: float = 0.0, setup_
                         "throughput_after": log.throughput_after(e)} for e in log.events],
             "setup_s": setup_s,
             "not_reached_by_s": (setup_s + log.windows[-1].start_s + log.windows[-1].elapsed_s
-                                 if t is None and log.windows else None),
+                                 if first["time_to_target_s"] is None and log.windows else None),
             "curve": [(round(setup_s + w.start_s + w.elapsed_s, 3), w.workers, round(w.throughput), w.progress)
                       for w in log.windows]}
 
@@ -125,7 +135,7 @@ def compare(job: Any, cfg: dict[str, Any], name: str, say: Callable[[str], None]
     best: float | None = None
     for k in sorted(cfg["counts"], reverse=True):  # largest first: a run 2x slower than the best so far stops
         log, wall, setup = job.run(k, {"policy": FixedSchedule({})}, None if best is None else 2.0 * best)
-        out["fixed"][str(k)] = summary(log, cfg["target"], wall, setup, k)
+        out["fixed"][str(k)] = summary(log, cfg["targets"], wall, setup, k)
         reached = out["fixed"][str(k)]["time_to_target_s"]
         best = reached if best is None or (reached is not None and reached < best) else best
         say(f"{name} fixed {k}: {reached} s to target")
@@ -135,7 +145,7 @@ def compare(job: Any, cfg: dict[str, Any], name: str, say: Callable[[str], None]
         policy = ScalingEfficiency(max_workers=top, threshold=cfg["threshold"], warmup=cfg["warmup"],
                                    measure=cfg["measure"])
         log, wall, setup = job.run(1, {"policy": policy})
-        row = summary(log, cfg["target"], wall, setup, 1)
+        row = summary(log, cfg["targets"], wall, setup, 1)
         row["spares"] = log.spares
         say(f"{name} autoscaler: {row['time_to_target_s']} s to target")
         return log, row
@@ -143,7 +153,7 @@ def compare(job: Any, cfg: dict[str, Any], name: str, say: Callable[[str], None]
     log, out["autoscaler"] = autoscale()
     elastic_state = job.state()
     replay, wall, setup = job.run(1, {"policy": log.as_schedule(), "restart": True})
-    out["restart_replay"] = summary(replay, cfg["target"], wall, setup, 1)
+    out["restart_replay"] = summary(replay, cfg["targets"], wall, setup, 1)
     out["restart_replay"]["same_allocations"] = replay.as_schedule() == log.as_schedule()
     out["restart_replay"]["bitwise_equal_to_elastic"] = all(
         np.array_equal(a, b) for a, b in zip(elastic_state, job.state(), strict=True))
@@ -158,17 +168,15 @@ def compare(job: Any, cfg: dict[str, Any], name: str, say: Callable[[str], None]
         runs["autoscaler"].append(autoscale()[1])
         if best_k is not None:
             log, wall, setup = job.run(int(best_k), {"policy": FixedSchedule({})})
-            runs[f"fixed {best_k}"].append(summary(log, cfg["target"], wall, setup, int(best_k)))
+            runs[f"fixed {best_k}"].append(summary(log, cfg["targets"], wall, setup, int(best_k)))
             say(f"{name} fixed {best_k} again: {runs[f'fixed {best_k}'][-1]['time_to_target_s']} s to target")
-    out["repeats"] = {label: [{"time_to_target_s": r["time_to_target_s"],
-                               "worker_seconds_to_target": r["worker_seconds_to_target"]} for r in rows]
-                      for label, rows in runs.items()}
+    out["repeats"] = {label: [r["at"] for r in rows] for label, rows in runs.items()}
     k = min(4, top)
     limit = None
     for label, rule in (("slow_replaced", Stragglers()), ("slow_kept", None)):
         log, wall, setup = job.run(k, {"policy": FixedSchedule({}), "stragglers": rule, "slow": {1: cfg["slow"]}},
                                    limit)
-        out[label] = summary(log, cfg["target"], wall, setup, k)
+        out[label] = summary(log, cfg["targets"], wall, setup, k)
         reached_s = out[label]["time_to_target_s"]
         limit = None if reached_s is None else 2.0 * reached_s  # the slow run is cut at 2x the replaced one's time
         say(f"{name} {label}: {reached_s} s to target")
@@ -257,7 +265,7 @@ class PSJob:
             setup = time.perf_counter() - t0
             per_worker = cfg["ps_window_per_worker"]
             elastic = Elastic(window=lambda workers: max(1, int(workers * per_worker)), progress=progress,
-                              stop=stopper(cfg["target"], None if limit_s is None else limit_s - setup), **elastic_args)
+                              stop=stopper(cfg["targets"][0], None if limit_s is None else limit_s - setup), **elastic_args)
             ps.run(self.program, cfg["epochs"] * cfg["ps_batches"], elastic=elastic)
             self.tables = {"W": ps.table("W"), "H": ps.table("H")}
             log = ps.elastic_log
@@ -270,8 +278,9 @@ def ps_part(cfg: dict[str, Any], say: Callable[[str], None]) -> dict[str, Any]:
     return compare(PSJob(cfg), cfg, "ps", say)
 
 
-def verdicts(part: dict[str, Any]) -> dict[str, Any]:
-    """The issue's bars, computed from one part's rows."""
+def verdicts(part: dict[str, Any], targets: Sequence[float]) -> dict[str, Any]:
+    """The issue's bars, computed from one part's rows (at the first target; the autoscaler's ratios also at
+    the others, against the same fixed allocation)."""
     fixed = {int(k): v for k, v in part["fixed"].items()}
     reached = {k: v["time_to_target_s"] for k, v in fixed.items() if v["time_to_target_s"] is not None}
     best_k = min(reached, key=lambda k: reached[k]) if reached else None
@@ -281,16 +290,21 @@ def verdicts(part: dict[str, Any]) -> dict[str, Any]:
     idle_restart = [e["idle_s"] for e in part["restart_replay"]["events"]]
     repeats = part["repeats"]
     out: dict[str, Any] = {"best_fixed": best_k, "runs_per_median": len(repeats["autoscaler"])}
-    auto_t = median_of(repeats["autoscaler"], "time_to_target_s")
-    best_t = median_of(repeats[f"fixed {best_k}"], "time_to_target_s") if best_k is not None else None
-    if auto_t is not None and best_t is not None:
-        out["autoscaler_vs_best"] = auto_t / best_t  # medians of the interleaved repeats
-        out["within_10pct_of_best"] = out["autoscaler_vs_best"] <= 1.10
-    top_rows = repeats.get(f"fixed {top}", [fixed[top]])
-    auto_ws, top_ws = (median_of(repeats["autoscaler"], "worker_seconds_to_target"),
-                       median_of(top_rows, "worker_seconds_to_target"))
-    if auto_ws is not None and top_ws is not None:
-        out["worker_seconds_vs_largest"] = auto_ws / top_ws
+    for i, target in enumerate(targets):
+        at = "" if i == 0 else f"_at_{target}"
+        auto_rows = [r[str(target)] for r in repeats["autoscaler"]]
+        auto_t = median_of(auto_rows, "time_to_target_s")
+        best_t = (median_of([r[str(target)] for r in repeats[f"fixed {best_k}"]], "time_to_target_s")
+                  if best_k is not None else None)
+        if auto_t is not None and best_t is not None:
+            out[f"autoscaler_vs_best{at}"] = auto_t / best_t  # medians of the interleaved repeats
+            if i == 0:
+                out["within_10pct_of_best"] = out["autoscaler_vs_best"] <= 1.10
+        top_rows = [r[str(target)] for r in repeats.get(f"fixed {top}", [fixed[top]["at"]])]
+        auto_ws, top_ws = (median_of(auto_rows, "worker_seconds_to_target"),
+                           median_of(top_rows, "worker_seconds_to_target"))
+        if auto_ws is not None and top_ws is not None:
+            out[f"worker_seconds_vs_largest{at}"] = auto_ws / top_ws
     if idle_elastic and idle_restart:
         out["mean_idle_elastic_s"] = float(np.mean(idle_elastic))
         out["mean_idle_restart_s"] = float(np.mean(idle_restart))
@@ -312,23 +326,29 @@ def markdown(rec: dict[str, Any]) -> str:
     lines = ["# Elastic workers", "", f"`{rec['command']}` ({rec['date']}); machine: {rec['machine']}.", ""]
     for name, part in rec["parts"].items():
         v = part["verdicts"]
-        lines += [f"## {name}", "", f"Target training RMSE {rec['config']['target']}; load average before "
+        lines += [f"## {name}", "", f"Target training RMSE {rec['config']['targets'][0]} (also timed at "
+                  f"{', '.join(map(str, rec['config']['targets'][1:]))}); load average before "
                   f"{part['load_before']}, after {part['load_after']}.", "",
-                  "| allocation | time to target (s) | worker-seconds to target | median throughput (/s) | "
-                  "final workers |", "| --- | --- | --- | --- | --- |"]
+                  "| allocation | time to target (s) | worker-seconds to target | "
+                  + "".join(f"time to {t} (s) | " for t in rec["config"]["targets"][1:])
+                  + "median throughput (/s) | final workers |",
+                  "| --- | --- | --- | " + "--- | " * len(rec["config"]["targets"][1:]) + "--- | --- |"]
         rows = [(f"fixed {k}", r) for k, r in part["fixed"].items()]
         rows += [("autoscaler from 1", part["autoscaler"]), ("autoscaler replayed by restart", part["restart_replay"]),
                  ("4 with a 3x-slow worker", part["slow_kept"]), ("... slow worker replaced", part["slow_replaced"])]
         for label, r in rows:
             reached = _fmt(r["time_to_target_s"]) if r["time_to_target_s"] is not None else (
                 f"not by {r['not_reached_by_s']:.1f}" if r["not_reached_by_s"] is not None else "-")
-            lines.append(f"| {label} | {reached} | {_fmt(r['worker_seconds_to_target'], '.1f')} | "
+            others = "".join(f"{_fmt(r['at'][str(t)]['time_to_target_s'])} | " for t in rec["config"]["targets"][1:])
+            lines.append(f"| {label} | {reached} | {_fmt(r['worker_seconds_to_target'], '.1f')} | {others}"
                          f"{_fmt(r['median_throughput'], '.0f')} | {r['final_workers']} |")
-        lines += ["", "Repeated, interleaved (time to target, s; median):", ""]
+        lines += ["", "Repeated, interleaved (time to each target, s; median):", ""]
         for label, rows in part["repeats"].items():
-            times = ", ".join(_fmt(r["time_to_target_s"]) for r in rows)
-            lines.append(f"- {label}: {times}; median {_fmt(median_of(rows, 'time_to_target_s'))} s, "
-                         f"worker-seconds {_fmt(median_of(rows, 'worker_seconds_to_target'), '.1f')}")
+            for target in rec["config"]["targets"]:
+                at = [r[str(target)] for r in rows]
+                times = ", ".join(_fmt(r["time_to_target_s"]) for r in at)
+                lines.append(f"- {label}, RMSE {target}: {times}; median {_fmt(median_of(at, 'time_to_target_s'))}"
+                             f" s, worker-seconds {_fmt(median_of(at, 'worker_seconds_to_target'), '.1f')}")
         lines += ["", "Transitions of the (first) autoscaler run (elastic), and of its replay by checkpoint-and-restart:",
                   ""]
         for label, r in (("elastic", part["autoscaler"]), ("restart", part["restart_replay"]),
@@ -358,7 +378,7 @@ def plot(rec: dict[str, Any], path: Path) -> None:
         for label, r in runs:
             t = [c[0] for c in r["curve"]]
             top.plot(t, [c[3] for c in r["curve"]], label=label, lw=2.2 if label == "autoscaler" else 1.2)
-        top.axhline(rec["config"]["target"], color="grey", ls=":", lw=0.8)
+        top.axhline(rec["config"]["targets"][0], color="grey", ls=":", lw=0.8)
         top.set(title=name, xlabel="seconds", ylabel="training RMSE")
         top.legend(fontsize=8)
         curve = part["autoscaler"]["curve"]
@@ -380,8 +400,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tiny", action="store_true", help="seconds-long smoke run, written to a temp dir")
     ap.add_argument("--part", choices=("orion", "ps", "all"), default="all")
     ap.add_argument("--out", type=Path, default=None, help="results folder (default experiments/results)")
+    ap.add_argument("--repeats", type=int, default=None,
+                    help="runs of the autoscaler and of the best fixed allocation, interleaved (default 3; --tiny 1)")
     args = ap.parse_args(argv)
     cfg: dict[str, Any] = dict(TINY if args.tiny else FULL)
+    if args.repeats is not None:
+        if args.repeats < 1:
+            ap.error(f"--repeats {args.repeats}: need at least 1 run")
+        cfg["repeats"] = args.repeats
     out = args.out or (Path(tempfile.mkdtemp(prefix="elastic-")) if args.tiny else RESULTS)
     # Every run starts its own Ray and stops it (so checkpoint-and-restart restarts Ray too, as a job would).
     parts: dict[str, Any] = {}
@@ -391,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         parts["parameter server (data-parallel MF, BSP)"] = ps_part(cfg, lambda m: print(m, file=sys.stderr,
                                                                                              flush=True))
     for part in parts.values():
-        part["verdicts"] = verdicts(part)
+        part["verdicts"] = verdicts(part, cfg["targets"])
     rec = {"command": " ".join(["python -m experiments.elastic", *(argv if argv is not None else sys.argv[1:])]),
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine_info(),
            "versions": versions(), "config": cfg, "parts": parts}
