@@ -23,12 +23,7 @@ from orion_par.elastic import (
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install ray==2.60.0)")
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    assert not ray.is_initialized()
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+RAY_CPUS = 4  # ray_session's (tests/orion_par/conftest.py): room for actors started beside others
 
 
 def _mf(n=6000, users=60, items=25, seed=0):
@@ -83,7 +78,7 @@ def _serial(fn, arrays, start, order):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("build, scheme", [(_mf, "2d"), (_counts, "1d")])
-def test_resizing_mid_epoch_equals_serial_order_and_checkpoint_restart(ray_cluster, build, scheme):
+def test_resizing_mid_epoch_equals_serial_order_and_checkpoint_restart(ray_session, build, scheme):
     fn, arrays = build()
     assert fn.plan.scheme == scheme
     start = [a.copy() for a in arrays]
@@ -105,7 +100,7 @@ def test_resizing_mid_epoch_equals_serial_order_and_checkpoint_restart(ray_clust
     assert all(r.idle_s > 0 for r in restarted.elastic.events)
 
 
-def test_no_transition_equals_the_plain_ray_run(ray_cluster):
+def test_no_transition_equals_the_plain_ray_run(ray_session):
     fn, arrays = _mf()
     start = [a.copy() for a in arrays]
     stats, got = _elastic_run(fn, arrays, start, Elastic(FixedSchedule({}), window=3), 2, 2)
@@ -120,7 +115,7 @@ def test_no_transition_equals_the_plain_ray_run(ray_cluster):
     fn.close()
 
 
-def test_autoscaler_with_background_starts_is_replayed_exactly_by_checkpoint_restart(ray_cluster):
+def test_autoscaler_with_background_starts_is_replayed_exactly_by_checkpoint_restart(ray_session):
     fn, arrays = _mf(n=12000, users=120, items=50)
     start = [a.copy() for a in arrays]
     elastic = Elastic(ScalingEfficiency(max_workers=4, threshold=0.0), window=1,
@@ -137,7 +132,7 @@ def test_autoscaler_with_background_starts_is_replayed_exactly_by_checkpoint_res
         assert np.array_equal(a, b)
 
 
-def test_a_new_count_mid_epoch_partitions_the_rest_of_the_epoch_for_it(ray_cluster):
+def test_a_new_count_mid_epoch_partitions_the_rest_of_the_epoch_for_it(ray_session):
     """Growing 2 -> 4 mid-epoch with background starts: the transition waits a window (the rest is partitioned
     then), the rest's blocks are balanced over the 4 workers, and the result is the serial order's."""
     fn, arrays = _mf(n=12000, users=120, items=50)
@@ -157,7 +152,7 @@ def test_a_new_count_mid_epoch_partitions_the_rest_of_the_epoch_for_it(ray_clust
         assert np.array_equal(a, b)
 
 
-def test_killing_a_worker_during_a_resize_changes_nothing(ray_cluster):
+def test_killing_a_worker_during_a_resize_changes_nothing(ray_session):
     fn, arrays = _mf()
     start = [a.copy() for a in arrays]
     policy = FixedSchedule({2: 3, 5: 2})
@@ -176,7 +171,7 @@ def test_killing_a_worker_during_a_resize_changes_nothing(ray_cluster):
         assert np.array_equal(a, b)
 
 
-def test_a_slow_worker_is_replaced_and_values_match_the_serial_order(ray_cluster):
+def test_a_slow_worker_is_replaced_and_values_match_the_serial_order(ray_session):
     fn, arrays = _counts(n=20000)
     start = [a.copy() for a in arrays]
     elastic = Elastic(FixedSchedule({}), window=2, stragglers=Stragglers(fraction=0.5, patience=2),
@@ -192,7 +187,7 @@ def test_a_slow_worker_is_replaced_and_values_match_the_serial_order(ray_cluster
         assert np.array_equal(a, b)
 
 
-def test_bad_elastic_arguments_say_what_to_do(ray_cluster):
+def test_bad_elastic_arguments_say_what_to_do(ray_session):
     fn, _ = _mf(n=500)
     with pytest.raises(ElasticError, match="backend='ray'"):
         fn.run(workers=2, elastic=Elastic(FixedSchedule({})))

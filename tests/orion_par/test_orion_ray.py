@@ -10,14 +10,6 @@ from orion_par import Buffer, DistArray, parallel_for
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install ray==2.60.0)")
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    assert not ray.is_initialized()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 def _compare(fn, arrays, **run):
     start = [a.copy() for a in arrays]
     first_epoch = fn.epochs_run  # both backends run the same epochs, so the same stratum orders
@@ -32,7 +24,7 @@ def _compare(fn, arrays, **run):
     return local
 
 
-def test_mf_2d_on_ray_equals_local(ray_cluster):
+def test_mf_2d_on_ray_equals_local(ray_session):
     rng = np.random.default_rng(0)
     keys = np.stack([rng.integers(0, 60, 4000), rng.integers(0, 25, 4000)], axis=1)
     W = DistArray(rng.random((60, 3)))
@@ -57,7 +49,7 @@ def test_mf_2d_on_ray_equals_local(ray_cluster):
     sgd.close()
 
 
-def test_mf_2d_with_several_chunks_per_block_on_ray_equals_local(ray_cluster, monkeypatch):
+def test_mf_2d_with_several_chunks_per_block_on_ray_equals_local(ray_session, monkeypatch):
     from orion_par import schedule as schedule_module
 
     monkeypatch.setattr(schedule_module, "_MIN_CHUNK", 200)  # 4000 records, 2 workers x 3 time parts: 3 chunks
@@ -82,7 +74,7 @@ def test_mf_2d_with_several_chunks_per_block_on_ray_equals_local(ray_cluster, mo
     sgd.close()
 
 
-def test_buffer_and_random_numbers_on_ray_equal_local(ray_cluster):
+def test_buffer_and_random_numbers_on_ray_equal_local(ray_session):
     rng = np.random.default_rng(1)
     keys = np.stack([rng.integers(0, 40, 3000), rng.integers(0, 30, 3000)], axis=1)
     counts = DistArray(np.zeros((40, 5)))
@@ -100,7 +92,7 @@ def test_buffer_and_random_numbers_on_ray_equal_local(ray_cluster):
     body.close()
 
 
-def test_wavefront_on_ray_equals_local(ray_cluster):
+def test_wavefront_on_ray_equals_local(ray_session):
     rng = np.random.default_rng(2)
     keys = np.array([(i, j) for i in range(20) for j in range(16) if rng.random() < 0.8])
     A = DistArray(np.zeros((21, 17)))
@@ -115,7 +107,7 @@ def test_wavefront_on_ray_equals_local(ray_cluster):
     dp.close()
 
 
-def test_lda_on_ray_equals_local(ray_cluster):
+def test_lda_on_ray_equals_local(ray_session):
     from models.lda import LdaState, parallel_gibbs, synthetic_corpus
 
     corpus = synthetic_corpus(40, 30, 50, 4, seed=0)
@@ -133,7 +125,7 @@ def _helper_writes_a_global(i, r):
     HELPER_I[i] = 0.5 * HELPER_I[i] + r  # an array the body never names: each actor must update its copy
 
 
-def test_a_helper_writing_a_global_on_ray_equals_local(ray_cluster):
+def test_a_helper_writing_a_global_on_ray_equals_local(ray_session):
     rng = np.random.default_rng(2)
     keys = np.stack([rng.integers(0, 60, 3000), rng.integers(0, 25, 3000)], axis=1)
     U = DistArray(np.zeros(60))
@@ -148,7 +140,7 @@ def test_a_helper_writing_a_global_on_ray_equals_local(ray_cluster):
     body.close()
 
 
-def test_accumulators_on_ray_equal_local(ray_cluster):
+def test_accumulators_on_ray_equal_local(ray_session):
     from orion_par import Accumulator
 
     rng = np.random.default_rng(4)

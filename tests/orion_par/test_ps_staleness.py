@@ -11,7 +11,6 @@ the updates of ``v`` it includes.  A read by worker ``w`` at clock ``c`` of row 
 
 from __future__ import annotations
 
-import sys
 import time
 from collections import Counter
 
@@ -24,21 +23,6 @@ ROWS = 6
 WORKERS = 3
 READS_PER_TRANSPORT = 10_000
 STALENESS = (0, 1, 3, None)  # BSP, SSP and ASP share the 10,000 reads of each transport
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    ray = pytest.importorskip("ray", reason="ray is not installed (pip install ray==2.60.0)")
-    started = not ray.is_initialized()
-    if started:
-        try:
-            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-        except Exception as e:
-            pytest.skip(f"ray cannot start here: {e}")
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers need this module's program
-    yield ray
-    if started:
-        ray.shutdown()
 
 
 TABLES = {f"s{s}": s for s in STALENESS}  # one table per bound, all used in one run

@@ -2,28 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 import time
 
 import numpy as np
 import pytest
 
 from orion_par.ps import ClientOptions, LocalPS, PSError, RolledBack, TableSpec, TokenBucket
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    ray = pytest.importorskip("ray", reason="ray is not installed (pip install ray==2.60.0)")
-    started = not ray.is_initialized()
-    if started:
-        try:
-            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-        except Exception as e:
-            pytest.skip(f"ray cannot start here: {e}")
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    yield ray
-    if started:
-        ray.shutdown()
 
 
 @pytest.fixture(params=["local", "ray"])
