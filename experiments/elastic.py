@@ -40,8 +40,7 @@ from experiments._machine import machine_info, versions
 # measure=1 window per count (after a warm-up window): windows at one count vary by ~2% (results' curves).
 FULL = dict(users=12000, items=6000, ratings=1_200_000, rank=8, lr=0.02, reg=0.01, seconds_per_rating=4e-5,
             epochs=16, time_partitions=16, window=4, targets=(0.5, 0.6), counts=(1, 2, 4, 8), threshold=0.3,
-            warmup=1,
-            measure=1, slow=3.0, ps_batches=24, ps_lr=0.02, ps_window_per_worker=0.5, repeats=3)
+            warmup=1, measure=1, slow=3.0, ps_batches=24, ps_lr=0.02, ps_window_per_worker=0.5, repeats=3)
 TINY = dict(users=600, items=300, ratings=40_000, rank=4, lr=0.03, reg=0.01, seconds_per_rating=2e-5,
             epochs=4, time_partitions=4, window=2, targets=(0.8, 0.9), counts=(1, 2), threshold=0.5, warmup=1,
             measure=1, slow=3.0, ps_batches=6, ps_lr=0.03, ps_window_per_worker=0.5, repeats=1)
