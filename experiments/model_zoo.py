@@ -274,12 +274,14 @@ def main(argv: list[str] | None = None) -> int:
     name = "model_zoo_tiny" if args.tiny else "model_zoo"
     run = provenance(argv)
     stamp = {"command": run["command"], "date": run["date"]}
-    load = [r for r in old["load"] if r["model"] not in loads]
-    # a run replaces the plan rows of the budgets it runs; a model's other budgets keep theirs
-    plan = [r for r in old["plan"] if r["model"] not in plans or r["fraction"] not in fractions]
+    # A run replaces a network's rows once it has redone them (so a run cut short keeps the old rows of the
+    # networks it did not reach), and only the plan rows of the budgets it runs.
+    load, plan = list(old["load"]), list(old["plan"])
     for model in loads:
         row, built, vanilla = load_row(catalog[model], args.runs)
-        load.append({**row, **stamp})
+        load = [r for r in load if r["model"] != model] + [{**row, **stamp}]
+        if model in plans:
+            plan = [r for r in plan if r["model"] != model or r["fraction"] not in fractions]
         print(f"{model}: {row.get('ops', '-')} ops, sim/measured {row.get('sim_over_measured', '-')}"
               f"{', ' + row['error'] if 'error' in row else ''}", flush=True)
         if model in plans and vanilla is not None:
