@@ -197,8 +197,7 @@ class ParallelFor:
             if plan.scheme is ParallelScheme.TWO_D_ORDERED:
                 check_sorted(keys)
             captured = self.captured()
-            space_bytes = sum(int(captured[n].nbytes) for n in plan.space_arrays if n in captured)
-            sched = make_schedule(plan, keys, workers, time_partitions, space_bytes, self.stratum_seed)
+            sched = make_schedule(plan, keys, workers, time_partitions, _space_bytes(plan, captured), self.stratum_seed)
             values = np.ascontiguousarray(np.asarray(self.data)[sched.perm])
             self._schedules[key] = (sched, BlockData(np.ascontiguousarray(keys[sched.perm]), values, {}))
         return self._schedules[key]
@@ -317,7 +316,7 @@ class ParallelFor:
         elastic = check_elastic(elastic, backend, plan, workers)
         _, data, compiled = self._ready_to_run(captured, plan, workers, time_partitions, check_bounds)
 
-        space_bytes = sum(int(captured[n].nbytes) for n in plan.space_arrays if n in captured)
+        space_bytes = _space_bytes(plan, captured)
 
         def make(count: int, records: np.ndarray | None = None) -> Schedule:
             """A count's whole-epoch schedule (cached, like plain runs'), or one over ``records`` only."""
@@ -417,6 +416,11 @@ class ParallelFor:
 def _reset(accs: Mapping[str, str], params: Mapping[str, Any]) -> None:
     for name, op in accs.items():
         params[name][...] = identity(op, params[name].dtype)
+
+
+def _space_bytes(plan: Plan, captured: Mapping[str, Any]) -> int:
+    """Bytes of the arrays that stay with their space partition (``make_schedule``'s ``space_bytes``)."""
+    return sum(int(captured[n].nbytes) for n in plan.space_arrays if n in captured)
 
 
 def _per_epoch(values: list[dict[str, np.ndarray]]) -> dict[str, tuple[Any, ...]]:

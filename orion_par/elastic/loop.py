@@ -399,8 +399,7 @@ class ElasticDriver:
         rest_ready = True
         if not at_end and decision.workers != len(self.actors):
             self.rest_for = decision.workers  # each window partitions its rest for it, until the transition
-            rest_ready = (self.rest is not None and self.rest[0] is seg and self.rest[1] == step
-                          and self.rest[2].sched.num_workers == decision.workers)
+            rest_ready = self._prepared_rest(seg, step, decision.workers) is not None
         if not rest_ready or self.pinged and not self._started():
             return None
         self.pending, self.pinged = None, []
@@ -411,12 +410,16 @@ class ElasticDriver:
         records = np.sort(seg.steps_records(step, seg.sched.num_steps))
         return Segment(seg.epoch, self.make(count, records), records, whole=False)
 
+    def _prepared_rest(self, seg: Segment, step: int, count: int) -> Segment | None:
+        """The rest of ``seg`` from ``step`` for ``count`` workers, if the last window computed it."""
+        if self.rest is not None and self.rest[0] is seg and self.rest[1] == step:
+            if self.rest[2].sched.num_workers == count:
+                return self.rest[2]
+        return None
+
     def _take_rest(self, seg: Segment, step: int, count: int) -> Segment:
         """The rest computed during the last window if it fits, else computed now (inside the transition)."""
-        ready = self.rest
-        if ready is not None and ready[0] is seg and ready[1] == step and ready[2].sched.num_workers == count:
-            return ready[2]
-        return self._rest(seg, step, count)
+        return self._prepared_rest(seg, step, count) or self._rest(seg, step, count)
 
     def _bounded(self, decision: Decision, window: Window) -> Decision | None:
         # The cluster may not have CPUs for every actor the policy wants: take what there is.
