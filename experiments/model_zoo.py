@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import threading
 import time
@@ -272,6 +273,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown network(s) {', '.join(unknown)}: --list names them")
     name = "model_zoo_tiny" if args.tiny else "model_zoo"
+    # each budget search's attempts as they end: on the large networks a search takes many minutes
+    progress = logging.StreamHandler()
+    progress.setFormatter(logging.Formatter("    %(asctime)s %(message)s", "%H:%M:%S"))
+    logging.getLogger("tfmem.search").addHandler(progress)
+    logging.getLogger("tfmem.search").setLevel(logging.INFO)
     run = provenance(argv)
     stamp = {"command": run["command"], "date": run["date"]}
     # A run replaces a network's rows once it has redone them (so a run cut short keeps the old rows of the

@@ -7,6 +7,8 @@ At one target (``Search.plan_at``) the passes before the planner run once, then 
 2. ``solve, plainer options``: the model with one idle gap per tensor and no just-in-time copies; when 1 misses,
    on graphs of up to ``COMPARE_SINGLE_MAX_OPS`` ops (the model charges each option alone, and a plan of plainer
    options can land lower once applied).
+   On graphs over ``COMPARE_SINGLE_MAX_OPS`` ops, when 1 misses, its plan is continued greedily (6, ``greedy
+   repair of 'solve'``) before anything else, and 3 to 6 follow only if that misses too.
 3. ``<strategy> alone``: swap_activations, recompute and place_persistent, each applied greedily and
    re-simulated at every step (one that falls short continued by ``MIXED_AFTER``), and ``recompute where
    cheaper than copying, then swap_activations``; when 1 and 2 miss, and also when they fit on graphs of up to
@@ -26,7 +28,8 @@ the device allocator's layout (``layout_order``: those within the current target
 ``LAYOUT_CHECKS`` per target; the first that fits is accepted. When candidates fit in total but none fits the
 layout, the next target is lower by the least that one of the refused plans' layouts needed (``replan for less
 after a layout refusal``, at most ``CAPACITY_RETRIES`` times), and once a plan is accepted after a refusal,
-``REFINE_STEPS`` targets in between are tried, bisecting, and the quickest accepted plan kept. When nothing fits
+``REFINE_STEPS`` targets in between are tried (``LARGE_REFINE_STEPS`` on large graphs), bisecting, and the quickest
+accepted plan kept. When nothing fits
 in total, the search stops and the budget is refused.
 
 Every bound is a count (attempts, replans, simulations inside the passes, CBC's branch-and-bound nodes), never
@@ -73,6 +76,7 @@ MIXED_AFTER = {"swap_activations": ("recompute",), "recompute": ("swap_activatio
                "place_persistent": ("swap_activations", "recompute")}
 CAPACITY_RETRIES = 6   # replans for less after layout refusals
 REFINE_STEPS = 3       # targets tried between the last one the layout refused and the first it took
+LARGE_REFINE_STEPS = 1  # on graphs over COMPARE_SINGLE_MAX_OPS ops, where each target's attempts take minutes
 LAYOUT_CHECKS = 3      # candidates replayed on the allocator's layout per target (``layout_order``)
 
 
@@ -196,9 +200,12 @@ class Search:
     layout_step: Callable[[Candidate], tuple[int, str]] | None = None
     log: SearchLog = field(default_factory=SearchLog)
     notes: list[str] = field(default_factory=list)
+    refine_steps: int = REFINE_STEPS
 
     def __post_init__(self) -> None:
         self.prefix, self.planner, self.suffix = _split(self.pipeline)
+        if len(self.ir) > COMPARE_SINGLE_MAX_OPS:
+            self.refine_steps = LARGE_REFINE_STEPS
 
     # -- across targets ------------------------------------------------------------------------------------------
 
@@ -267,7 +274,7 @@ class Search:
         (``tests/test_search.py::test_after_a_layout_refusal_targets_in_between_are_tried``).
         """
         best = accepted
-        for _ in range(REFINE_STEPS):
+        for _ in range(self.refine_steps):
             if high - low < 2 * 2**20:
                 break
             middle = (low + high) // 2
@@ -320,6 +327,11 @@ class Search:
         # A fitting plan within COMPARE_MIN_GAIN of the unplanned step leaves no comparison more to gain.
         slack = min((c.estimated_step_s for c in made if c.peak_bytes <= target_bytes), default=float("inf"))
         worth = slack > start_profile.estimated_step_s * (1 + COMPARE_MIN_GAIN)
+        if not fits() and not small:
+            # On large graphs each strategy re-simulates the graph tens of times (minutes): the solve's own plan,
+            # continued greedily, is tried first (TF-Slim Inception v1 at 0.5x: 59 s where the strategies took
+            # 485 s and missed; experiments/results/model_zoo.md).
+            self._repair_into(made[0], ctx, add)
         if (small and worth) or not fits():
             for label, result in self._strategies(start, start_profile, ctx):
                 add(label, result)
@@ -331,9 +343,8 @@ class Search:
             solved("large ops one at a time, then solve", self.planner, serialize_large_ops(start, ctx))
         if not fits():
             lowest = min(made, key=lambda c: c.peak_bytes)
-            repaired = self._repair(lowest, ctx)
-            if repaired is not None:
-                add(f"greedy repair of '{lowest.label}'", repaired)
+            if small or lowest is not made[0] and not lowest.label.startswith("greedy repair"):
+                self._repair_into(lowest, ctx, add)   # (a large graph's solve was repaired above)
         # The planner's floor holds for the order all of them started from: every candidate carries the lowest.
         floor = min((c.floor_bytes for c in made if c.floor_bytes is not None), default=None)
         return [dataclasses.replace(c, floor_bytes=floor) for c in made]
@@ -373,6 +384,11 @@ class Search:
             if cheap.changed and rest.changed:
                 yield ("recompute where cheaper than copying, then swap_activations",
                        self._as_planner(start, start_profile, rest.graph, [cheap.report, rest.report], ctx))
+
+    def _repair_into(self, lowest: Candidate, ctx: PassContext, add: Callable[[str, PassResult], None]) -> None:
+        repaired = self._repair(lowest, ctx)
+        if repaired is not None:
+            add(f"greedy repair of '{lowest.label}'", repaired)
 
     def _repair(self, lowest: Candidate, ctx: PassContext) -> PassResult | None:
         """``lowest``'s plan continued by each strategy in turn while it is over the target; None if none moved."""
