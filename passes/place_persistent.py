@@ -466,8 +466,24 @@ EXACT_ELEMENTWISE_OPS = frozenset({"Add", "AddV2", "Sub", "Mul", "RealDiv", "Sqr
                                    "Minimum", "Identity"})
 
 
+def exact_on_any_device(node: OpNode) -> bool:
+    """``EXACT_ELEMENTWISE_OPS``, and an ``AddN`` of at most two terms (one correctly rounded sum). TF-Slim's
+    gradient of a regularised weight is ``AddN(backprop, decay * weight)``: three weight-sized tensors on the device
+    at once (VGG-16's fc6: 1.15 GiB, every budget's lower bound) unless the sum runs on the host beside the update."""
+    return node.op in EXACT_ELEMENTWISE_OPS or (node.op == "AddN" and len(node.inputs) <= 2)
+
+
+def host_capable_ops(graph: GraphIR, eg: ExecutionGraph, placement: Placement, min_bytes: int = 64 * 1024,
+                     ) -> frozenset[str]:
+    """The ops some placement of variables on ``placement.host`` runs there (every ``persistent_groups``
+    member); none without a host. The lower bounds leave them out: on the device they need nothing of their own."""
+    if placement.host is None:
+        return frozenset()
+    return frozenset(m for g in persistent_groups(graph, eg, placement, min_bytes) for m in g.members)
+
+
 def host_update_ops(graph: GraphIR, eg: ExecutionGraph, placement: Placement, on_host: set[str]) -> dict[str, set[str]]:
-    """Device ops of ``EXACT_ELEMENTWISE_OPS`` that read, through other such ops, what ``on_host`` ops make, and
+    """Device ops that give the same bits on any device (``exact_on_any_device``) that read, through other such ops, what ``on_host`` ops make, and
     whose results only ``on_host`` ops (or other such ops) read: an update's arithmetic between a variable's
     reads and its writes. Each maps to the ``on_host`` ops it reads from, directly or through the others.
 
@@ -476,7 +492,7 @@ def host_update_ops(graph: GraphIR, eg: ExecutionGraph, placement: Placement, on
     """
     sources: dict[str, set[str]] = {}
     for node in graph.nodes:   # a topological layout: a reader comes after what it reads
-        if (node.op not in EXACT_ELEMENTWISE_OPS or node.name in on_host or node.name not in eg.unit_of
+        if (not exact_on_any_device(node) or node.name in on_host or node.name not in eg.unit_of
                 or eg.is_region(eg.unit_of[node.name]) or placement.domain(node.device) != "device"):
             continue
         read = {t.node for t in node.inputs if t.node in on_host}

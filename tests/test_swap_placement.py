@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from types import SimpleNamespace
 
 import networkx as nx
 import numpy as np
@@ -481,3 +482,34 @@ def test_recompute_with_a_cost_limit_rebuilds_only_tensors_under_it():
     limit = (unlimited["cheap"] + unlimited["dear"]) / 2
     assert "cheap" in recomputed(limit) and "dear" not in recomputed(limit)
     assert recomputed(0.0) == {}
+
+
+def test_a_regularised_weights_gradient_sum_runs_on_the_host():
+    # TF-Slim's gradient of a weight with an L2 regulariser is AddN(backprop, decay * weight): on the device it
+    # holds three weight-sized tensors at once, which was every budget's lower bound of TF-Slim's VGG and AlexNet.
+    # With a host, the sum (one correctly rounded add) and the decay's Mul run beside the weight's update there.
+    g = tf.Graph()
+    with g.as_default():
+        rng = np.random.default_rng(0)
+        x = v1.placeholder(tf.float32, (64, 1024), name="x")
+        w = v1.get_variable("w", initializer=rng.standard_normal((1024, 4096)).astype(np.float32) / 32,
+                            use_resource=True)
+        loss = tf.add(tf.reduce_sum(tf.tanh(tf.matmul(x, w))), 5e-4 * tf.nn.l2_loss(w), name="loss")
+        v1.train.MomentumOptimizer(0.01, 0.9).minimize(loss, name="train")
+    built = SimpleNamespace(fetches=("loss:0", "train"), feed_shapes={"x:0": (64, 1024)})
+    gradient_sum = next(n for n in placed(g).node if n.op == "AddN")
+    ctx = PassContext(built.fetches, device=DEVICE, host=HOST, feed_shapes=built.feed_shapes, inter_op_threads=THREADS)
+    ir = annotate(placed(g), built.feed_shapes)
+    weight = 1024 * 4096 * 4
+    without_host, _ = lower_bound_bytes(ir, dataclasses.replace(ctx, host=None))
+    assert lower_bound_bytes(ir, dataclasses.replace(ctx, host=None))[1] == gradient_sum.name
+    assert lower_bound_bytes(ir, ctx)[0] < 1.5 * weight < 3 * weight <= without_host
+    target = dataclasses.replace(ctx, target_bytes=2 * weight)   # the sum's own working set is three weights
+    result = PlacePersistent().run(ir, target)
+    assert same_device(result.graph[gradient_sum.name].device, HOST)
+    assert result.changed and target.simulate(result.graph).peak_bytes < 3 * weight
+    verify(result.graph)
+    feeds = {"x:0": rng.standard_normal((64, 1024)).astype(np.float32)}
+    assert all(np.array_equal(a, b) for a, b in zip(train_steps(placed(g), built.fetches, feeds),
+                                                    train_steps(result.graph.to_graph_def(), built.fetches, feeds),
+                                                    strict=True))

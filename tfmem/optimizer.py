@@ -16,6 +16,7 @@ from tensorflow.core.framework import graph_pb2
 from tensorflow.core.protobuf import config_pb2
 
 from passes import DEFAULT_PASSES, FINAL_REWRITES, LEADING_REWRITES, PASSES
+from passes.place_persistent import host_capable_ops
 from tfmem.errors import BadInputError, InfeasibleBudgetError, on_device
 from tfmem.gcpause import without_gc_pauses
 from tfmem.ir.colocation import placed_as_tensorflow_would
@@ -286,7 +287,7 @@ def _plan(ir: GraphIR, how: _How, device: str | None, host: str | None,
         # refuse before planning (tests/test_optimize.py::test_budget_below_any_plan_raises_with_lower_bound).
         ctx = dataclasses.replace(base, target_bytes=max_target)
         bound, _ = lower_bound_bytes(ir, ctx)
-        feeds_floor, _ = fed_layout_floor(ExecutionGraph.build(ir, ctx.fetches, ctx.feed_shapes), placement_of(ctx))
+        feeds_floor, _ = fed_layout_floor(*_bound_inputs(ir, ctx))
         if bound > max_target or feeds_floor > layout_room(budget_bytes):
             raise _infeasible(ir, ctx, budget_bytes, before, unplanned=True, all_passes=all_passes,
                               smallest=smallest_planned_budget(bound, feeds_floor))
@@ -583,9 +584,15 @@ def smallest_fitting_device(ctx: PassContext, graph: GraphIR, low: int, high: in
 
 def lower_bound_bytes(ir: GraphIR, ctx: PassContext) -> tuple[int, str]:
     """A peak no plan can beat: the largest single-op working set, fed tensors included (``largest_working_set``)."""
-    eg = ExecutionGraph.build(ir, ctx.fetches, ctx.feed_shapes)
-    op, working = largest_working_set(eg, placement_of(ctx))
+    op, working = largest_working_set(*_bound_inputs(ir, ctx))
     return working, op
+
+
+def _bound_inputs(ir: GraphIR, ctx: PassContext) -> tuple[ExecutionGraph, Placement, frozenset[str]]:
+    """What the bounds read: the step, the placement, and the ops a plan may run on the host (with a host)."""
+    eg = ExecutionGraph.build(ir, ctx.fetches, ctx.feed_shapes)
+    placement = placement_of(ctx)
+    return eg, placement, host_capable_ops(ir, eg, placement)
 
 
 def placement_of(ctx: PassContext) -> Placement:
@@ -601,7 +608,7 @@ def device_floor_bytes(ir: GraphIR, ctx: PassContext) -> tuple[int, str]:
     ``layout_room(budget)``, so a budget whose room is below this floor is refused before planning.
     """
     working, op = lower_bound_bytes(ir, ctx)
-    layout, why = fed_layout_floor(ExecutionGraph.build(ir, ctx.fetches, ctx.feed_shapes), placement_of(ctx))
+    layout, why = fed_layout_floor(*_bound_inputs(ir, ctx))
     return (layout, why) if layout > working else (working, f"working set of {op}")
 
 

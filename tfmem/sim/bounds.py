@@ -30,11 +30,12 @@ def op_working_set_bytes(graph: GraphIR, name: str) -> int:
     return sum(rounded_bytes(n) for n in (*inputs.values(), *outputs, *temp_bytes(node, graph)) if n)
 
 
-def _on_device(eg: ExecutionGraph, placement: Placement | None) -> set[str]:
-    """The executed ops that run on the device (all of them without a placement)."""
+def _on_device(eg: ExecutionGraph, placement: Placement | None, movable: frozenset[str] = frozenset()) -> set[str]:
+    """The executed ops that run on the device (all of them without a placement), less ``movable``: ops a plan
+    can run on the host instead."""
     if placement is None:
-        return set(eg.needed)
-    return {name for name in eg.needed if placement.domain(eg.graph[name].device) == "device"}
+        return set(eg.needed) - movable
+    return {name for name in eg.needed if placement.domain(eg.graph[name].device) == "device"} - movable
 
 
 def _device_feeds(eg: ExecutionGraph, on_device: set[str]) -> dict[TensorRef, int]:
@@ -44,14 +45,15 @@ def _device_feeds(eg: ExecutionGraph, on_device: set[str]) -> dict[TensorRef, in
             if t.node in on_device or t in readers}
 
 
-def largest_working_set(eg: ExecutionGraph, placement: Placement | None = None) -> tuple[str, int]:
+def largest_working_set(eg: ExecutionGraph, placement: Placement | None = None,
+                        movable: frozenset[str] = frozenset()) -> tuple[str, int]:
     """The executed device op with the largest working set, and that set's bytes, fed tensors included.
 
     Fed tensors arrive before the step and stay on the device to its end (TF never forwards or frees them
     early), so they count at every op, not only at the ops that read them. With ``placement``, ops on the host
-    or another device do not count, nor fed tensors the device neither holds nor reads.
+    or another device do not count, nor fed tensors the device neither holds nor reads; nor ``movable`` ops.
     """
-    on_device = _on_device(eg, placement)
+    on_device = _on_device(eg, placement, movable)
     fed = _device_feeds(eg, on_device)
     best = ("", 0)
     for name in eg.needed:
@@ -64,9 +66,10 @@ def largest_working_set(eg: ExecutionGraph, placement: Placement | None = None) 
     return best
 
 
-def largest_unfed_working_set(eg: ExecutionGraph, placement: Placement | None = None) -> tuple[str, int]:
+def largest_unfed_working_set(eg: ExecutionGraph, placement: Placement | None = None,
+                              movable: frozenset[str] = frozenset()) -> tuple[str, int]:
     """The executed device op whose working set, less the fed tensors it reads, is largest, and those bytes."""
-    on_device = _on_device(eg, placement)
+    on_device = _on_device(eg, placement, movable)
     fed = _device_feeds(eg, on_device)
     best = ("", 0)
     for name in eg.needed:
@@ -79,7 +82,8 @@ def largest_unfed_working_set(eg: ExecutionGraph, placement: Placement | None = 
     return best
 
 
-def fed_layout_floor(eg: ExecutionGraph, placement: Placement | None = None) -> tuple[int, str]:
+def fed_layout_floor(eg: ExecutionGraph, placement: Placement | None = None,
+                     movable: frozenset[str] = frozenset()) -> tuple[int, str]:
     """The smallest device on which TF's allocator lays out the fed tensors and still has room for any op.
 
     The fed tensors are the first requests of every step, made in an order the session chooses
@@ -90,11 +94,11 @@ def fed_layout_floor(eg: ExecutionGraph, placement: Placement | None = None) -> 
     (persistent tensors, the plan's own tensors) only takes more, so no plan fits a smaller device than
     ``feeds_floor`` finds for the feeds and the largest working set less the fed tensors it reads
     (``largest_unfed_working_set``). Returns the bytes and why. With ``placement``, only the device's ops and
-    the fed tensors it holds count.
+    the fed tensors it holds count; ``movable`` ops (a plan can run them on the host) do not.
     """
 
-    fed = _device_feeds(eg, _on_device(eg, placement))
-    op, unfed = largest_unfed_working_set(eg, placement)
+    fed = _device_feeds(eg, _on_device(eg, placement, movable))
+    op, unfed = largest_unfed_working_set(eg, placement, movable)
     floor, split = feeds_floor([[fed[t] for t in order if t in fed] for order in feed_orders(eg)], unfed)
     if floor - unfed < unfed // 10:   # the feeds and the chunks they waste are small beside the op: name the op
         return floor, (f"the working set of {op or 'the largest op'} ({format_bytes(unfed)}: its inputs and outputs "
