@@ -164,12 +164,25 @@ def is_oom(error: tf.errors.OpError) -> bool:
 
 
 def one_line(error: BaseException) -> str:
-    """The informative line of a TF error: the OOM line if any, else the first line that is not boilerplate."""
+    r"""The informative line of a TF error: the OOM line if any, else the first line that is not boilerplate.
+
+    >>> e = RuntimeError("Graph execution error:\n\nDetected at node 'add' defined at (most recent call last):\n"
+    ...                  '  File "x.py", line 1, in <module>\nNode: \'add\'\nFusion is not implemented: '
+    ...                  "[BiasAdd,Add]\n\t [[{{node add}}]]")
+    >>> one_line(e)
+    'RuntimeError: Fusion is not implemented: [BiasAdd,Add]'
+    """
     lines = [ln.strip() for ln in str(getattr(error, "message", error)).splitlines() if ln.strip()]
     oom = [ln for ln in lines if ln.startswith("OOM when allocating")]
     node = getattr(error, "node_def", None)
     where = f" at node {getattr(node, 'name', '')!r}" if getattr(node, "name", "") else ""
-    text = oom[0] if oom else next((ln for ln in lines if ln != "Graph execution error:"), "")
+    # Graph errors open with "Detected at node ..." and the Python traceback that built the node; the cause comes
+    # after it (after "Node: ..." where TF writes one), before the "[[{{node ...}}]]" tail.
+    body = [ln for ln in lines if ln != "Graph execution error:" and not ln.startswith("[[")]
+    if body and body[0].startswith("Detected at node"):
+        named = [i for i, ln in enumerate(body) if ln.startswith("Node: ")]
+        body = body[named[-1] + 1:] if named and named[-1] + 1 < len(body) else body[-1:]
+    text = oom[0] if oom else (body[0] if body else "")
     return f"{type(error).__name__}{where}: {text}"[:500]
 
 
