@@ -229,8 +229,23 @@ def markdown(result: dict[str, Any]) -> str:
     accepted = [r for r in result["plan"] if r.get("accepted")]
     ooms = [r for r in accepted if (r.get("planned") or {}).get("oom")]
     named = ", ".join(f"{r['model']} {r['fraction']}x" for r in ooms)
-    lines += ["", f"{len(accepted)} accepted plans, {len(ooms)} of them out of memory on the testbed"
-              + (f" ({named})" if ooms else "") + "."]
+    failed = [r for r in accepted if (r.get("planned") or {}).get("ending") not in ("ran", "oom")]
+    networks = len({r["model"] for r in result["plan"]})
+    lines += ["", f"{networks} networks planned: {len(accepted)} accepted plans, {len(ooms)} of them out of memory "
+              f"on the testbed" + (f" ({named})" if ooms else "") + f", {len(failed)} failed otherwise"
+              + "".join(f" ({r['model']} {r['fraction']}x)" for r in failed) + "; "
+              f"{sum(not r.get('accepted') for r in result['plan'])} refused."]
+    medians = []
+    for fraction in sorted({r["fraction"] for r in accepted}, reverse=True):
+        steps = sorted(r["planned"]["step_vs_vanilla"] for r in accepted
+                       if r["fraction"] == fraction and (r.get("planned") or {}).get("step_vs_vanilla"))
+        if steps:
+            middle = len(steps) // 2
+            median = steps[middle] if len(steps) % 2 else (steps[middle - 1] + steps[middle]) / 2
+            medians.append(f"{fraction}x: {median:.2f}x over {len(steps)}")
+    if medians:
+        lines += ["", "Step time against vanilla's, median over the accepted plans that ran: " + "; ".join(medians)
+                  + "."]
     return "\n".join(lines) + "\n"
 
 

@@ -213,3 +213,27 @@ def test_the_lower_bound_counts_only_the_devices_ops():
     with pytest.raises(InfeasibleBudgetError) as caught:   # and a budget below the device's own ops is refused
         tfmem.optimize(g, ["loss:0"], budget=2**18, device=DEVICE, host=HOST)
     assert 2**18 < caught.value.lower_bound_bytes < 2**21
+
+
+
+@pytest.mark.slow
+def test_a_plan_whose_initialisation_overflows_is_not_accepted():
+    # tf_keras VGG19 at 0.7x of its measured peak: a plan that kept fc2's kernel and Adam slots (192 MiB) on the
+    # device fitted its step (346.7 MiB in a 373 MiB budget) and ran out of memory while initialising its
+    # variables; the initializers' replay now refuses it, and the search plans lower until they fit.
+    from models import zoo
+    from tfmem.optimizer import initialisation_failures, layout_room
+    from tfmem.pipeline import PassContext
+    from tfmem.testbed import Testbed
+
+    if not zoo.available():
+        pytest.skip("tf_keras is not installed (make installs it)")
+    built = zoo.catalog()["keras/VGG19"].build()
+    budget = 373 * 2**20
+    opt = tfmem.optimize(built.graph, built.fetches, budget=budget, device=DEVICE, host=HOST)
+    assert any("initialisation needs" in n for n in opt.report.notes), opt.report.notes
+    ctx = PassContext(tuple(built.fetches), None, DEVICE, HOST)
+    assert initialisation_failures(ctx, opt.ir, layout_room(budget)) == 0
+    with Testbed(budget) as tb:
+        run = tb.run(opt.graph, list(built.fetches), built.feeds, steps=1, config=opt.config)
+    assert run.ran, run.error
