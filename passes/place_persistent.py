@@ -473,8 +473,8 @@ def exact_on_any_device(node: OpNode) -> bool:
     return node.op in EXACT_ELEMENTWISE_OPS or (node.op == "AddN" and len(node.inputs) <= 2)
 
 
-def host_capable_ops(graph: GraphIR, eg: ExecutionGraph, placement: Placement, min_bytes: int = 64 * 1024,
-                     ) -> frozenset[str]:
+def host_capable_ops(graph: GraphIR, eg: ExecutionGraph, placement: Placement,
+                     min_bytes: int = PlacePersistent.min_bytes) -> frozenset[str]:
     """The ops some placement of variables on ``placement.host`` runs there (every ``persistent_groups``
     member); none without a host. The lower bounds leave them out: on the device they need nothing of their own."""
     if placement.host is None:
@@ -483,9 +483,10 @@ def host_capable_ops(graph: GraphIR, eg: ExecutionGraph, placement: Placement, m
 
 
 def host_update_ops(graph: GraphIR, eg: ExecutionGraph, placement: Placement, on_host: set[str]) -> dict[str, set[str]]:
-    """Device ops that give the same bits on any device (``exact_on_any_device``) that read, through other such ops, what ``on_host`` ops make, and
-    whose results only ``on_host`` ops (or other such ops) read: an update's arithmetic between a variable's
-    reads and its writes. Each maps to the ``on_host`` ops it reads from, directly or through the others.
+    """Device ops that give the same bits on any device (``exact_on_any_device``), that read, through other such
+    ops, what ``on_host`` ops make, and whose results only ``on_host`` ops (or other such ops) read: an update's
+    arithmetic between a variable's reads and its writes. Each maps to the ``on_host`` ops it reads from,
+    directly or through the others.
 
     Examples: Keras 3's Adam computes ``m += (g - m) * (1 - beta1)`` as Sub, Mul and AssignAddVariableOp; the
     Sub and the Mul are returned (the gradient ``g`` comes from the device, ``m`` from the host).

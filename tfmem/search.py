@@ -385,6 +385,7 @@ class Search:
                        self._as_planner(start, start_profile, rest.graph, [cheap.report, rest.report], ctx))
 
     def _repair_into(self, lowest: Candidate, ctx: PassContext, add: Callable[[str, PassResult], None]) -> None:
+        """``add`` ``lowest``'s greedy repair (``_repair``) as a candidate, if any strategy moved it."""
         repaired = self._repair(lowest, ctx)
         if repaired is not None:
             add(f"greedy repair of '{lowest.label}'", repaired)
