@@ -28,6 +28,7 @@ import argparse
 import json
 import logging
 import os
+import statistics
 import threading
 import time
 import warnings
@@ -240,9 +241,7 @@ def markdown(result: dict[str, Any]) -> str:
         steps = sorted(r["planned"]["step_vs_vanilla"] for r in accepted
                        if r["fraction"] == fraction and (r.get("planned") or {}).get("step_vs_vanilla"))
         if steps:
-            middle = len(steps) // 2
-            median = steps[middle] if len(steps) % 2 else (steps[middle - 1] + steps[middle]) / 2
-            medians.append(f"{fraction}x: {median:.2f}x over {len(steps)}")
+            medians.append(f"{fraction}x: {statistics.median(steps):.2f}x over {len(steps)}")
     if medians:
         lines += ["", "Step time against vanilla's, median over the accepted plans that ran: " + "; ".join(medians)
                   + "."]

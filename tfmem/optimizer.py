@@ -24,7 +24,6 @@ from tfmem.ir.devices import DEFAULT_DEVICE, Placement, check_devices, same_devi
 from tfmem.ir.execution import ExecutionGraph, parse_fetches
 from tfmem.ir.graph import GraphIR
 from tfmem.ir.loading import GraphSource, load, to_graph_def
-from tfmem.ir.ops import ASSIGN_OPS, VARIABLE_OPS
 from tfmem.ir.shapes import FeedShapes
 from tfmem.lowering import has_functional_loops, lower_functional
 from tfmem.pipeline import Pass, PassContext, run_pipeline
@@ -35,6 +34,7 @@ from tfmem.sim.arguments import check_count, checked_arguments
 from tfmem.sim.bounds import fed_layout_floor, largest_working_set
 from tfmem.sim.grappler import grappler_rejects
 from tfmem.sim.profile import MemoryProfile
+from tfmem.testbed.graph import initializer_names
 from tfmem.units import format_bytes, parse_bytes
 
 # Rounds of planning every device (``_plan_across``): the second replans only the devices that a later device's
@@ -287,8 +287,9 @@ def _plan(ir: GraphIR, how: _How, device: str | None, host: str | None,
         # No rewrite goes below the lower bound, so a plan that simulates under it would be a simulator error:
         # refuse before planning (tests/test_optimize.py::test_budget_below_any_plan_raises_with_lower_bound).
         ctx = dataclasses.replace(base, target_bytes=max_target)
-        bound, _ = lower_bound_bytes(ir, ctx)
-        feeds_floor, _ = fed_layout_floor(*_bound_inputs(ir, ctx))
+        inputs = _bound_inputs(ir, ctx)   # (the step's ExecutionGraph and its host-capable ops: built once)
+        bound, _ = lower_bound_bytes(ir, ctx, inputs)
+        feeds_floor, _ = fed_layout_floor(*inputs)
         if bound > max_target or feeds_floor > layout_room(budget_bytes):
             raise _infeasible(ir, ctx, budget_bytes, before, unplanned=True, all_passes=all_passes,
                               smallest=smallest_planned_budget(bound, feeds_floor))
@@ -560,8 +561,7 @@ def initialisation_failures(ctx: PassContext, graph: GraphIR, device_memory: int
 
 def _initialisation(ctx: PassContext, graph: GraphIR) -> PassContext | None:
     """``ctx`` fetching every variable's initializer instead of the step; None when the graph names none."""
-    inits = [n.name for n in graph.nodes if n.op in ASSIGN_OPS and n.inputs
-             and graph[n.inputs[0].node].op in VARIABLE_OPS and n.name == f"{n.inputs[0].node}/Assign"]
+    inits = initializer_names(graph.to_graph_def())
     return dataclasses.replace(ctx, fetches=tuple(inits)) if inits else None
 
 
@@ -619,9 +619,10 @@ def smallest_fitting_device(ctx: PassContext, graph: GraphIR, low: int, high: in
     return high
 
 
-def lower_bound_bytes(ir: GraphIR, ctx: PassContext) -> tuple[int, str]:
+def lower_bound_bytes(ir: GraphIR, ctx: PassContext,
+                      inputs: tuple[ExecutionGraph, Placement, frozenset[str]] | None = None) -> tuple[int, str]:
     """A peak no plan can beat: the largest single-op working set, fed tensors included (``largest_working_set``)."""
-    op, working = largest_working_set(*_bound_inputs(ir, ctx))
+    op, working = largest_working_set(*(inputs or _bound_inputs(ir, ctx)))
     return working, op
 
 
@@ -644,8 +645,9 @@ def device_floor_bytes(ir: GraphIR, ctx: PassContext) -> tuple[int, str]:
     near twice its size (``tfmem.sim.bounds.fed_layout_floor``). A plan is accepted only if its layout replay fits
     ``layout_room(budget)``, so a budget whose room is below this floor is refused before planning.
     """
-    working, op = lower_bound_bytes(ir, ctx)
-    layout, why = fed_layout_floor(*_bound_inputs(ir, ctx))
+    inputs = _bound_inputs(ir, ctx)
+    working, op = lower_bound_bytes(ir, ctx, inputs)
+    layout, why = fed_layout_floor(*inputs)
     return (layout, why) if layout > working else (working, f"working set of {op}")
 
 

@@ -326,11 +326,13 @@ class Search:
         # A fitting plan within COMPARE_MIN_GAIN of the unplanned step leaves no comparison more to gain.
         slack = min((c.estimated_step_s for c in made if c.peak_bytes <= target_bytes), default=float("inf"))
         worth = slack > start_profile.estimated_step_s * (1 + COMPARE_MIN_GAIN)
+        early = 0   # candidates a large graph's early repair made or started from: repairing them again adds nothing
         if not fits() and not small:
             # On large graphs each strategy re-simulates the graph tens of times (minutes): the solve's own plan,
             # continued greedily, is tried first (TF-Slim Inception v1 at 0.5x, profiled: its repair fitted in
             # 59 s, after the four strategies had taken 485 s and all missed).
             self._repair_into(made[0], ctx, add)
+            early = len(made)
         if (small and worth) or not fits():
             for label, result in self._strategies(start, start_profile, ctx):
                 add(label, result)
@@ -342,8 +344,8 @@ class Search:
             solved("large ops one at a time, then solve", self.planner, serialize_large_ops(start, ctx))
         if not fits():
             lowest = min(made, key=lambda c: c.peak_bytes)
-            if small or lowest is not made[0] and not lowest.label.startswith("greedy repair"):
-                self._repair_into(lowest, ctx, add)   # (a large graph's solve was repaired above)
+            if not any(lowest is c for c in made[:early]):
+                self._repair_into(lowest, ctx, add)
         # The planner's floor holds for the order all of them started from: every candidate carries the lowest.
         floor = min((c.floor_bytes for c in made if c.floor_bytes is not None), default=None)
         return [dataclasses.replace(c, floor_bytes=floor) for c in made]
